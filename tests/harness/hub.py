@@ -1,0 +1,1 @@
+"""Fixture: a real JupyterHub with the gpuslice service, on random ports."""

@@ -1,0 +1,1 @@
+"""Fixture: a throwaway PostgreSQL server (see tests/harness/postgres.py)."""
