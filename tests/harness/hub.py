@@ -1,1 +1,304 @@
-"""Fixture: a real JupyterHub with the gpuslice service, on random ports."""
+"""Fixture: a real JupyterHub (with configurable-http-proxy) running the gpuslice service.
+
+Each hub runs in a subprocess on random ports, in its own temporary directory, the way
+jupyterhub-idle-culler's tests do; tests talk to it over HTTP only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from .engines import need
+
+REPO = Path(__file__).resolve().parents[2]
+
+SIM_HOSTS = [
+    {
+        "name": "node-a",
+        "cpu_milli": 32000,
+        "memory_mib": 256000,
+        "gpus": [
+            {
+                "model": "NVIDIA A100-SXM4-80GB",
+                "memory_mib": 81920,
+                "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+            },
+            {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 2},
+        ],
+    }
+]
+SIM_PROFILES = [
+    {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb", "idle_timeout": 600},
+    {"name": "mig-3g.40gb", "kind": "mig", "mig_profile": "3g.40gb", "groups": ["physics"]},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+    {"name": "gpu-1", "kind": "gpu", "count": 1},
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def chp_path() -> str | None:
+    local = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+    return str(local) if local.exists() else shutil.which("configurable-http-proxy")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # keep polling through connection errors while starting
+            last_exc = e
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+
+
+@dataclass
+class Hub:
+    url: str
+    service_url: str  # direct URL of the service, prefix included
+    admin_token: str
+    service_token: str
+    workdir: Path
+    proc: subprocess.Popen
+    log_path: Path
+    config: dict[str, Any]
+    _tokens: dict[str, str] = field(default_factory=dict)
+
+    # -- hub API ---------------------------------------------------------------------------
+
+    def hub_api(self, method: str, path: str, **kw: Any) -> requests.Response:
+        headers = kw.pop("headers", {})
+        headers.setdefault("Authorization", f"token {self.admin_token}")
+        return requests.request(
+            method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kw
+        )
+
+    def add_user(self, name: str, groups: tuple[str, ...] = (), admin: bool = False) -> str:
+        """Create a user (and groups) on the hub; returns an API token of that user."""
+        r = self.hub_api("POST", f"/users/{name}", json={"admin": admin})
+        assert r.status_code in (201, 409), r.text
+        for g in groups:
+            self.hub_api("POST", f"/groups/{g}")
+            r = self.hub_api("POST", f"/groups/{g}/users", json={"users": [name]})
+            assert r.status_code == 200, r.text
+        if name not in self._tokens:
+            r = self.hub_api(
+                "POST", f"/users/{name}/tokens", json={"note": "test", "expires_in": 3600}
+            )
+            assert r.status_code == 201, r.text
+            self._tokens[name] = r.json()["token"]
+        return self._tokens[name]
+
+    # -- gpuslice API ----------------------------------------------------------------------
+
+    def api(
+        self, method: str, path: str, token: str | None = None, via_proxy: bool = True, **kw: Any
+    ) -> requests.Response:
+        base = f"{self.url}/services/gpuslice" if via_proxy else self.service_url.rstrip("/")
+        headers = kw.pop("headers", {})
+        if token is not None:
+            headers["Authorization"] = f"token {token}"
+        return requests.request(method, f"{base}{path}", headers=headers, timeout=60, **kw)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def service_pid(self) -> int:
+        out = subprocess.run(
+            ["pgrep", "-f", f"gpuslice_hub.app --config {self.workdir}"],
+            capture_output=True,
+            text=True,
+        )
+        pids = [int(p) for p in out.stdout.split()]
+        assert len(pids) == 1, f"expected one service process, found {pids}"
+        return pids[0]
+
+
+HUB_CONFIG = """\
+import json, sys
+from gpuslice_hub.hubconfig import configure_jupyterhub
+
+cfg = json.load(open({cfg_path!r}))
+c.JupyterHub.bind_url = "http://127.0.0.1:%d" % cfg["hub_port"]
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = cfg["hub_internal_port"]
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:%d" % cfg["proxy_api_port"]
+c.ConfigurableHTTPProxy.command = [cfg["chp"]]
+c.ConfigurableHTTPProxy.should_start = True
+c.JupyterHub.db_url = "sqlite:///" + cfg["workdir"] + "/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = cfg["workdir"] + "/cookie_secret"
+c.JupyterHub.pid_file = cfg["workdir"] + "/hub.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = "test-password"
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = set(cfg["admin_users"])
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.load_groups = {{"physics": {{"users": []}}}}
+configure_jupyterhub(
+    c,
+    config_file=cfg["workdir"] + "/gpuslice_config.py",
+    url="http://127.0.0.1:%d" % cfg["service_port"],
+    admin_users=cfg["admin_users"],
+    spawner=cfg["spawner"],
+    api_token=cfg["service_token"],
+    environment={{"PYTHONUNBUFFERED": "1"}},
+)
+c.JupyterHub.load_roles = c.JupyterHub.load_roles + [
+    {{"name": "tester", "scopes": ["admin:users", "admin:servers", "tokens", "admin:groups",
+      "list:users", "read:users", "access:servers", "access:services"], "services": ["tester"]}},
+]
+c.JupyterHub.services = c.JupyterHub.services + [
+    {{"name": "tester", "api_token": cfg["admin_token"]}}
+]
+exec(cfg["extra_hub_config"])
+"""
+
+SERVICE_CONFIG = """\
+import json
+cfg = json.load(open({cfg_path!r}))
+c.GPUSliceService.db_url = cfg["db_url"]
+c.GPUSliceService.gpu_backend = "simulated"
+c.GPUSliceService.hosts = cfg["hosts"]
+c.GPUSliceService.profiles = cfg["profiles"]
+c.GPUSliceService.quotas = cfg["quotas"]
+c.GPUSliceService.reconcile_interval = cfg["reconcile_interval"]
+c.GPUSliceService.reconcile_grace = cfg["reconcile_grace"]
+c.GPUSliceService.log_level = "DEBUG"
+"""
+
+
+def start_hub(
+    workdir: Path,
+    db_url: str | None = None,
+    profiles: list[dict] | None = None,
+    quotas: dict | None = None,
+    hosts: list[dict] | None = None,
+    spawner: str | None = None,
+    admin_users: tuple[str, ...] = ("admin",),
+    reconcile_interval: float = 0,
+    reconcile_grace: float = 120,
+    extra_hub_config: str = "",
+    reuse: dict[str, Any] | None = None,
+    wait: bool = True,
+) -> Hub:
+    """Start a hub in ``workdir``. ``reuse`` (a previous Hub.config) restarts the same setup."""
+    chp = chp_path()
+    need(chp is not None, "configurable-http-proxy (npm install)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = reuse or {
+        "workdir": str(workdir),
+        "hub_port": free_port(),
+        "hub_internal_port": free_port(),
+        "proxy_api_port": free_port(),
+        "service_port": free_port(),
+        "chp": chp,
+        "db_url": db_url or f"sqlite:///{workdir}/gpuslice.sqlite",
+        "profiles": profiles if profiles is not None else SIM_PROFILES,
+        "quotas": quotas or {},
+        "hosts": hosts or SIM_HOSTS,
+        "spawner": spawner,
+        "admin_users": list(admin_users),
+        "admin_token": secrets.token_hex(16),
+        "service_token": secrets.token_hex(16),
+        "reconcile_interval": reconcile_interval,
+        "reconcile_grace": reconcile_grace,
+        "extra_hub_config": extra_hub_config,
+    }
+    cfg_path = workdir / "test_config.json"
+    cfg_path.write_text(json.dumps(cfg))
+    (workdir / "jupyterhub_config.py").write_text(HUB_CONFIG.format(cfg_path=str(cfg_path)))
+    (workdir / "gpuslice_config.py").write_text(SERVICE_CONFIG.format(cfg_path=str(cfg_path)))
+    log_path = workdir / "hub.log"
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("JUPYTERHUB_API_TOKEN", None)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(workdir / "jupyterhub_config.py")],
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    hub = Hub(
+        url=f"http://127.0.0.1:{cfg['hub_port']}",
+        service_url=f"http://127.0.0.1:{cfg['service_port']}/services/gpuslice",
+        admin_token=cfg["admin_token"],
+        service_token=cfg["service_token"],
+        workdir=workdir,
+        proc=proc,
+        log_path=log_path,
+        config=cfg,
+    )
+    if wait:
+        wait_until_up(hub)
+    return hub
+
+
+def wait_until_up(hub: Hub, timeout: float = 90) -> None:
+    def up() -> bool:
+        if hub.proc.poll() is not None:
+            raise RuntimeError(f"hub exited with {hub.proc.returncode}:\n{hub.log()[-4000:]}")
+        r = requests.get(f"{hub.url}/services/gpuslice/api/health", timeout=5)
+        return r.status_code == 200
+
+    try:
+        wait_for(up, timeout, "the hub and the gpuslice service")
+    except (TimeoutError, RuntimeError):
+        print(hub.log()[-6000:])
+        raise
+
+
+@pytest.fixture
+def hub_factory(tmp_path: Path) -> Iterator[Callable[..., Hub]]:
+    hubs: list[Hub] = []
+
+    def make(**kw: Any) -> Hub:
+        hub = start_hub(tmp_path / f"hub{len(hubs)}", **kw)
+        hubs.append(hub)
+        return hub
+
+    yield make
+    for hub in hubs:
+        hub.stop()
+
+
+@pytest.fixture
+def hub(hub_factory: Callable[..., Hub]) -> Hub:
+    return hub_factory()

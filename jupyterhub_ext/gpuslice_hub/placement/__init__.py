@@ -1,6 +1,10 @@
 """Placement: a pure function from (request, cluster state, policy) to a placement or refusal."""
 
-from .engine import BestFit, FirstFit, Policy, feasible, fitting_gpus, place
+from .engine import Policy, feasible, fitting_gpus, place
+from .policies.default import Default
+from .policies.fgd import FGD
+from .policies.packing import GpuClustering, GpuPacking
+from .policies.simple import BestFit, DotProd, FirstFit, Random
 from .types import (
     Assignment,
     GPUState,
@@ -11,7 +15,16 @@ from .types import (
     Request,
 )
 
-POLICIES: dict[str, type] = {"first-fit": FirstFit, "best-fit": BestFit}
+POLICIES: dict[str, type] = {
+    "default": Default,
+    "first-fit": FirstFit,
+    "best-fit": BestFit,
+    "random": Random,
+    "dotprod": DotProd,
+    "gpu-packing": GpuPacking,
+    "gpu-clustering": GpuClustering,
+    "fgd": FGD,
+}
 
 
 def get_policy(name: str) -> Policy:
@@ -22,15 +35,21 @@ def get_policy(name: str) -> Policy:
 
 
 __all__ = [
+    "FGD",
     "POLICIES",
     "Assignment",
     "BestFit",
+    "Default",
+    "DotProd",
     "FirstFit",
     "GPUState",
+    "GpuClustering",
+    "GpuPacking",
     "HostState",
     "MigSlotState",
     "Placement",
     "Policy",
+    "Random",
     "Refusal",
     "Request",
     "feasible",

@@ -1,0 +1,1 @@
+"""REST handlers of the gpuslice service."""

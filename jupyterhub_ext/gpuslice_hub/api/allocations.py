@@ -1,0 +1,106 @@
+"""Allocations: create for the caller's own server, list, show, release."""
+
+from __future__ import annotations
+
+import re
+
+from tornado import web
+
+from ..errors import RequestError
+from ..ledger import Caller
+from .base import BaseHandler, Identity, int_arg
+
+_SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
+CREATE_FIELDS = {"profile", "server_name", "user", "groups", "purpose", "priority", "preemptible"}
+
+
+class AllocationsHandler(BaseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        user = self.get_argument("user", None)
+        if not ident.is_admin:
+            if user not in (None, ident.name):
+                raise RequestError(403, f"{ident.name} may not list {user}'s allocations")
+            user = ident.name
+        state = self.get_argument("state", "active")
+        if state not in ("active", "all"):
+            raise RequestError(400, "query argument state must be 'active' or 'all'")
+        limit = int_arg(self, "limit", 500, 1, 5000)
+        items = self.ledger.allocations(user=user, active_only=state == "active", limit=limit)
+        self.write_json({"allocations": items})
+
+    @web.authenticated
+    async def post(self) -> None:
+        ident = self.identity()
+        body = self.json_body(CREATE_FIELDS)
+        profile = body.get("profile")
+        if not isinstance(profile, str) or not profile:
+            raise RequestError(400, "field 'profile' (a profile name) is required")
+        server_name = body.get("server_name", "")
+        if not isinstance(server_name, str) or not _SERVER_NAME.match(server_name):
+            raise RequestError(
+                400, f"field 'server_name' is not a valid server name: {server_name!r}"
+            )
+        purpose = body.get("purpose", "interactive")
+        priority = body.get("priority", 0)
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -1000 <= priority <= 1000
+        ):
+            raise RequestError(400, "field 'priority' must be an integer between -1000 and 1000")
+        preemptible = body.get("preemptible", False)
+        if not isinstance(preemptible, bool):
+            raise RequestError(400, "field 'preemptible' must be true or false")
+        caller = await self._caller(ident, body)
+        alloc, created = self.ledger.allocate(
+            caller, profile, server_name, purpose, priority, preemptible
+        )
+        self.write_json(alloc, 201 if created else 200)
+
+    async def _caller(self, ident: Identity, body: dict) -> Caller:
+        user = body.get("user")
+        if user is None or (user == ident.name and ident.kind == "user"):
+            if ident.kind != "user":
+                raise RequestError(400, "field 'user' is required when a service allocates")
+            if "groups" in body:
+                raise RequestError(403, "only the hub-side spawner may state a user's groups")
+            return Caller(ident.name, ident.groups, ident.name)
+        if not isinstance(user, str) or not user:
+            raise RequestError(400, "field 'user' must be a user name")
+        if not ident.is_admin:
+            raise RequestError(403, f"{ident.name} may not allocate for {user}")
+        groups = body.get("groups")
+        if groups is not None and not ident.is_trusted:
+            raise RequestError(403, "only the hub-side spawner may state a user's groups")
+        if groups is None:
+            looked_up = await self.service.hub_api.user_groups(user)
+            if looked_up is None:
+                raise RequestError(404, f"no such user {user!r} on the hub")
+            groups = list(looked_up)
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise RequestError(400, "field 'groups' must be a list of group names")
+        return Caller(user, tuple(groups), ident.name)
+
+
+class AllocationHandler(BaseHandler):
+    @web.authenticated
+    async def get(self, alloc_id: str) -> None:
+        ident = self.identity()
+        alloc = self.ledger.get(int(alloc_id))
+        if alloc is None:
+            raise RequestError(404, f"no allocation {alloc_id}")
+        self.check_user_access(ident, alloc["user"])
+        self.write_json(alloc)
+
+    @web.authenticated
+    async def delete(self, alloc_id: str) -> None:
+        ident = self.identity()
+        alloc = self.ledger.get(int(alloc_id))
+        if alloc is None:
+            raise RequestError(404, f"no allocation {alloc_id}")
+        self.check_user_access(ident, alloc["user"])
+        reason = self.get_argument("reason", "released by " + ident.name)[:255]
+        alloc, released = self.ledger.release(int(alloc_id), ident.name, reason)
+        self.write_json({**alloc, "released_now": released})

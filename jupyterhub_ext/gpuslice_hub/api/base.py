@@ -1,0 +1,106 @@
+"""Authentication, identity and JSON plumbing shared by every handler."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+from ..errors import RequestError
+
+if TYPE_CHECKING:
+    from ..app import GPUSliceService
+
+
+@dataclass(frozen=True)
+class Identity:
+    kind: str  # "user" | "service"
+    name: str
+    groups: tuple[str, ...]
+    is_admin: bool
+    # The gpuslice service's own token: the hub-side spawner uses it and may act for a user.
+    is_trusted: bool
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    @property
+    def service(self) -> GPUSliceService:
+        return self.settings["gpuslice"]
+
+    @property
+    def ledger(self):  # type: ignore[no-untyped-def]
+        return self.service.ledger
+
+    def identity(self) -> Identity:
+        model = self.current_user
+        if not model:
+            raise web.HTTPError(403)
+        scopes = set(model.get("scopes") or ())
+        is_admin = self.service.admin_scope in scopes
+        kind = model.get("kind", "user")
+        trusted = kind == "service" and model.get("name") == self.service.service_name
+        return Identity(
+            kind=kind,
+            name=model["name"],
+            groups=tuple(model.get("groups") or ()),
+            is_admin=is_admin or trusted,
+            is_trusted=trusted,
+        )
+
+    def check_user_access(self, ident: Identity, owner: str) -> None:
+        if not ident.is_admin and ident.name != owner:
+            raise RequestError(403, f"{ident.name} may not see or change {owner}'s allocations")
+
+    def json_body(self, allowed: set[str]) -> dict[str, Any]:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(400, f"request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        unknown = set(body) - allowed
+        if unknown:
+            raise RequestError(
+                400, f"unknown field {sorted(unknown)[0]!r}; allowed: {sorted(allowed)}"
+            )
+        return body
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        body: dict[str, Any] = {"status": status_code, "message": self._reason}
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            body["message"] = exc.log_message % exc.args if exc.args else exc.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, RequestError):
+            if self._finished:
+                return
+            self.set_status(e.status)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"status": e.status, "message": e.message, **e.detail}))
+            return
+        super()._handle_request_exception(e)  # type: ignore[misc]
+
+
+def int_arg(handler: web.RequestHandler, name: str, default: int, lo: int, hi: int) -> int:
+    raw = handler.get_argument(name, None)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RequestError(400, f"query argument {name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise RequestError(400, f"query argument {name} must be between {lo} and {hi}")
+    return value

@@ -1,0 +1,113 @@
+"""Inventory, profiles with live availability, audit events, health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado import web
+
+from ..errors import RequestError
+from ..serialize import inventory_json, iso
+from .base import BaseHandler, int_arg
+
+EVENT_KINDS = {"idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled"}
+
+
+class HealthHandler(BaseHandler):
+    async def get(self) -> None:
+        inv = self.service.inventory
+        self.write_json(
+            {
+                "status": "ok",
+                "backend": inv.backend if inv else None,
+                "simulated": bool(inv and inv.simulated),
+                "started": iso(self.service.started_at),
+            }
+        )
+
+
+class InventoryHandler(BaseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        hosts, gpus, active = self.ledger.snapshot()
+        holders: dict[str, list[dict[str, Any]]] = {}
+        for a in active:
+            visible = ident.is_admin or a.user == ident.name
+            for c in a.claims:
+                entry = {
+                    "allocation_id": a.id if visible else None,
+                    "user": a.user if visible else None,
+                    "profile": a.profile,
+                    "purpose": a.purpose,
+                    "milli": c.milli,
+                    "memory_mib": c.memory_mib,
+                    "since": iso(a.created_at),
+                }
+                holders.setdefault(c.mig_uuid or c.gpu_uuid, []).append(entry)
+                if c.mig_uuid:
+                    # The parent GPU lists its MIG holders too, so per-GPU totals add up.
+                    holders.setdefault(c.gpu_uuid, []).append(entry)
+        inv = self.service.inventory
+        out = inventory_json(hosts, gpus, holders)
+        out.update(backend=inv.backend if inv else None, simulated=bool(inv and inv.simulated))
+        self.write_json(out)
+
+
+class ProfilesHandler(BaseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        user = self.get_argument("user", None)
+        groups = ident.groups
+        if user is not None and user != ident.name:
+            if not ident.is_admin:
+                raise RequestError(403, f"{ident.name} may not see {user}'s availability")
+            looked_up = await self.service.hub_api.user_groups(user)
+            if looked_up is None:
+                raise RequestError(404, f"no such user {user!r} on the hub")
+            groups = looked_up
+        else:
+            user = ident.name
+        inv = self.service.inventory
+        self.write_json(
+            {
+                "user": user,
+                "simulated": bool(inv and inv.simulated),
+                "profiles": self.ledger.availability(user, groups),
+            }
+        )
+
+
+class EventsHandler(BaseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        user = self.get_argument("user", None)
+        if not ident.is_admin:
+            if user not in (None, ident.name):
+                raise RequestError(403, f"{ident.name} may not see {user}'s events")
+            user = ident.name
+        since = int_arg(self, "since", 0, 0, 2**62)
+        limit = int_arg(self, "limit", 200, 1, 5000)
+        self.write_json({"events": self.ledger.events(user=user, since_id=since, limit=limit)})
+
+    @web.authenticated
+    async def post(self) -> None:
+        """Idle-reclaim events reported by a user's server extension, stored with a reason."""
+        ident = self.identity()
+        body = self.json_body({"kind", "user", "reason", "detail"})
+        kind = body.get("kind")
+        if kind not in EVENT_KINDS:
+            raise RequestError(400, f"field 'kind' must be one of {sorted(EVENT_KINDS)}")
+        user = body.get("user", ident.name)
+        if user != ident.name and not ident.is_admin:
+            raise RequestError(403, f"{ident.name} may not report events for {user}")
+        reason = body.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise RequestError(400, "field 'reason' must be a string")
+        detail = body.get("detail", {})
+        if not isinstance(detail, dict):
+            raise RequestError(400, "field 'detail' must be an object")
+        event = self.ledger.record_event(kind, user, ident.name, reason, detail)
+        self.write_json(event, 201)

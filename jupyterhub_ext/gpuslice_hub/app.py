@@ -1,0 +1,325 @@
+"""The gpuslice hub service: a JupyterHub-managed Tornado application.
+
+Started by the hub (an entry in ``c.JupyterHub.services``, see :mod:`gpuslice_hub.hubconfig`),
+it reads its own config file, discovers the GPUs, opens the ledger and serves the REST API,
+``/metrics`` and its pages under the service prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+from gpuslice.gpu import GPUDiscoveryError, discover
+from gpuslice.model import Inventory
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from jupyterhub.utils import url_path_join
+from tornado import web
+from tornado.httpserver import HTTPServer
+from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
+from traitlets.config import Application
+
+from . import __version__
+from .api.allocations import AllocationHandler, AllocationsHandler
+from .api.inventory import EventsHandler, HealthHandler, InventoryHandler, ProfilesHandler
+from .api.metrics import MetricsHandler
+from .api.pages import HomeHandler
+from .db.engine import Database, open_database
+from .db.models import utcnow
+from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
+from .errors import ConfigError
+from .hubapi import HubAPI
+from .ledger import Ledger
+from .metrics import make_registry
+from .placement import get_policy
+from .profiles import parse_profiles
+from .quotas import parse_quotas
+
+ADMIN_SCOPE = "custom:gpuslice:admin"
+
+
+class GPUSliceService(Application):
+    name = "gpuslice"
+    description = "The gpuslice hub service: GPU inventory, allocation ledger and REST API."
+    version = __version__
+
+    config_file = Unicode(
+        "gpuslice_config.py",
+        help="The config file to load (traitlets Python config, like jupyterhub_config.py).",
+    ).tag(config=True)
+
+    db_url = Unicode(
+        "sqlite:///gpuslice.sqlite",
+        help="""SQLAlchemy URL of the ledger database.
+
+        SQLite (WAL mode) by default; use ``postgresql://user:password@host/db`` (psycopg 3)
+        when the hub runs at scale or in several replicas.""",
+    ).tag(config=True)
+
+    gpu_backend = Enum(
+        ["auto", "nvml", "static", "simulated"],
+        default_value="auto",
+        help="""How GPUs are discovered.
+
+        ``nvml``: the GPUs of this host, through the NVIDIA driver; ``static``: the hosts
+        declared in ``hosts`` (GPU nodes the hub cannot see); ``simulated``: declared GPUs for
+        trying gpuslice without any GPU, labelled as simulated everywhere; ``auto``: ``nvml``,
+        and a clear error when no driver is found (never silently simulated).""",
+    ).tag(config=True)
+
+    hosts: List[Any] = List(
+        help="""Hosts and their GPUs for the ``static`` and ``simulated`` backends, e.g.
+        ``[{"name": "node1", "cpu_milli": 64000, "memory_mib": 512000, "gpus": [{"model":
+        "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 2, "mig": ["3g.40gb",
+        "2g.20gb", "1g.10gb", "1g.10gb"]}]}]``.""",
+    ).tag(config=True)
+
+    profiles: List[Any] = List(
+        help="""What users may ask for. Each profile is a dict with ``name``, ``kind``
+        (``mig`` with ``mig_profile``; ``share`` with ``gpu_milli`` and ``gpu_memory_mib``;
+        ``gpu`` with ``count``), and optionally ``display_name``, ``description``,
+        ``models`` (allowed GPU models), ``cpu_milli``, ``memory_mib``, ``idle_timeout``
+        (seconds, 0 = never), ``groups`` (who may use it; empty = everyone),
+        ``quota_weight`` and ``preempt_batch``.""",
+    ).tag(config=True)
+
+    quotas = Dict(
+        help="""Limits on what a user or group holds at once: ``{"default_user": {...},
+        "users": {name: {...}}, "groups": {name: {..., "borrow_from": [group, ...]}}}``,
+        each limit with ``max_slices`` (weighted by the profile's quota_weight) and/or
+        ``max_milli`` (GPU demand in milli-GPU). A group may borrow the unused quota of the
+        groups in its ``borrow_from``.""",
+    ).tag(config=True)
+
+    placement_policy = Unicode(
+        "default",
+        help="Placement policy for new slices (see ``gpuslice-bench openb --help`` for the list).",
+    ).tag(config=True)
+
+    admin_scope = Unicode(
+        ADMIN_SCOPE, help="The custom JupyterHub scope that makes a user a gpuslice admin."
+    ).tag(config=True)
+
+    metrics_require_auth = Bool(
+        True, help="Require a token with the admin scope to scrape /metrics."
+    ).tag(config=True)
+
+    reconcile_interval = Float(
+        60.0,
+        help="Seconds between reconciliations of allocations against the hub's servers (0: off).",
+    ).tag(config=True)
+
+    reconcile_grace = Float(
+        120.0,
+        help="An allocation younger than this many seconds is never reconciled away "
+        "(its server may still be starting).",
+    ).tag(config=True)
+
+    ip = Unicode(help="Address to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(
+        config=True
+    )
+    port = Integer(help="Port to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(
+        config=True
+    )
+
+    service_name = Unicode(
+        help="This service's name on the hub (default: $JUPYTERHUB_SERVICE_NAME)."
+    ).tag(config=True)
+
+    service_prefix = Unicode(help="URL prefix (default: $JUPYTERHUB_SERVICE_PREFIX).").tag(
+        config=True
+    )
+
+    log_level = 20  # type: ignore[assignment]
+
+    ledger = Instance(Ledger, allow_none=True)
+    inventory = Instance(Inventory, allow_none=True)
+    db: Database | None = None
+    started_at: datetime | None = None
+
+    aliases = {
+        "f": "GPUSliceService.config_file",
+        "config": "GPUSliceService.config_file",
+        "db-url": "GPUSliceService.db_url",
+        "log-level": "Application.log_level",
+    }
+
+    @default("service_name")
+    def _default_service_name(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "gpuslice")
+
+    @default("service_prefix")
+    def _default_prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpuslice/")
+
+    def _service_url(self) -> tuple[str, int]:
+        url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        return url.hostname or "127.0.0.1", url.port or 10101
+
+    @property
+    def upgrade_command(self) -> str:
+        return f"gpuslice-hub-service upgrade-db --config {self.config_file}"
+
+    # -- startup -----------------------------------------------------------------------
+
+    def load_settings(self) -> None:
+        """Load the config file and validate it; ConfigError names the offending key."""
+        if self.config_file and os.path.exists(self.config_file):
+            self.load_config_file(self.config_file)
+        elif self.config_file != self.__class__.config_file.default_value:
+            raise ConfigError("config_file", f"{self.config_file} does not exist")
+        self.parsed_profiles = parse_profiles(self.profiles)
+        if not self.parsed_profiles:
+            raise ConfigError("profiles", "no profiles configured: users could ask for nothing")
+        self.parsed_quotas = parse_quotas(self.quotas)
+        try:
+            self.policy = get_policy(self.placement_policy)
+        except ValueError as e:
+            raise ConfigError("placement_policy", str(e)) from None
+
+    def discover(self) -> Inventory:
+        hosts = self.hosts if self.gpu_backend in ("static", "simulated") else None
+        try:
+            return discover(self.gpu_backend, hosts or None)
+        except GPUDiscoveryError as e:
+            key = "hosts" if "hosts" in str(e) or "gpus" in str(e) else "gpu_backend"
+            raise ConfigError(key, str(e)) from None
+
+    def open_ledger(self) -> None:
+        self.db = open_database(self.db_url)
+        ensure_schema(self.db, self.upgrade_command)
+        self.ledger = Ledger(
+            self.db,
+            self.parsed_profiles,
+            self.parsed_quotas,
+            self.policy,
+            on_refusal=lambda profile, code: self.refusals.labels(profile, code).inc(),
+        )
+
+    def make_app(self) -> web.Application:
+        prefix = self.service_prefix
+        hub_auth = HubOAuth(cache_max_age=60)
+        api = url_path_join(prefix, "api")
+        handlers: list[Any] = [
+            (prefix, HomeHandler),
+            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+            (url_path_join(api, "health"), HealthHandler),
+            (url_path_join(api, "inventory"), InventoryHandler),
+            (url_path_join(api, "profiles"), ProfilesHandler),
+            (url_path_join(api, "allocations"), AllocationsHandler),
+            (url_path_join(api, r"allocations/(\d+)"), AllocationHandler),
+            (url_path_join(api, "events"), EventsHandler),
+            (url_path_join(prefix, "metrics"), MetricsHandler),
+        ]
+        return web.Application(
+            handlers,
+            gpuslice=self,
+            hub_auth=hub_auth,
+            cookie_secret=os.urandom(32),
+            log_function=self._log_request,
+        )
+
+    def _log_request(self, handler: web.RequestHandler) -> None:
+        status = handler.get_status()
+        level = logging.DEBUG if status < 400 and handler.request.method == "GET" else logging.INFO
+        if status >= 500:
+            level = logging.ERROR
+        self.log.log(
+            level,
+            "%d %s %s %.1fms",
+            status,
+            handler.request.method,
+            handler.request.uri,
+            1000 * handler.request.request_time(),
+        )
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        logging.getLogger("gpuslice").setLevel(self.log_level)
+        self.load_settings()
+        self.hub_api = HubAPI()
+
+    async def start_async(self) -> None:
+        self.inventory = self.discover()
+        self.open_ledger()
+        assert self.ledger is not None
+        self.registry, self.refusals = make_registry(self.ledger)
+        self.ledger.sync_inventory(self.inventory)
+        self.started_at = utcnow()
+        label = " (SIMULATED GPUs — not real hardware)" if self.inventory.simulated else ""
+        gpus = self.inventory.gpus()
+        self.log.info(
+            "gpuslice %s: backend %s%s, %d host(s), %d GPU(s), %d MIG instance(s); ledger %s",
+            __version__,
+            self.inventory.backend,
+            label,
+            len(self.inventory.hosts),
+            len(gpus),
+            sum(len(g.mig_instances) for g in gpus),
+            safe_url(self.db_url),
+        )
+        ip, port = self._service_url()
+        server = HTTPServer(self.make_app(), xheaders=True)
+        server.listen(self.port or port, self.ip or ip)
+        self.log.info(
+            "listening on http://%s:%d%s", self.ip or ip, self.port or port, self.service_prefix
+        )
+        if self.reconcile_interval > 0 and self.hub_api.configured:
+            self._reconciler = asyncio.ensure_future(self._reconcile_loop())
+        await asyncio.Event().wait()
+
+    async def reconcile_once(self) -> list[int]:
+        assert self.ledger is not None
+        existing = await self.hub_api.existing_servers()
+        released = self.ledger.reconcile_servers(existing, timedelta(seconds=self.reconcile_grace))
+        if released:
+            self.log.info("reconciled: released allocations %s (servers gone)", released)
+        return released
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except Exception:
+                self.log.exception("reconciliation with the hub failed; will retry")
+            await asyncio.sleep(self.reconcile_interval)
+
+    def start(self) -> None:
+        asyncio.run(self.start_async())
+
+
+class _UpgradeDB(GPUSliceService):
+    description = "Upgrade the gpuslice database schema to the newest revision (back it up first)."
+
+    def start(self) -> None:
+        db = open_database(self.db_url)
+        upgrade(db)
+        self.log.info("database %s upgraded", safe_url(self.db_url))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cls: type[GPUSliceService] = GPUSliceService
+    if argv and argv[0] == "upgrade-db":
+        argv, cls = argv[1:], _UpgradeDB
+    app = cls()
+    try:
+        app.initialize(argv)
+        app.start()
+    except (ConfigError, SchemaError) as e:
+        print(
+            f"gpuslice: invalid configuration: {e}"
+            if isinstance(e, ConfigError)
+            else f"gpuslice: {e}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The openb trace benchmark (``gpuslice-bench openb``) over the placement engine."""

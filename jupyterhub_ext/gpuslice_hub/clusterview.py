@@ -1,0 +1,78 @@
+"""The placement view of the ledger: free capacity per host, built from database rows."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+
+from .db.models import AllocationRow, GPURow, HostRow
+from .placement import GPUState, HostState, MigSlotState, Placement, Request, place
+from .placement.engine import Policy
+
+
+def build_hosts(
+    hosts: Iterable[HostRow], gpus: Iterable[GPURow], active: Iterable[AllocationRow]
+) -> list[HostState]:
+    """Free capacity per present host, after subtracting every active allocation."""
+    states: dict[str, HostState] = {}
+    for rank, h in enumerate(sorted((h for h in hosts if h.present), key=lambda h: h.name)):
+        states[h.name] = HostState(h.name, h.cpu_milli, h.memory_mib, [], rank)
+    by_uuid: dict[str, GPUState] = {}
+    for g in sorted(gpus, key=lambda g: (g.host, g.index)):
+        if not g.present or g.host not in states:
+            continue
+        slots = [
+            MigSlotState(m.uuid, m.profile, m.memory_mib, m.milli)
+            for m in g.mig_instances
+            if m.present
+        ]
+        state = GPUState(g.uuid, g.model, g.memory_mib, mig=slots, drained=g.drained)
+        states[g.host].gpus.append(state)
+        by_uuid[g.uuid] = state
+    for a in active:
+        host = states.get(a.host)
+        if host is not None:
+            host.cpu_milli_free -= a.cpu_milli
+            host.memory_mib_free -= a.memory_mib
+        for c in a.claims:
+            if not c.active or c.gpu_uuid not in by_uuid:
+                continue
+            gpu = by_uuid[c.gpu_uuid]
+            if c.mig_uuid:
+                for slot in gpu.mig:
+                    if slot.uuid == c.mig_uuid:
+                        slot.free = False
+            else:
+                gpu.free_milli -= c.milli
+                gpu.free_memory_mib -= c.memory_mib
+    return list(states.values())
+
+
+def apply(hosts: Sequence[HostState], request: Request, placement: Placement) -> None:
+    """Subtract a placement from ``hosts`` in place (used to count how many more fit)."""
+    host = next(h for h in hosts if h.name == placement.host)
+    host.cpu_milli_free -= request.cpu_milli
+    host.memory_mib_free -= request.memory_mib
+    gpus = {g.uuid: g for g in host.gpus}
+    for a in placement.assignments:
+        gpu = gpus[a.gpu_uuid]
+        if a.mig_uuid:
+            for slot in gpu.mig:
+                if slot.uuid == a.mig_uuid:
+                    slot.free = False
+        else:
+            gpu.free_milli -= a.milli
+            gpu.free_memory_mib -= a.memory_mib
+
+
+def count_fits(request: Request, hosts: Sequence[HostState], policy: Policy, cap: int = 256) -> int:
+    """How many more of ``request`` could be placed, one after another (at most ``cap``)."""
+    scratch = copy.deepcopy(list(hosts))
+    n = 0
+    while n < cap:
+        result = place(request, scratch, policy)
+        if not isinstance(result, Placement):
+            break
+        apply(scratch, request, result)
+        n += 1
+    return n

@@ -1,0 +1,1 @@
+"""The ledger's database: models, engine setup and schema version checks."""

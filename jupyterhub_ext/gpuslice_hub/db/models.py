@@ -1,0 +1,155 @@
+"""SQLAlchemy models of the ledger. Changing them needs an Alembic migration."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class HostRow(Base):
+    __tablename__ = "hosts"
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    cpu_milli: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    # False once discovery no longer reports the host; held slices stay until released.
+    present: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class GPURow(Base):
+    __tablename__ = "gpus"
+    uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name"))
+    index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(255))
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    mig_mode: Mapped[str] = mapped_column(String(16))
+    present: Mapped[bool] = mapped_column(Boolean, default=True)
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    mig_instances: Mapped[list[MigRow]] = relationship(
+        back_populates="gpu", order_by="MigRow.uuid", lazy="selectin"
+    )
+
+
+class MigRow(Base):
+    __tablename__ = "mig_instances"
+    uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(ForeignKey("gpus.uuid"))
+    profile: Mapped[str] = mapped_column(String(32))
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    milli: Mapped[int] = mapped_column(Integer)
+    present: Mapped[bool] = mapped_column(Boolean, default=True)
+    gpu: Mapped[GPURow] = relationship(back_populates="mig_instances")
+
+
+class AllocationRow(Base):
+    __tablename__ = "allocations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server_name: Mapped[str] = mapped_column(String(255), default="")
+    profile: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(16))
+    purpose: Mapped[str] = mapped_column(String(16))  # interactive | batch
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
+    host: Mapped[str] = mapped_column(String(255))
+    groups: Mapped[list[str]] = mapped_column(JSON, default=list)
+    charged_group: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    borrowed: Mapped[bool] = mapped_column(Boolean, default=False)
+    quota_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0)
+    active: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    release_reason: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    claims: Mapped[list[ClaimRow]] = relationship(
+        back_populates="allocation", order_by="ClaimRow.id", lazy="selectin"
+    )
+
+    __table_args__ = (
+        # One live interactive allocation per server: a retried spawn cannot hold two slices.
+        Index(
+            "uq_active_server",
+            "user",
+            "server_name",
+            unique=True,
+            sqlite_where=text("active AND purpose = 'interactive'"),
+            postgresql_where=text("active AND purpose = 'interactive'"),
+        ),
+    )
+
+
+class ClaimRow(Base):
+    """One GPU resource held by an allocation (a whole GPU, a MIG instance or a share)."""
+
+    __tablename__ = "claims"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    allocation_id: Mapped[int] = mapped_column(ForeignKey("allocations.id"), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(64), index=True)
+    mig_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    milli: Mapped[int] = mapped_column(Integer)
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    # The GPU or MIG uuid for exclusive claims, NULL for shares. The partial unique index
+    # makes the database itself refuse a second live holder of an exclusive slice, whatever
+    # the interleaving of writers.
+    exclusive_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    allocation: Mapped[AllocationRow] = relationship(back_populates="claims")
+
+    __table_args__ = (
+        Index(
+            "uq_active_exclusive",
+            "exclusive_key",
+            unique=True,
+            sqlite_where=text("active AND exclusive_key IS NOT NULL"),
+            postgresql_where=text("active AND exclusive_key IS NOT NULL"),
+        ),
+    )
+
+
+class EventRow(Base):
+    """Audit trail: every allocation, refusal, release, warning, extension and cull."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    user: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
+    actor: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    allocation_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    profile: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class LedgerLock(Base):
+    """A single row that every allocating transaction locks first (SELECT … FOR UPDATE).
+
+    Placement reads the whole ledger and then writes; two writers must never both read
+    the same free capacity. On SQLite ``BEGIN IMMEDIATE`` gives the same exclusion.
+    """
+
+    __tablename__ = "ledger_lock"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,0 +1,477 @@
+"""The allocation ledger: the only code that writes allocations.
+
+Every write happens inside ``Database.writing()``, which holds the ledger lock for the whole
+read-place-write sequence, so two requests can never both see the same free slice. The
+partial unique indexes on claims and servers are a second, independent guard.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpuslice.model import Inventory
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from .clusterview import build_hosts, count_fits
+from .db.engine import Database
+from .db.models import (
+    AllocationRow,
+    ClaimRow,
+    EventRow,
+    GPURow,
+    HostRow,
+    MigRow,
+    utcnow,
+)
+from .errors import RequestError
+from .placement import HostState, Placement, place
+from .placement.engine import Policy
+from .profiles import Profile
+from .quotas import Charge, Holding, Quotas, Usage
+from .serialize import allocation_json, event_json
+
+log = logging.getLogger("gpuslice.ledger")
+
+PURPOSES = ("interactive", "batch")
+REFUSALS = ("forbidden_profile", "over_quota", "no_capacity")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the user the allocation is for, and who actually sent the request."""
+
+    user: str
+    groups: tuple[str, ...]
+    actor: str
+
+
+class Ledger:
+    def __init__(
+        self,
+        db: Database,
+        profiles: dict[str, Profile],
+        quotas: Quotas,
+        policy: Policy,
+        on_refusal: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.db = db
+        self.profiles = profiles
+        self.quotas = quotas
+        self.policy = policy
+        self.on_refusal = on_refusal or (lambda profile, code: None)
+
+    # -- inventory ---------------------------------------------------------------------
+
+    def sync_inventory(self, inventory: Inventory) -> None:
+        """Upsert what discovery found; mark what vanished as absent (holders keep it)."""
+        with self.db.writing() as s:
+            seen_hosts, seen_gpus, seen_mig = set(), set(), set()
+            for h in inventory.hosts:
+                seen_hosts.add(h.name)
+                s.merge(
+                    HostRow(
+                        name=h.name, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib, present=True
+                    )
+                )
+                for g in h.gpus:
+                    seen_gpus.add(g.uuid)
+                    row = s.get(GPURow, g.uuid)
+                    drained = row.drained if row is not None else False
+                    s.merge(
+                        GPURow(
+                            uuid=g.uuid,
+                            host=h.name,
+                            index=g.index,
+                            model=g.model,
+                            memory_mib=g.memory_mib,
+                            mig_mode=g.mig_mode.value,
+                            present=True,
+                            drained=drained,
+                        )
+                    )
+                    for m in g.mig_instances:
+                        seen_mig.add(m.uuid)
+                        s.merge(
+                            MigRow(
+                                uuid=m.uuid,
+                                gpu_uuid=g.uuid,
+                                profile=m.profile,
+                                memory_mib=m.memory_mib,
+                                milli=m.milli,
+                                present=True,
+                            )
+                        )
+            s.flush()
+            for hrow in s.scalars(select(HostRow)):
+                hrow.present = hrow.name in seen_hosts
+            for grow in s.scalars(select(GPURow)):
+                grow.present = grow.uuid in seen_gpus
+            for mrow in s.scalars(select(MigRow)):
+                mrow.present = mrow.uuid in seen_mig
+            self._event(
+                s,
+                "inventory",
+                None,
+                "service",
+                reason=f"{inventory.backend}: {len(seen_hosts)} hosts, {len(seen_gpus)} GPUs, "
+                f"{len(seen_mig)} MIG instances",
+                detail={"backend": inventory.backend, "simulated": inventory.simulated},
+            )
+
+    # -- allocation --------------------------------------------------------------------
+
+    def allocate(
+        self,
+        caller: Caller,
+        profile_name: str,
+        server_name: str = "",
+        purpose: str = "interactive",
+        priority: int = 0,
+        preemptible: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """Allocate a slice; returns (allocation, created). Raises RequestError on refusal.
+
+        Idempotent per server: asking again for the same server and profile returns the
+        allocation it already holds (a retried spawn must not hold two slices).
+        """
+        profile = self.profiles.get(profile_name)
+        if profile is None:
+            raise RequestError(404, f"unknown profile {profile_name!r}", code="unknown_profile")
+        if purpose not in PURPOSES:
+            raise RequestError(400, f"purpose must be one of {list(PURPOSES)}", code="bad_request")
+        try:
+            return self._allocate(caller, profile, server_name, purpose, priority, preemptible)
+        except RequestError as e:
+            if e.detail.get("code") in REFUSALS:
+                # Recorded in a transaction of its own: the refused one was rolled back.
+                with self.db.writing() as s:
+                    self._event(
+                        s,
+                        "refused",
+                        caller.user,
+                        caller.actor,
+                        None,
+                        profile.name,
+                        e.message,
+                        {"code": e.detail["code"]},
+                    )
+                self.on_refusal(profile.name, str(e.detail["code"]))
+            raise
+
+    def _allocate(
+        self,
+        caller: Caller,
+        profile: Profile,
+        server_name: str,
+        purpose: str,
+        priority: int,
+        preemptible: bool,
+    ) -> tuple[dict[str, Any], bool]:
+        if not profile.allowed_for(caller.groups):
+            raise RequestError(
+                403, f"{profile.name} is not allowed for your groups", code="forbidden_profile"
+            )
+        request = profile.request()
+        try:
+            with self.db.writing() as s:
+                if purpose == "interactive":
+                    held = s.scalars(
+                        select(AllocationRow).where(
+                            AllocationRow.active,
+                            AllocationRow.purpose == "interactive",
+                            AllocationRow.user == caller.user,
+                            AllocationRow.server_name == server_name,
+                        )
+                    ).first()
+                    if held is not None:
+                        if held.profile == profile.name:
+                            return allocation_json(held, self._gpus(s)), False
+                        raise RequestError(
+                            409,
+                            f"server {server_name or '(default)'} of {caller.user} already holds "
+                            f"allocation {held.id} ({held.profile}); release it first",
+                            code="server_holds_allocation",
+                            allocation_id=held.id,
+                        )
+                active = self._active(s)
+                want = Usage(
+                    profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, s)
+                )
+                charge = self.quotas.check(caller.user, caller.groups, want, _holdings(active))
+                if not isinstance(charge, Charge):
+                    raise RequestError(429, charge, code="over_quota")
+                hosts = build_hosts(s.scalars(select(HostRow)), s.scalars(select(GPURow)), active)
+                result = place(request, hosts, self.policy)
+                if not isinstance(result, Placement):
+                    raise self._no_capacity(s, caller, profile, hosts)
+                row = self._write_allocation(
+                    s, caller, profile, result, server_name, purpose, priority, preemptible, charge
+                )
+                return allocation_json(row, self._gpus(s)), True
+        except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
+            log.error("ledger constraint refused an allocation: %s", e)
+            raise RequestError(
+                409, "the slice was taken concurrently; retry", code="conflict"
+            ) from e
+
+    def _write_allocation(
+        self,
+        s: Session,
+        caller: Caller,
+        profile: Profile,
+        placement: Placement,
+        server_name: str,
+        purpose: str,
+        priority: int,
+        preemptible: bool,
+        charge: Charge,
+    ) -> AllocationRow:
+        row = AllocationRow(
+            user=caller.user,
+            server_name=server_name,
+            profile=profile.name,
+            kind=profile.kind,
+            purpose=purpose,
+            priority=priority,
+            preemptible=preemptible,
+            host=placement.host,
+            groups=sorted(caller.groups),
+            charged_group=charge.group,
+            borrowed=charge.borrowed,
+            quota_weight=profile.quota_weight,
+            gpu_milli=sum(a.milli for a in placement.assignments),
+            cpu_milli=profile.cpu_milli,
+            memory_mib=profile.memory_mib,
+            active=True,
+            created_at=utcnow(),
+        )
+        for a in placement.assignments:
+            exclusive = a.mig_uuid or (a.gpu_uuid if profile.kind == "gpu" else None)
+            row.claims.append(
+                ClaimRow(
+                    gpu_uuid=a.gpu_uuid,
+                    mig_uuid=a.mig_uuid,
+                    milli=a.milli,
+                    memory_mib=a.memory_mib,
+                    exclusive_key=exclusive,
+                    active=True,
+                )
+            )
+        s.add(row)
+        s.flush()
+        detail: dict[str, Any] = {
+            "host": placement.host,
+            "server_name": server_name,
+            "purpose": purpose,
+        }
+        if charge.group:
+            detail["charged_group"] = charge.group
+            detail["borrowed"] = charge.borrowed
+        self._event(s, "allocated", caller.user, caller.actor, row.id, profile.name, None, detail)
+        return row
+
+    def _no_capacity(
+        self, s: Session, caller: Caller, profile: Profile, hosts: list[HostState]
+    ) -> RequestError:
+        total = count_fits(
+            profile.request(),
+            build_hosts(s.scalars(select(HostRow)), s.scalars(select(GPURow)), []),
+            self.policy,
+        )
+        others = []
+        for other in self.profiles.values():
+            if other.name == profile.name or not other.allowed_for(caller.groups):
+                continue
+            free = count_fits(other.request(), hosts, self.policy)
+            if free:
+                others.append(f"{other.name} has {free} free")
+        message = f"No {profile.name} free ({total} of {total} in use)"
+        if total == 0:
+            message = f"No {profile.name} can be placed: no host has {profile.summary()}"
+        if others:
+            message += "; " + ", ".join(others)
+        return RequestError(409, message, code="no_capacity", alternatives=others)
+
+    # -- release -----------------------------------------------------------------------
+
+    def release(self, alloc_id: int, actor: str, reason: str) -> tuple[dict[str, Any], bool]:
+        """Release once; a second release is a no-op that reports ``released=False``."""
+        with self.db.writing() as s:
+            row = s.get(AllocationRow, alloc_id)
+            if row is None:
+                raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
+            if not row.active:
+                return allocation_json(row, self._gpus(s)), False
+            self._release_row(s, row, actor, reason)
+            return allocation_json(row, self._gpus(s)), True
+
+    def _release_row(self, s: Session, row: AllocationRow, actor: str, reason: str) -> None:
+        row.active = False
+        row.released_at = utcnow()
+        row.release_reason = reason[:255]
+        for c in row.claims:
+            c.active = False
+        self._event(s, "released", row.user, actor, row.id, row.profile, reason, {"host": row.host})
+
+    def reconcile_servers(
+        self, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None = None
+    ) -> list[int]:
+        """Release interactive allocations whose server no longer exists on the hub.
+
+        Allocations younger than ``grace`` are left alone: a spawn in progress holds its
+        allocation before the hub lists the server as running.
+        """
+        now = now or utcnow()
+        released = []
+        with self.db.writing() as s:
+            for row in self._active(s):
+                if row.purpose != "interactive" or (row.user, row.server_name) in existing:
+                    continue
+                created = (
+                    row.created_at
+                    if row.created_at.tzinfo
+                    else row.created_at.replace(tzinfo=now.tzinfo)
+                )
+                if now - created < grace:
+                    continue
+                self._release_row(s, row, "reconciler", "server no longer exists on the hub")
+                released.append(row.id)
+        return released
+
+    # -- queries -----------------------------------------------------------------------
+
+    def get(self, alloc_id: int) -> dict[str, Any] | None:
+        with self.db.reading() as s:
+            row = s.get(AllocationRow, alloc_id)
+            return allocation_json(row, self._gpus(s)) if row else None
+
+    def allocations(
+        self, user: str | None = None, active_only: bool = True, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        with self.db.reading() as s:
+            q = select(AllocationRow).order_by(AllocationRow.id.desc()).limit(limit)
+            if user is not None:
+                q = q.where(AllocationRow.user == user)
+            if active_only:
+                q = q.where(AllocationRow.active)
+            gpus = self._gpus(s)
+            return [allocation_json(r, gpus) for r in s.scalars(q)]
+
+    def events(
+        self, user: str | None = None, since_id: int = 0, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        with self.db.reading() as s:
+            q = (
+                select(EventRow)
+                .where(EventRow.id > since_id)
+                .order_by(EventRow.id.desc())
+                .limit(limit)
+            )
+            if user is not None:
+                q = q.where(EventRow.user == user)
+            return [event_json(e) for e in s.scalars(q)]
+
+    def record_event(
+        self, kind: str, user: str | None, actor: str, reason: str | None, detail: dict[str, Any]
+    ) -> dict[str, Any]:
+        with self.db.writing() as s:
+            row = self._event(
+                s,
+                kind,
+                user,
+                actor,
+                detail.get("allocation_id"),
+                detail.get("profile"),
+                reason,
+                detail,
+            )
+            s.flush()
+            return event_json(row)
+
+    def snapshot(self) -> tuple[list[HostRow], list[GPURow], list[AllocationRow]]:
+        with self.db.reading() as s:
+            return (
+                list(s.scalars(select(HostRow))),
+                list(s.scalars(select(GPURow))),
+                self._active(s),
+            )
+
+    def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
+        """Every profile with free / total and, when it can't be had now, why not."""
+        groups = tuple(groups)
+        with self.db.reading() as s:
+            active = self._active(s)
+            host_rows, gpu_rows = list(s.scalars(select(HostRow))), list(s.scalars(select(GPURow)))
+            hosts = build_hosts(host_rows, gpu_rows, active)
+            empty = build_hosts(host_rows, gpu_rows, [])
+            holdings = _holdings(active)
+            out = []
+            for p in self.profiles.values():
+                entry = p.to_json()
+                total = count_fits(p.request(), empty, self.policy)
+                free = count_fits(p.request(), hosts, self.policy)
+                reason = None
+                allowed = p.allowed_for(groups)
+                if not allowed:
+                    reason = "not allowed for your groups"
+                elif free == 0:
+                    reason = (
+                        f"all in use ({total} of {total} in use)"
+                        if total
+                        else f"no host offers {p.summary()}"
+                    )
+                else:
+                    want = Usage(p.quota_weight, p.request().total_gpu_milli or _mig_milli(p, s))
+                    charge = self.quotas.check(user, groups, want, holdings)
+                    if not isinstance(charge, Charge):
+                        reason = charge
+                entry.update(
+                    free=free, total=total, allowed=allowed, available=reason is None, reason=reason
+                )
+                out.append(entry)
+            return out
+
+    # -- helpers -----------------------------------------------------------------------
+
+    @staticmethod
+    def _active(s: Session) -> list[AllocationRow]:
+        return list(s.scalars(select(AllocationRow).where(AllocationRow.active)))
+
+    @staticmethod
+    def _gpus(s: Session) -> dict[str, GPURow]:
+        return {g.uuid: g for g in s.scalars(select(GPURow))}
+
+    @staticmethod
+    def _event(  # type: ignore[no-untyped-def]
+        s: Session, kind, user, actor, allocation_id=None, profile=None, reason=None, detail=None
+    ) -> EventRow:
+        row = EventRow(
+            ts=utcnow(),
+            kind=kind,
+            user=user,
+            actor=actor,
+            allocation_id=allocation_id,
+            profile=profile,
+            reason=reason,
+            detail=detail or {},
+        )
+        s.add(row)
+        return row
+
+
+def _holdings(active: Iterable[AllocationRow]) -> list[Holding]:
+    return [Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli)) for a in active]
+
+
+def _mig_milli(profile: Profile, s: Session) -> int:
+    """A MIG profile's compute share, from any instance of it in the inventory."""
+    if profile.kind != "mig":
+        return 0
+    m = s.scalars(select(MigRow).where(MigRow.profile == profile.mig_profile)).first()
+    return m.milli if m else 0

@@ -1,0 +1,113 @@
+"""Prometheus metrics, computed from the ledger at scrape time (so they survive restarts)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .ledger import Ledger
+
+
+class LedgerCollector(Collector):
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        hosts, gpus, active = self.ledger.snapshot()
+        present = {h.name for h in hosts if h.present}
+        gpu_total = GaugeMetricFamily(
+            "gpuslice_gpus", "GPUs in the inventory", labels=["host", "model", "mig_mode"]
+        )
+        per_gpu: Counter[tuple[str, str, str]] = Counter(
+            (g.host, g.model, g.mig_mode) for g in gpus if g.present and g.host in present
+        )
+        for key, n in sorted(per_gpu.items()):
+            gpu_total.add_metric(list(key), n)
+        yield gpu_total
+
+        milli_total = GaugeMetricFamily(
+            "gpuslice_gpu_milli_capacity", "GPU capacity in milli-GPU", labels=["host"]
+        )
+        milli_used = GaugeMetricFamily(
+            "gpuslice_gpu_milli_allocated", "Allocated GPU capacity in milli-GPU", labels=["host"]
+        )
+        cap: Counter[str] = Counter()
+        for g in gpus:
+            if g.present:
+                cap[g.host] += 1000
+        used: Counter[str] = Counter()
+        for a in active:
+            used[a.host] += a.gpu_milli
+        for host in sorted(set(cap) | set(used)):
+            milli_total.add_metric([host], cap[host])
+            milli_used.add_metric([host], used[host])
+        yield milli_total
+        yield milli_used
+
+        mig_total = GaugeMetricFamily(
+            "gpuslice_mig_instances", "MIG instances in the inventory", labels=["host", "profile"]
+        )
+        mig_held = GaugeMetricFamily(
+            "gpuslice_mig_instances_allocated", "MIG instances held", labels=["host", "profile"]
+        )
+        held_uuids = {c.mig_uuid for a in active for c in a.claims if c.active and c.mig_uuid}
+        totals: Counter[tuple[str, str]] = Counter()
+        helds: Counter[tuple[str, str]] = Counter()
+        for g in gpus:
+            for m in g.mig_instances:
+                if m.present:
+                    totals[(g.host, m.profile)] += 1
+                    helds[(g.host, m.profile)] += m.uuid in held_uuids
+        for mkey in sorted(totals):
+            mig_total.add_metric(list(mkey), totals[mkey])
+            mig_held.add_metric(list(mkey), helds[mkey])
+        yield mig_total
+        yield mig_held
+
+        by_profile = GaugeMetricFamily(
+            "gpuslice_allocations_active",
+            "Active allocations",
+            labels=["profile", "host", "purpose"],
+        )
+        for key, n in sorted(Counter((a.profile, a.host, a.purpose) for a in active).items()):
+            by_profile.add_metric(list(key), n)
+        yield by_profile
+
+        by_user = GaugeMetricFamily(
+            "gpuslice_user_allocations", "Active allocations per user", labels=["user"]
+        )
+        user_milli = GaugeMetricFamily(
+            "gpuslice_user_gpu_milli", "Allocated milli-GPU per user", labels=["user"]
+        )
+        for user, n in sorted(Counter(a.user for a in active).items()):
+            by_user.add_metric([user], n)
+            user_milli.add_metric([user], sum(a.gpu_milli for a in active if a.user == user))
+        yield by_user
+        yield user_milli
+
+        by_group = GaugeMetricFamily(
+            "gpuslice_group_allocations",
+            "Active allocations per charged group",
+            labels=["group"],
+        )
+        for group, n in sorted(Counter(a.charged_group or "" for a in active).items()):
+            if group:
+                by_group.add_metric([group], n)
+        yield by_group
+
+
+def make_registry(ledger: Ledger) -> tuple[CollectorRegistry, PromCounter]:
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(ledger))
+    refusals = PromCounter(
+        "gpuslice_refusals",
+        "Allocation requests refused, by profile and reason code",
+        ["profile", "code"],
+        registry=registry,
+    )
+    return registry, refusals

@@ -1,0 +1,20 @@
+"""Alembic environment: run migrations on the connection the service hands over."""
+
+from alembic import context
+from gpuslice_hub.db.models import Base
+from sqlalchemy import create_engine
+
+config = context.config
+target_metadata = Base.metadata
+
+connection = config.attributes.get("connection")
+if connection is not None:
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    engine = create_engine(config.get_main_option("sqlalchemy.url") or "")
+    with engine.begin() as conn:
+        context.configure(connection=conn, target_metadata=target_metadata)
+        with context.begin_transaction():
+            context.run_migrations()

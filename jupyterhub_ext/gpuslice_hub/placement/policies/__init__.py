@@ -1,0 +1,1 @@
+"""Placement policies over :class:`~gpuslice_hub.placement.state.ClusterState`."""

@@ -1,0 +1,48 @@
+"""FGD's fragmentation measure, for many (hypothetical) hosts at once.
+
+For a typical request t, a host's free GPU milli is *usable* when t fits there (its CPU, and
+``count_t`` allowed GPUs with free >= milli_t): then the usable part is the free milli on
+those GPUs, the rest is fragment. When t does not fit, all free milli is fragment for t.
+F = sum_t weight_t * (free - usable_t), in milli-GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .typical import Typical
+
+
+def allowed_by_typical(typical: Typical, models: list[str]) -> np.ndarray:
+    """bool[M, T]: which GPU models each typical request may use."""
+    out = np.ones((len(models), typical.weight.size), bool)
+    for t, allowed in enumerate(typical.models):
+        if allowed:
+            out[:, t] = [m in allowed for m in models]
+    return out
+
+
+def fragmentation(
+    typical: Typical,
+    free: np.ndarray,
+    ok: np.ndarray,
+    cpu_free: np.ndarray,
+    model: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
+) -> np.ndarray:
+    """float64[K]: F for K hosts given free milli ``free[K, G]`` on slots ``ok[K, G]``.
+
+    ``model[K, G]`` and ``allowed[M, T]`` are needed only when some typical request restricts
+    GPU models.
+    """
+    free = np.where(ok, free, 0)
+    total = free.sum(1)
+    ge = free[:, :, None] >= typical.milli[None, None, :]  # K, G, T
+    ge &= ok[:, :, None]
+    if model is not None and allowed is not None and not typical.any_model:
+        ge &= allowed[model]
+    n_ge = ge.sum(1)
+    usable = np.einsum("kg,kgt->kt", free, ge)
+    fits = (n_ge >= typical.count) & (cpu_free[:, None] >= typical.cpu) & (typical.count > 0)
+    usable = np.where(fits, usable, 0)
+    return total - usable @ typical.weight

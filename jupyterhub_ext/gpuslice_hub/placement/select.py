@@ -1,0 +1,21 @@
+"""The one selection step the service and the trace benchmark share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fit import feasible_mask
+from .policies.base import Policy
+from .state import ClusterState
+from .types import Request
+
+
+def select(state: ClusterState, request: Request, policy: Policy) -> tuple[int, list[int]] | None:
+    """(host index, GPU slots) for ``request``, or None when no host can take it."""
+    observe = getattr(policy, "observe", None)
+    if observe is not None:
+        observe(request)
+    candidates = np.flatnonzero(feasible_mask(state, request))
+    if candidates.size == 0:
+        return None
+    return policy.choose(state, request, candidates)

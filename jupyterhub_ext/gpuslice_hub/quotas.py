@@ -1,0 +1,148 @@
+"""Quotas per user and per group, with borrowing of another group's idle quota.
+
+A quota limits what one holder has *at once*: ``max_slices`` (each allocation counts its
+profile's ``quota_weight``) and ``max_milli`` (GPU demand in milli-GPU). An allocation is
+charged to one group: the first of the user's groups (by name) that has a quota with room;
+failing that, a group listed in one of those groups' ``borrow_from`` whose unused quota
+covers it. Users in no group with a quota are limited by their user quota alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Limit:
+    max_slices: float | None = None
+    max_milli: int | None = None
+    borrow_from: tuple[str, ...] = ()
+
+    def room(self, used: Usage, want: Usage) -> bool:
+        if self.max_slices is not None and used.slices + want.slices > self.max_slices + 1e-9:
+            return False
+        return self.max_milli is None or used.milli + want.milli <= self.max_milli
+
+    def describe(self, used: Usage) -> str:
+        parts = []
+        if self.max_slices is not None:
+            parts.append(f"{used.slices:g} of {self.max_slices:g} slices")
+        if self.max_milli is not None:
+            parts.append(f"{used.milli / 1000:g} of {self.max_milli / 1000:g} GPUs")
+        return " and ".join(parts) + " in use"
+
+
+@dataclass
+class Usage:
+    slices: float = 0.0
+    milli: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.slices += other.slices
+        self.milli += other.milli
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One active allocation, as the quota check sees it."""
+
+    user: str
+    charged_group: str | None
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Charge:
+    group: str | None
+    borrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Quotas:
+    default_user: Limit | None = None
+    users: Mapping[str, Limit] = field(default_factory=dict)
+    groups: Mapping[str, Limit] = field(default_factory=dict)
+
+    def check(
+        self, user: str, groups: Iterable[str], want: Usage, holdings: Iterable[Holding]
+    ) -> Charge | str:
+        """The group to charge, or the reason the request is over quota."""
+        by_user = Usage()
+        by_group: dict[str, Usage] = {}
+        for h in holdings:
+            if h.user == user:
+                by_user.add(h.usage)
+            if h.charged_group is not None:
+                by_group.setdefault(h.charged_group, Usage()).add(h.usage)
+        limit = self.users.get(user, self.default_user)
+        if limit is not None and not limit.room(by_user, want):
+            return f"over your quota ({limit.describe(by_user)})"
+        mine = sorted(g for g in set(groups) if g in self.groups)
+        if not mine:
+            return Charge(None)
+        for g in mine:
+            if self.groups[g].room(by_group.get(g, Usage()), want):
+                return Charge(g)
+        for g in mine:
+            for lender in self.groups[g].borrow_from:
+                if lender in self.groups and self.groups[lender].room(
+                    by_group.get(lender, Usage()), want
+                ):
+                    return Charge(lender, borrowed=True)
+        g = mine[0]
+        return f"over the quota of group {g} ({self.groups[g].describe(by_group.get(g, Usage()))})"
+
+
+def _limit(raw: Any, key: str, groups: bool) -> Limit:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, f"must be a dict, got {type(raw).__name__}")
+    allowed = {"max_slices", "max_milli"} | ({"borrow_from"} if groups else set())
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ConfigError(f"{key}.{sorted(unknown)[0]}", f"unknown key; known: {sorted(allowed)}")
+    slices = raw.get("max_slices")
+    if slices is not None and (
+        isinstance(slices, bool) or not isinstance(slices, (int, float)) or slices < 0
+    ):
+        raise ConfigError(f"{key}.max_slices", f"must be a number >= 0, got {slices!r}")
+    milli = raw.get("max_milli")
+    if milli is not None and (isinstance(milli, bool) or not isinstance(milli, int) or milli < 0):
+        raise ConfigError(f"{key}.max_milli", f"must be an integer >= 0 (milli-GPU), got {milli!r}")
+    borrow = raw.get("borrow_from", [])
+    if isinstance(borrow, str) or not isinstance(borrow, (list, tuple)):
+        raise ConfigError(f"{key}.borrow_from", f"must be a list of group names, got {borrow!r}")
+    return Limit(slices, milli, tuple(borrow))
+
+
+def parse_quotas(raw: Any) -> Quotas:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("quotas", f"must be a dict, got {type(raw).__name__}")
+    unknown = set(raw) - {"default_user", "users", "groups"}
+    if unknown:
+        raise ConfigError(
+            f"quotas.{sorted(unknown)[0]}",
+            "unknown key; known: ['default_user', 'groups', 'users']",
+        )
+    default = raw.get("default_user")
+    users_raw = raw.get("users", {})
+    groups_raw = raw.get("groups", {})
+    for k, v in (("users", users_raw), ("groups", groups_raw)):
+        if not isinstance(v, Mapping):
+            raise ConfigError(f"quotas.{k}", f"must be a dict of name -> limits, got {v!r}")
+    groups = {g: _limit(v, f"quotas.groups.{g}", True) for g, v in groups_raw.items()}
+    for g, lim in groups.items():
+        for i, lender in enumerate(lim.borrow_from):
+            if lender not in groups:
+                raise ConfigError(
+                    f"quotas.groups.{g}.borrow_from[{i}]",
+                    f"group {lender!r} has no quota to borrow from",
+                )
+    return Quotas(
+        default_user=_limit(default, "quotas.default_user", False) if default is not None else None,
+        users={u: _limit(v, f"quotas.users.{u}", False) for u, v in users_raw.items()},
+        groups=groups,
+    )
