@@ -1,0 +1,174 @@
+"""The ledger against real SQLite and PostgreSQL: placement, refusals, release, restart."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.errors import RequestError
+from gpuslice_hub.ledger import Caller
+
+from .conftest import build_ledger
+
+ANN = Caller("ann", (), "ann")
+PHYS = Caller("pia", ("physics",), "pia")
+
+
+def test_mig_slices_are_handed_out_once_then_refused_with_alternatives(make_ledger):
+    ledger = make_ledger()
+    a, created = ledger.allocate(ANN, "mig-1g.10gb", "one")
+    b, _ = ledger.allocate(ANN, "mig-1g.10gb", "two")
+    assert created
+    migs = {a["assignments"][0]["mig_uuid"], b["assignments"][0]["mig_uuid"]}
+    assert len(migs) == 2 and all(m.startswith("MIG-sim-") for m in migs)
+    with pytest.raises(RequestError) as info:
+        ledger.allocate(ANN, "mig-1g.10gb", "three")
+    err = info.value
+    assert err.status == 409 and err.detail["code"] == "no_capacity"
+    assert err.message.startswith("No mig-1g.10gb free (2 of 2 in use); ")
+    # the two plain GPUs take 8 quarter shares, or 2 whole GPUs
+    assert "share-250 has 8 free" in err.message and "gpu-1 has 2 free" in err.message
+    # mig-3g.40gb is for physics only, so it is not offered to ann as an alternative
+    assert "mig-3g.40gb" not in err.message
+    refused = [e for e in ledger.events(user="ann") if e["kind"] == "refused"]
+    assert len(refused) == 1 and refused[0]["detail"]["code"] == "no_capacity"
+
+
+def test_shares_pack_and_respect_memory_caps(make_ledger):
+    ledger = make_ledger(
+        profiles=[{"name": "big-share", "kind": "share", "gpu_milli": 100, "gpu_memory_mib": 40960}]
+    )
+    # 2 plain GPUs of 80 GiB: memory caps allow 2 per GPU although compute would allow 10
+    got = [ledger.allocate(ANN, "big-share", f"s{i}")[0] for i in range(4)]
+    per_gpu: dict[str, int] = {}
+    for a in got:
+        per_gpu[a["assignments"][0]["gpu_uuid"]] = (
+            per_gpu.get(a["assignments"][0]["gpu_uuid"], 0) + 1
+        )
+    assert sorted(per_gpu.values()) == [2, 2]
+    with pytest.raises(RequestError):
+        ledger.allocate(ANN, "big-share", "s5")
+
+
+def test_same_server_is_idempotent_and_conflicting_profile_refused(make_ledger):
+    ledger = make_ledger()
+    a, created = ledger.allocate(ANN, "share-250", "")
+    again, created_again = ledger.allocate(ANN, "share-250", "")
+    assert created and not created_again and again["id"] == a["id"]
+    with pytest.raises(RequestError) as info:
+        ledger.allocate(ANN, "gpu-1", "")
+    assert info.value.status == 409 and info.value.detail["allocation_id"] == a["id"]
+    assert len(ledger.allocations(user="ann")) == 1
+
+
+def test_release_happens_exactly_once(make_ledger):
+    ledger = make_ledger()
+    a, _ = ledger.allocate(ANN, "gpu-1", "")
+    first, released = ledger.release(a["id"], "ann", "server stopped")
+    second, released_again = ledger.release(a["id"], "ann", "server stopped")
+    assert released and not released_again
+    assert first["state"] == second["state"] == "released"
+    assert [e["kind"] for e in ledger.events(user="ann")].count("released") == 1
+    # the GPU is free again
+    assert (
+        ledger.allocate(ANN, "gpu-1", "")[0]["assignments"][0]["gpu_uuid"]
+        == a["assignments"][0]["gpu_uuid"]
+    )
+    with pytest.raises(RequestError) as info:
+        ledger.release(9999, "ann", "x")
+    assert info.value.status == 404
+
+
+def test_forbidden_profile_and_quota_refusals_write_nothing_but_an_event(make_ledger):
+    ledger = make_ledger(
+        quotas={"default_user": {"max_slices": 1}, "groups": {"physics": {"max_milli": 500}}}
+    )
+    with pytest.raises(RequestError) as info:
+        ledger.allocate(ANN, "mig-3g.40gb", "")
+    assert info.value.status == 403 and "not allowed" in info.value.message
+    ledger.allocate(ANN, "share-250", "a")
+    with pytest.raises(RequestError) as info:
+        ledger.allocate(ANN, "share-250", "b")
+    assert (
+        info.value.status == 429 and "over your quota (1 of 1 slices in use)" in info.value.message
+    )
+    # physics: the 3g instance is 428 milli; a second slice would pass 500 milli
+    ledger.allocate(PHYS, "mig-3g.40gb", "")
+    with pytest.raises(RequestError) as info:
+        ledger.allocate(PHYS, "share-250", "x")
+    assert "over your quota" in info.value.message or "group physics" in info.value.message
+    assert len(ledger.allocations()) == 2
+    codes = [e["detail"].get("code") for e in ledger.events() if e["kind"] == "refused"]
+    assert sorted(codes) == ["forbidden_profile", "over_quota", "over_quota"]
+
+
+def test_availability_says_why_not(make_ledger):
+    ledger = make_ledger(quotas={"default_user": {"max_slices": 2}})
+    for name in ("one", "two"):
+        ledger.allocate(ANN, "mig-1g.10gb", name)
+    by_name = {p["name"]: p for p in ledger.availability("ann", ())}
+    assert by_name["mig-1g.10gb"]["free"] == 0 and by_name["mig-1g.10gb"]["total"] == 2
+    assert by_name["mig-1g.10gb"]["reason"] == "all in use (2 of 2 in use)"
+    assert by_name["mig-3g.40gb"]["reason"] == "not allowed for your groups"
+    assert by_name["share-250"]["free"] == 8
+    assert by_name["share-250"]["reason"] == "over your quota (2 of 2 slices in use)"
+    other = {p["name"]: p for p in ledger.availability("bob", ())}
+    assert other["share-250"]["available"] and other["share-250"]["reason"] is None
+
+
+def test_a_new_ledger_on_the_same_database_sees_the_same_allocations(make_ledger, db_url):
+    ledger = make_ledger()
+    held = {ledger.allocate(ANN, p, p)[0]["id"] for p in ("mig-1g.10gb", "share-250", "gpu-1")}
+    ledger.db.dispose()
+    again = make_ledger()  # re-syncs the same inventory: nothing held may change
+    assert {a["id"] for a in again.allocations()} == held
+    by_profile = {p["name"]: p["free"] for p in again.availability("bob", ())}
+    assert by_profile["mig-1g.10gb"] == 1 and by_profile["gpu-1"] == 0
+
+
+def test_reconcile_releases_only_allocations_of_vanished_servers_past_grace(make_ledger):
+    ledger = make_ledger()
+    kept, _ = ledger.allocate(ANN, "share-250", "running")
+    gone, _ = ledger.allocate(ANN, "share-250", "gone")
+    young, _ = ledger.allocate(ANN, "share-250", "starting")
+    later = utcnow() + timedelta(seconds=30)
+    released = ledger.reconcile_servers({("ann", "running")}, timedelta(seconds=10), now=later)
+    assert sorted(released) == sorted([gone["id"], young["id"]])
+    assert ledger.get(kept["id"])["state"] == "active"
+    # a server that is still starting (allocation younger than the grace) is left alone
+    fresh, _ = ledger.allocate(ANN, "share-250", "fresh")
+    assert ledger.reconcile_servers({("ann", "running")}, timedelta(seconds=3600)) == []
+    assert ledger.get(fresh["id"])["state"] == "active"
+    assert ledger.get(gone["id"])["release_reason"] == "server no longer exists on the hub"
+
+
+def test_vanished_gpu_is_not_placed_but_its_holder_keeps_it(make_ledger, db_url):
+    ledger = make_ledger()
+    a, _ = ledger.allocate(ANN, "gpu-1", "one")
+    b, _ = ledger.allocate(ANN, "gpu-1", "two")
+    smaller = [
+        {
+            "name": "node-a",
+            "cpu_milli": 32000,
+            "memory_mib": 256000,
+            "gpus": [
+                {
+                    "model": "NVIDIA A100-SXM4-80GB",
+                    "memory_mib": 81920,
+                    "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+                },
+                {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920},
+            ],
+        }
+    ]
+    ledger2 = build_ledger(db_url, hosts=smaller)
+    try:
+        # the GPU behind b is gone from discovery; b still holds it until released
+        assert ledger2.get(a["id"])["state"] == ledger2.get(b["id"])["state"] == "active"
+        free = {p["name"]: p for p in ledger2.availability("bob", ())}
+        assert (free["gpu-1"]["total"], free["gpu-1"]["free"]) == (1, 0)
+        ledger2.release(b["id"], "ann", "done")
+        assert {p["name"]: p for p in ledger2.availability("bob", ())}["gpu-1"]["free"] == 0
+    finally:
+        ledger2.db.dispose()

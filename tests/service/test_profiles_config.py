@@ -1,0 +1,104 @@
+"""Malformed profile and quota config is refused with the offending key named."""
+
+import pytest
+from gpuslice_hub.errors import ConfigError
+from gpuslice_hub.profiles import parse_profiles
+from gpuslice_hub.quotas import Charge, Holding, Usage, parse_quotas
+
+GOOD = [
+    {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb"},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+    {"name": "gpu-2", "kind": "gpu", "count": 2, "groups": ["ml"]},
+]
+
+
+def test_good_profiles_parse_into_requests():
+    profiles = parse_profiles(GOOD)
+    assert list(profiles) == ["mig-1g.10gb", "share-250", "gpu-2"]
+    share = profiles["share-250"].request()
+    assert (share.kind, share.gpu_milli, share.gpu_memory_mib) == ("share", 250, 20480)
+    assert profiles["gpu-2"].request().total_gpu_milli == 2000
+    assert profiles["gpu-2"].allowed_for(["ml", "x"]) and not profiles["gpu-2"].allowed_for([])
+    assert profiles["mig-1g.10gb"].allowed_for([])
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"profiles": "x"}, "profiles"),
+        ([{"name": "a", "kind": "share", "gpu_milli": 1000}], "profiles[0].gpu_milli"),
+        ([{"name": "a", "kind": "share", "gpu_milli": "250"}], "profiles[0].gpu_milli"),
+        ([{"name": "a", "kind": "tpu"}], "profiles[0].kind"),
+        ([{"name": "A B", "kind": "gpu"}], "profiles[0].name"),
+        ([{"name": "a", "kind": "mig", "mig_profile": "9g"}], "profiles[0].mig_profile"),
+        ([{"name": "a", "kind": "gpu", "count": 0}], "profiles[0].count"),
+        ([{"name": "a", "kind": "gpu", "gpu_milli": 5}], "profiles[0].gpu_milli"),
+        ([{"name": "a", "kind": "gpu", "idle_timout": 5}], "profiles[0].idle_timout"),
+        ([{"name": "a", "kind": "gpu", "groups": "ml"}], "profiles[0].groups"),
+        ([{"name": "a", "kind": "gpu", "quota_weight": 0}], "profiles[0].quota_weight"),
+        ([GOOD[0], {**GOOD[0]}], "profiles[1].name"),
+    ],
+)
+def test_bad_profiles_name_the_key(raw, key):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(raw if isinstance(raw, list) else raw["profiles"])
+    assert info.value.key == key
+    assert str(info.value).startswith(key + ":")
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"user": {}}, "quotas.user"),
+        ({"users": {"bob": {"max_slices": -1}}}, "quotas.users.bob.max_slices"),
+        ({"users": {"bob": {"max_milli": 1.5}}}, "quotas.users.bob.max_milli"),
+        ({"users": {"bob": {"borrow_from": []}}}, "quotas.users.bob.borrow_from"),
+        ({"groups": {"a": {"borrow_from": ["b"]}}}, "quotas.groups.a.borrow_from[0]"),
+        ({"groups": {"a": {"borrow_from": "b"}}}, "quotas.groups.a.borrow_from"),
+        ({"default_user": []}, "quotas.default_user"),
+    ],
+)
+def test_bad_quotas_name_the_key(raw, key):
+    with pytest.raises(ConfigError) as info:
+        parse_quotas(raw)
+    assert info.value.key == key
+
+
+def holding(user, group, slices=1.0, milli=250):
+    return Holding(user, group, Usage(slices, milli))
+
+
+def test_user_quota_counts_weighted_slices_and_milli():
+    q = parse_quotas({"default_user": {"max_slices": 2}, "users": {"vip": {"max_milli": 1500}}})
+    one = Usage(1, 250)
+    assert q.check("ann", [], one, [holding("ann", None)]) == Charge(None)
+    reason = q.check("ann", [], one, [holding("ann", None), holding("ann", None)])
+    assert reason == "over your quota (2 of 2 slices in use)"
+    # vip has no slice limit but a milli limit: 1250 + 250 fits, 1250 + 500 does not
+    held = [holding("vip", None, milli=1250)]
+    assert q.check("vip", [], Usage(1, 250), held) == Charge(None)
+    assert "1.25 of 1.5 GPUs" in q.check("vip", [], Usage(1, 500), held)
+
+
+def test_group_quota_and_borrowing_idle_quota():
+    q = parse_quotas(
+        {
+            "groups": {
+                "physics": {"max_slices": 1, "borrow_from": ["chem"]},
+                "chem": {"max_slices": 2},
+                "bio": {"max_slices": 1},
+            }
+        }
+    )
+    want = Usage(1, 250)
+    assert q.check("p1", ["physics"], want, []) == Charge("physics")
+    full = [holding("p1", "physics")]
+    # physics is full: it borrows chem's unused quota
+    assert q.check("p2", ["physics"], want, full) == Charge("chem", borrowed=True)
+    # once chem's quota is used (by its own and borrowed slices), physics is refused
+    used = [*full, holding("p2", "chem"), holding("c1", "chem")]
+    assert "over the quota of group physics" in q.check("p3", ["physics"], want, used)
+    # bio may not borrow: not configured
+    assert "group bio" in q.check("b2", ["bio"], want, [holding("b1", "bio")])
+    # a user in no group with a quota is not limited by group quotas
+    assert q.check("x", ["other"], want, used) == Charge(None)
