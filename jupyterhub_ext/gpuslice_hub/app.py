@@ -293,23 +293,16 @@ class GPUSliceService(Application):
         asyncio.run(self.start_async())
 
 
-class _UpgradeDB(GPUSliceService):
-    description = "Upgrade the gpuslice database schema to the newest revision (back it up first)."
-
-    def start(self) -> None:
-        db = open_database(self.db_url)
-        upgrade(db)
-        self.log.info("database %s upgraded", safe_url(self.db_url))
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    cls: type[GPUSliceService] = GPUSliceService
-    if argv and argv[0] == "upgrade-db":
-        argv, cls = argv[1:], _UpgradeDB
-    app = cls()
+    upgrade_db = bool(argv) and argv[0] == "upgrade-db"
+    app = GPUSliceService()
     try:
-        app.initialize(argv)
+        app.initialize(argv[1:] if upgrade_db else argv)
+        if upgrade_db:
+            upgrade(open_database(app.db_url))
+            app.log.info("database %s is at the newest schema", safe_url(app.db_url))
+            return
         app.start()
     except (ConfigError, SchemaError) as e:
         print(

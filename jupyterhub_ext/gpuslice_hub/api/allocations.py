@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import re
 
-from tornado import web
-
 from ..errors import RequestError
 from ..ledger import Caller
-from .base import BaseHandler, Identity, int_arg
+from .base import BaseHandler, Identity, api_authenticated, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
 CREATE_FIELDS = {"profile", "server_name", "user", "groups", "purpose", "priority", "preemptible"}
 
 
 class AllocationsHandler(BaseHandler):
-    @web.authenticated
+    @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
         user = self.get_argument("user", None)
@@ -30,7 +28,7 @@ class AllocationsHandler(BaseHandler):
         items = self.ledger.allocations(user=user, active_only=state == "active", limit=limit)
         self.write_json({"allocations": items})
 
-    @web.authenticated
+    @api_authenticated
     async def post(self) -> None:
         ident = self.identity()
         body = self.json_body(CREATE_FIELDS)
@@ -85,7 +83,7 @@ class AllocationsHandler(BaseHandler):
 
 
 class AllocationHandler(BaseHandler):
-    @web.authenticated
+    @api_authenticated
     async def get(self, alloc_id: str) -> None:
         ident = self.identity()
         alloc = self.ledger.get(int(alloc_id))
@@ -94,7 +92,7 @@ class AllocationHandler(BaseHandler):
         self.check_user_access(ident, alloc["user"])
         self.write_json(alloc)
 
-    @web.authenticated
+    @api_authenticated
     async def delete(self, alloc_id: str) -> None:
         ident = self.identity()
         alloc = self.ledger.get(int(alloc_id))

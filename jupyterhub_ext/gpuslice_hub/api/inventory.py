@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tornado import web
-
 from ..errors import RequestError
 from ..serialize import inventory_json, iso
-from .base import BaseHandler, int_arg
+from .base import BaseHandler, api_authenticated, int_arg
 
 EVENT_KINDS = {"idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled"}
 
@@ -27,7 +25,7 @@ class HealthHandler(BaseHandler):
 
 
 class InventoryHandler(BaseHandler):
-    @web.authenticated
+    @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
         hosts, gpus, active = self.ledger.snapshot()
@@ -55,7 +53,7 @@ class InventoryHandler(BaseHandler):
 
 
 class ProfilesHandler(BaseHandler):
-    @web.authenticated
+    @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
         user = self.get_argument("user", None)
@@ -80,7 +78,7 @@ class ProfilesHandler(BaseHandler):
 
 
 class EventsHandler(BaseHandler):
-    @web.authenticated
+    @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
         user = self.get_argument("user", None)
@@ -92,7 +90,7 @@ class EventsHandler(BaseHandler):
         limit = int_arg(self, "limit", 200, 1, 5000)
         self.write_json({"events": self.ledger.events(user=user, since_id=since, limit=limit)})
 
-    @web.authenticated
+    @api_authenticated
     async def post(self) -> None:
         """Idle-reclaim events reported by a user's server extension, stored with a reason."""
         ident = self.identity()

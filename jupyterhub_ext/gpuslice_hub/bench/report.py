@@ -12,7 +12,7 @@ def summarise(trace: str, policy: str, results: Sequence[SeedResult]) -> dict:
     ks = list(results[0].columns)
     allocated: dict[str, float | None] = {}
     for k in ks:
-        values = [r.columns[k] for r in results if r.columns[k] is not None]
+        values = [v for r in results if (v := r.columns[k]) is not None]
         allocated[k] = round(fmean(values), 2) if values else None
     keys = results[0].breakdown.keys()
     return {
@@ -24,6 +24,7 @@ def summarise(trace: str, policy: str, results: Sequence[SeedResult]) -> dict:
         "seconds_per_seed": round(fmean(r.seconds for r in results), 3),
         "pods_per_seed": fmean(r.pods for r in results),
         "time_breakdown_s": {k: round(fmean(r.breakdown[k] for r in results), 3) for k in keys},
+        **{k: round(fmean(r.extra[k] for r in results), 2) for k in results[0].extra},
     }
 
 

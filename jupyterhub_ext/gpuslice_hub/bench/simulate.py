@@ -7,11 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..placement.fit import feasible_mask
 from ..placement.policies.typical import typical_from_requests
 from ..placement.select import select
 from ..placement.state import ClusterState
-from ..placement.types import Request
 from .columns import columns
 from .workload import Pod, Workload, build_cluster, build_workload
 
@@ -24,6 +22,7 @@ class SeedResult:
     pods: int
     seconds: float
     breakdown: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 def make_policy(name: str, workload: Workload, seed: int):
@@ -44,6 +43,7 @@ def run_seed(
     seed: int,
     cluster: ClusterState | None = None,
     workload: Workload | None = None,
+    ks: tuple[int, ...] = (100, 110, 120, 130),
 ) -> SeedResult:
     t_start = time.perf_counter()
     total_gpus = sum(r["gpus"] for r in nodes)
@@ -69,7 +69,7 @@ def run_seed(
             t_apply += time.perf_counter() - t1
         used[i] = state.used_milli
     t_placed = time.perf_counter()
-    cols = columns(arrived, used, total_gpus)
+    cols = columns(arrived, used, total_gpus, ks)
     t_end = time.perf_counter()
     timing = getattr(policy, "timing", None)
     breakdown = {
@@ -84,7 +84,3 @@ def run_seed(
         breakdown["select.filter_and_argmax"] = t_select - timing.frag_s
         breakdown["hosts_rescored"] = float(timing.hosts_scored)
     return SeedResult(seed, cols, failed, len(workload.pods), t_end - t_start, breakdown)
-
-
-def count_feasible(state: ClusterState, request: Request) -> int:
-    return int(feasible_mask(state, request).sum())

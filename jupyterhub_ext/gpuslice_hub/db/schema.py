@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect
 
 from .engine import Database
 
@@ -59,8 +59,6 @@ def ensure_schema(db: Database, upgrade_command: str) -> None:
                 "Restore it from a backup or point db_url at a new database."
             )
         upgrade(db)
-        with db.read_engine.begin() as conn:
-            conn.execute(text("INSERT INTO ledger_lock (id, generation) VALUES (1, 0)"))
         return
     known = {s.revision for s in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}
     if current not in known:

@@ -114,11 +114,13 @@ def upgrade() -> None:
     op.create_index("ix_events_ts", "events", ["ts"])
     op.create_index("ix_events_kind", "events", ["kind"])
     op.create_index("ix_events_user", "events", ["user"])
-    op.create_table(
+    lock = op.create_table(
         "ledger_lock",
         sa.Column("id", sa.Integer(), primary_key=True),
         sa.Column("generation", sa.Integer(), nullable=False),
     )
+    # The one row every allocating transaction locks (see gpuslice_hub.db.engine).
+    op.bulk_insert(lock, [{"id": 1, "generation": 0}])
 
 
 def downgrade() -> None:

@@ -39,7 +39,7 @@ class Timing:
 
 
 def fragmentation_delta(
-    state: ClusterState, request: Request, rows: np.ndarray, typical: Typical
+    state: ClusterState, request: Request, rows: np.ndarray, typical: Typical, packed: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each candidate of ``rows``: (pos, gpu, F(host) - F(host after), free milli after)."""
     cand = candidates(state, request, rows)
@@ -59,6 +59,7 @@ def fragmentation_delta(
         cand.cpu_after,
         None if model is None else model[cand.pos],
         allowed,
+        packed,
     )
     gpu_after = np.where(ok[cand.pos], cand.free_after, 0).sum(1)
     return cand.pos, cand.gpu, before[cand.pos] - after, gpu_after
@@ -73,6 +74,7 @@ class FGD:
 
     name = "fgd"
     n_keys = 1
+    packed = False
 
     def __init__(self, typical: Typical | None = None) -> None:
         self.fixed = typical
@@ -142,7 +144,7 @@ class FGD:
         typical: Typical,
         cache: ScoreCache,
     ) -> None:
-        pos, gpu, delta, _ = fragmentation_delta(state, request, rows, typical)
+        pos, gpu, delta, _ = fragmentation_delta(state, request, rows, typical, self.packed)
         score = np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
         # Candidates are grouped by host in GPU order: keep each host's first best one.
         order = np.lexsort((-score, pos))

@@ -29,6 +29,7 @@ def fragmentation(
     cpu_free: np.ndarray,
     model: np.ndarray | None = None,
     allowed: np.ndarray | None = None,
+    packed: bool = False,
 ) -> np.ndarray:
     """float64[K]: F for K hosts given free milli ``free[K, G]`` on slots ``ok[K, G]``.
 
@@ -42,7 +43,26 @@ def fragmentation(
     if model is not None and allowed is not None and not typical.any_model:
         ge &= allowed[model]
     n_ge = ge.sum(1)
+    if packed:
+        return total - packed_usable(typical, free, ge, n_ge, cpu_free) @ typical.weight
     usable = np.einsum("kg,kgt->kt", free, ge)
     fits = (n_ge >= typical.count) & (cpu_free[:, None] >= typical.cpu) & (typical.count > 0)
     usable = np.where(fits, usable, 0)
     return total - usable @ typical.weight
+
+
+def packed_usable(
+    typical: Typical, free: np.ndarray, ge: np.ndarray, n_ge: np.ndarray, cpu_free: np.ndarray
+) -> np.ndarray:
+    """float[K, T]: GPU milli that copies of t would use if only t arrived from now on.
+
+    A refinement of FGD's rule: it counts how many copies of t fit (by GPU and by CPU), not
+    just whether one does, so GPUs that CPU or leftovers would strand count as fragment.
+    """
+    milli = np.maximum(typical.milli, 1)
+    per_gpu = np.where(ge, free[:, :, None] // milli[None, None, :], 0).sum(1)
+    by_gpu = np.where(typical.milli >= 1000, n_ge // np.maximum(typical.count, 1), per_gpu)
+    by_cpu = cpu_free[:, None] // np.maximum(typical.cpu, 1)
+    by_cpu = np.where(typical.cpu > 0, by_cpu, by_gpu)
+    copies = np.minimum(by_gpu, by_cpu) * (typical.count > 0)
+    return copies * typical.count * typical.milli

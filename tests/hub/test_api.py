@@ -1,0 +1,164 @@
+"""The service's REST API behind a real JupyterHub: identity, ownership, bad input, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def shared_hub(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(tmp_path_factory.mktemp("api-hub"))
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def clean(shared_hub):
+    """Release everything between tests so each starts from an empty ledger."""
+    yield shared_hub
+    for a in shared_hub.api("GET", "/api/allocations", shared_hub.service_token).json()[
+        "allocations"
+    ]:
+        shared_hub.api("DELETE", f"/api/allocations/{a['id']}", shared_hub.service_token)
+
+
+def test_no_token_is_403_not_a_redirect(clean):
+    for method, path in [
+        ("GET", "/api/allocations"),
+        ("POST", "/api/allocations"),
+        ("GET", "/api/inventory"),
+    ]:
+        r = clean.api(method, path, allow_redirects=False)
+        assert r.status_code == 403, (method, path, r.status_code)
+        assert "authentication required" in r.json()["message"]
+    r = clean.api("GET", "/api/allocations", token="not-a-token")
+    assert r.status_code == 403
+
+
+def test_users_see_and_touch_only_their_own(clean):
+    ann, bob = clean.add_user("ann"), clean.add_user("bob")
+    a = clean.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
+    b = clean.api("POST", "/api/allocations", bob, json={"profile": "share-250"}).json()
+    mine = clean.api("GET", "/api/allocations", ann).json()["allocations"]
+    assert [x["id"] for x in mine] == [a["id"]]
+    assert clean.api("GET", f"/api/allocations/{b['id']}", ann).status_code == 403
+    assert clean.api("GET", "/api/allocations?user=bob", ann).status_code == 403
+    r = clean.api("DELETE", f"/api/allocations/{b['id']}", ann)
+    assert r.status_code == 403 and "may not" in r.json()["message"]
+    assert clean.api("GET", f"/api/allocations/{b['id']}", bob).json()["state"] == "active"
+    # a user may not allocate for someone else, nor claim groups
+    r = clean.api("POST", "/api/allocations", ann, json={"profile": "share-250", "user": "bob"})
+    assert r.status_code == 403
+    r = clean.api(
+        "POST", "/api/allocations", ann, json={"profile": "mig-3g.40gb", "groups": ["physics"]}
+    )
+    assert r.status_code == 403
+    # events: only ann's own
+    events = clean.api("GET", "/api/events", ann).json()["events"]
+    assert events and {e["user"] for e in events} == {"ann"}
+    # inventory: ann sees that a slice is held, but not by whom unless it is hers
+    inv = clean.api("GET", "/api/inventory", ann).json()
+    holders = [h for host in inv["hosts"] for g in host["gpus"] for h in g["holders"]]
+    assert {h["user"] for h in holders} == {"ann", None}
+    assert inv["simulated"] is True and inv["backend"] == "simulated"
+
+
+def test_admins_see_everything_and_can_release(clean):
+    ann = clean.add_user("ann")
+    admin = clean.add_user("admin")
+    a = clean.api("POST", "/api/allocations", ann, json={"profile": "gpu-1"}).json()
+    all_allocs = clean.api("GET", "/api/allocations", admin).json()["allocations"]
+    assert a["id"] in [x["id"] for x in all_allocs]
+    r = clean.api("DELETE", f"/api/allocations/{a['id']}?reason=maintenance", admin)
+    assert r.status_code == 200 and r.json()["released_now"] is True
+    assert r.json()["release_reason"] == "maintenance"
+    r = clean.api("DELETE", f"/api/allocations/{a['id']}", ann)
+    assert r.status_code == 200 and r.json()["released_now"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b"{}", 400, "'profile'"),
+        (b'{"profile": "share-250", "colour": "red"}', 400, "unknown field 'colour'"),
+        (b'{"profile": "share-250", "priority": "high"}', 400, "'priority'"),
+        (b'{"profile": "share-250", "server_name": "a/b"}', 400, "server_name"),
+        (b'{"profile": "share-250", "purpose": "mining"}', 400, "purpose"),
+        (b'{"profile": "h100-everything"}', 404, "unknown profile"),
+        (b'{"profile": "mig-3g.40gb"}', 403, "not allowed"),
+    ],
+)
+def test_bad_requests_are_refused_and_write_nothing(clean, body, status, needle):
+    ann = clean.add_user("ann")
+    r = clean.api("POST", "/api/allocations", ann, data=body)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["message"]
+    assert clean.api("GET", "/api/allocations", ann).json()["allocations"] == []
+    assert clean.api("GET", "/api/allocations/123456", ann).status_code == 404
+    assert clean.api("GET", "/api/allocations?limit=zero", ann).status_code == 400
+
+
+def test_spawner_token_allocates_for_a_user_with_groups(clean):
+    clean.add_user("pia", groups=("physics",))
+    body = {"profile": "mig-3g.40gb", "user": "pia", "groups": ["physics"], "server_name": "gpu"}
+    r = clean.api("POST", "/api/allocations", clean.service_token, body and None, json=body)
+    assert r.status_code == 201, r.text
+    alloc = r.json()
+    assert alloc["user"] == "pia" and alloc["assignments"][0]["mig_profile"] == "3g.40gb"
+    # the same request again (a retried spawn) returns the same allocation
+    r2 = clean.api("POST", "/api/allocations", clean.service_token, json=body)
+    assert r2.status_code == 200 and r2.json()["id"] == alloc["id"]
+    # an admin without the spawner's trust: groups are looked up on the hub, not taken
+    admin = clean.add_user("admin")
+    r = clean.api("POST", "/api/allocations", admin, json={**body, "server_name": "x"})
+    assert r.status_code == 403
+    r = clean.api("POST", "/api/allocations", admin, json={"profile": "share-250", "user": "pia"})
+    assert r.status_code == 201 and r.json()["groups"] == ["physics"]
+    r = clean.api("POST", "/api/allocations", admin, json={"profile": "share-250", "user": "ghost"})
+    assert r.status_code == 404
+
+
+def test_profiles_report_live_availability(clean):
+    ann = clean.add_user("ann")
+    before = {p["name"]: p for p in clean.api("GET", "/api/profiles", ann).json()["profiles"]}
+    assert before["mig-1g.10gb"]["free"] == before["mig-1g.10gb"]["total"] == 2
+    clean.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"})
+    after = {p["name"]: p for p in clean.api("GET", "/api/profiles", ann).json()["profiles"]}
+    assert after["mig-1g.10gb"]["free"] == 1
+    assert after["mig-3g.40gb"]["available"] is False
+    assert after["mig-3g.40gb"]["reason"] == "not allowed for your groups"
+
+
+def test_metrics_need_the_admin_scope_and_count_allocations(clean):
+    ann = clean.add_user("ann")
+    admin = clean.add_user("admin")
+    refusals = 'gpuslice_refusals_total{code="forbidden_profile",profile="mig-3g.40gb"}'
+    before = metric(clean.api("GET", "/metrics", admin).text, refusals)
+    clean.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"})
+    clean.api("POST", "/api/allocations", ann, json={"profile": "mig-3g.40gb", "server_name": "x"})
+    assert clean.api("GET", "/metrics", ann).status_code == 403
+    r = clean.api("GET", "/metrics", admin)
+    assert r.status_code == 200
+    text = r.text
+    assert 'gpuslice_mig_instances{host="node-a",profile="1g.10gb"} 2.0' in text
+    assert 'gpuslice_mig_instances_allocated{host="node-a",profile="1g.10gb"} 1.0' in text
+    assert (
+        'gpuslice_allocations_active{host="node-a",profile="mig-1g.10gb",purpose="interactive"} 1.0'
+        in text
+    )
+    assert 'gpuslice_user_allocations{user="ann"} 1.0' in text
+    assert metric(text, refusals) == before + 1
+    assert (
+        'gpuslice_gpus{host="node-a",mig_mode="enabled",model="NVIDIA A100-SXM4-80GB"} 1.0' in text
+    )
+
+
+def metric(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
