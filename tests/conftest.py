@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.harness.postgres",
     "tests.harness.hub",
+    "tests.harness.slurm",
 ]

@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlparse
 
-from gpuslice.gpu import GPUDiscoveryError, discover
-from gpuslice.model import Inventory
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 from traitlets.config import Application
+
+from gpuslice.gpu import GPUDiscoveryError, discover
+from gpuslice.model import Inventory
 
 from . import __version__
 from .api.allocations import AllocationHandler, AllocationsHandler
@@ -271,7 +273,15 @@ class GPUSliceService(Application):
         )
         if self.reconcile_interval > 0 and self.hub_api.configured:
             self._reconciler = asyncio.ensure_future(self._reconcile_loop())
-        await asyncio.Event().wait()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        self.log.info("gpuslice service stopping")
+        server.stop()
+        if self.db is not None:
+            self.db.dispose()
 
     async def reconcile_once(self) -> list[int]:
         assert self.ledger is not None

@@ -87,6 +87,8 @@ def configure_jupyterhub(
 
     if spawner:
         c.JupyterHub.spawner_class = spawner
-        c.GPUSliceSpawner.service_url = url.rstrip("/") + f"/services/{name}/"
-        c.GPUSliceSpawner.service_token = token
+        # GPUSliceMixin is the base of every gpuslice spawner, whichever launcher is chosen
+        c.GPUSliceMixin.service_url = url.rstrip("/") + f"/services/{name}/"
+        c.GPUSliceMixin.service_token = token
+        c.GPUSliceMixin.service_name = name
     return token

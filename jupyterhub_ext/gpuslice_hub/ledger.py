@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpuslice.model import Inventory
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+
+from gpuslice.model import Inventory
 
 from .clusterview import build_hosts, count_fits
 from .db.engine import Database

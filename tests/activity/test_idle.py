@@ -1,4 +1,5 @@
 import pytest
+
 from gpuslice.activity import (
     SERVER_KEY,
     Activity,

@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+
 from gpuslice.activity import (
     ActivitySampler,
     Attribution,

@@ -1,6 +1,7 @@
 import os
 
 import pytest
+
 from gpuslice.activity import ActivitySampler, Attributor, SimulatedActivitySource, make_source
 
 from .conftest import BUSY, wait_for

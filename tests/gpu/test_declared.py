@@ -1,4 +1,5 @@
 import pytest
+
 from gpuslice.gpu import ConfigError, discover
 from gpuslice.model import MigMode
 

@@ -1,5 +1,6 @@
 import pynvml
 import pytest
+
 from gpuslice.gpu import GPUDiscoveryError, NoDriverError, discover, nvml_available
 from gpuslice.gpu.nvml_discovery import FAKE_NVML_ENV
 from gpuslice.model import MigMode

@@ -1,4 +1,5 @@
 import pytest
+
 from gpuslice.gpu import ConfigError, compute_milli, parse_mig_profile, profile_memory_gb
 from gpuslice.gpu.profiles import profile_name
 

@@ -113,6 +113,42 @@ class Hub:
             self._tokens[name] = r.json()["token"]
         return self._tokens[name]
 
+    def spawn(
+        self, user: str, options: dict[str, Any] | None = None, server: str = ""
+    ) -> requests.Response:
+        path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+        return self.hub_api("POST", path, json=options or {})
+
+    def server_model(self, user: str, server: str = "") -> dict[str, Any] | None:
+        model = self.hub_api("GET", f"/users/{user}").json()
+        return (model.get("servers") or {}).get(server)
+
+    def wait_ready(self, user: str, server: str = "", timeout: float = 90) -> dict[str, Any]:
+        return wait_for(
+            lambda: (m := self.server_model(user, server)) and m.get("ready") and m,
+            timeout,
+            f"{user}'s server to be ready",
+        )
+
+    def wait_gone(self, user: str, server: str = "", timeout: float = 90) -> None:
+        wait_for(
+            lambda: self.server_model(user, server) is None, timeout, f"{user}'s server to stop"
+        )
+
+    def progress_events(self, user: str, server: str = "") -> list[dict[str, Any]]:
+        """The spawn's progress stream (server-sent events) until it ends."""
+        path = (
+            f"/users/{user}/servers/{server}/progress"
+            if server
+            else f"/users/{user}/server/progress"
+        )
+        r = self.hub_api("GET", path, stream=True)
+        events = []
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+        return events
+
     # -- gpuslice API ----------------------------------------------------------------------
 
     def api(
@@ -150,7 +186,7 @@ class Hub:
 
 
 HUB_CONFIG = """\
-import json, sys
+import json, os, sys
 from gpuslice_hub.hubconfig import configure_jupyterhub
 
 cfg = json.load(open({cfg_path!r}))
@@ -180,11 +216,19 @@ configure_jupyterhub(
 )
 c.JupyterHub.load_roles = c.JupyterHub.load_roles + [
     {{"name": "tester", "scopes": ["admin:users", "admin:servers", "tokens", "admin:groups",
-      "list:users", "read:users", "access:servers", "access:services"], "services": ["tester"]}},
+      "list:users", "read:users", "access:servers", "access:services", "admin:server_state"],
+      "services": ["tester"]}},
 ]
 c.JupyterHub.services = c.JupyterHub.services + [
     {{"name": "tester", "api_token": cfg["admin_token"]}}
 ]
+if cfg["spawner"]:
+    c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+    c.Spawner.args = ["--allow-root"] if os.getuid() == 0 else []
+    c.Spawner.start_timeout = 60
+    c.Spawner.http_timeout = 60
+    c.Spawner.default_url = "/tree"
+    c.SimpleLocalProcessSpawner.home_dir_template = cfg["workdir"] + "/home/{{username}}"
 exec(cfg["extra_hub_config"])
 """
 

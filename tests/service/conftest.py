@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpuslice.gpu import discover
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.schema import ensure_schema
@@ -14,7 +15,6 @@ from gpuslice_hub.ledger import Ledger
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import parse_quotas
-
 from tests.harness.hub import SIM_HOSTS, SIM_PROFILES
 
 

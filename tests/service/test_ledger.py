@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.errors import RequestError
 from gpuslice_hub.ledger import Caller

@@ -12,9 +12,10 @@ import sys
 import textwrap
 from collections import defaultdict
 
+from sqlalchemy import select
+
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.models import AllocationRow
-from sqlalchemy import select
 
 from .conftest import build_ledger
 

@@ -1,6 +1,7 @@
 """Malformed profile and quota config is refused with the offending key named."""
 
 import pytest
+
 from gpuslice_hub.errors import ConfigError
 from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import Charge, Holding, Usage, parse_quotas

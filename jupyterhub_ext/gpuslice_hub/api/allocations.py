@@ -55,6 +55,9 @@ class AllocationsHandler(BaseHandler):
         alloc, created = self.ledger.allocate(
             caller, profile, server_name, purpose, priority, preemptible
         )
+        # What the single-user server needs to apply its idle policy and label the GPUs.
+        alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout
+        alloc["simulated"] = bool(self.service.inventory and self.service.inventory.simulated)
         self.write_json(alloc, 201 if created else 200)
 
     async def _caller(self, ident: Identity, body: dict) -> Caller:

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     openb = sub.add_parser("openb", help="the openb trace protocol of the FGD paper")
     openb.add_argument("--pods", required=True, help="openb_pod_list_*.csv")
     openb.add_argument("--nodes", required=True, help="openb_node_list_gpu_node.csv")
-    openb.add_argument("--policy", default="default", choices=sorted(POLICIES))
+    openb.add_argument("--policy", default="default", choices=[*sorted(POLICIES), "default-online"])
     openb.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
     openb.add_argument("--json", action="store_true", help="print one JSON object")
     openb.add_argument(

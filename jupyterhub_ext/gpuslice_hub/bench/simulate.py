@@ -26,12 +26,18 @@ class SeedResult:
 
 
 def make_policy(name: str, workload: Workload, seed: int):
-    """The policy as the benchmark runs it: FGD gets the trace's typical pods in advance."""
+    """The policy as the benchmark runs it.
+
+    FGD and default get the trace's typical pods in advance, as in the paper;
+    ``default-online`` learns them from the arriving requests, as the service does.
+    """
     from ..placement import POLICIES
 
+    if name == "default-online":
+        return POLICIES["default"]()
     if name == "random":
         return POLICIES[name](seed=seed + 1_000_003)
-    if name == "fgd":
+    if name in ("fgd", "default"):
         return POLICIES[name](typical_from_requests(workload.originals))
     return POLICIES[name]()
 

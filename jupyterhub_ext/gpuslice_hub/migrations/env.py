@@ -1,8 +1,9 @@
 """Alembic environment: run migrations on the connection the service hands over."""
 
 from alembic import context
-from gpuslice_hub.db.models import Base
 from sqlalchemy import create_engine
+
+from gpuslice_hub.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -31,12 +31,18 @@ def feasible(request: Request, host: HostState) -> bool:
     return bool(_feasible_mask(from_hosts([host]), request)[0])
 
 
-def place(request: Request, hosts: Sequence[HostState], policy: Policy) -> Placement | Refusal:
-    """Choose a host and GPUs for ``request``; pure: ``hosts`` is not modified."""
+def place(
+    request: Request, hosts: Sequence[HostState], policy: Policy, *, learn: bool = True
+) -> Placement | Refusal:
+    """Choose a host and GPUs for ``request``; pure: ``hosts`` is not modified.
+
+    Pass ``learn=False`` for hypothetical requests (capacity probes), so that a policy that
+    learns the request mix from ``place`` calls does not count them.
+    """
     if not hosts:
         return Refusal("there are no hosts")
     state = from_hosts(hosts)
-    chosen = select(state, request, policy)
+    chosen = select(state, request, policy, learn)
     if chosen is None:
         return Refusal(describe_shortage(request, hosts))
     node, slots = chosen

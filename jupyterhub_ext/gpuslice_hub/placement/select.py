@@ -10,10 +10,16 @@ from .state import ClusterState
 from .types import Request
 
 
-def select(state: ClusterState, request: Request, policy: Policy) -> tuple[int, list[int]] | None:
-    """(host index, GPU slots) for ``request``, or None when no host can take it."""
+def select(
+    state: ClusterState, request: Request, policy: Policy, learn: bool = True
+) -> tuple[int, list[int]] | None:
+    """(host index, GPU slots) for ``request``, or None when no host can take it.
+
+    A learning policy sees every real request, placed or refused; ``learn=False`` is for
+    what-if questions ("how many more of these would fit?") that must not skew what it learns.
+    """
     observe = getattr(policy, "observe", None)
-    if observe is not None:
+    if learn and observe is not None:
         observe(request)
     candidates = np.flatnonzero(feasible_mask(state, request))
     if candidates.size == 0:

@@ -1,0 +1,62 @@
+"""The spawn form: each profile with its live availability, and why not when it can't be had."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+
+def _memory(p: dict[str, Any]) -> str:
+    if p.get("gpu_memory_mib"):
+        return f"{p['gpu_memory_mib'] / 1024:g} GiB GPU memory cap"
+    return ""
+
+
+def _idle(p: dict[str, Any]) -> str:
+    t = p.get("idle_timeout") or 0
+    if not t:
+        return "never reclaimed when idle"
+    return f"reclaimed after {t // 60} min idle" if t >= 60 else f"reclaimed after {t} s idle"
+
+
+def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
+    """HTML for JupyterHub's spawn page; the first available profile is preselected."""
+    visible = [p for p in profiles if p.get("allowed", True)]
+    if not visible:
+        return "<p>No GPU profile is open to you. Ask your JupyterHub admin for access.</p>"
+    first = next((p["name"] for p in visible if p.get("available")), None)
+    rows = []
+    for p in visible:
+        name = escape(p["name"])
+        available = bool(p.get("available"))
+        details = [escape(p.get("description") or ""), _memory(p), _idle(p)]
+        status = f"{p.get('free', 0)} of {p.get('total', 0)} free"
+        why = ""
+        if not available and p.get("reason"):
+            why = f'<div class="gpuslice-why text-danger">Unavailable: {escape(p["reason"])}</div>'
+        rows.append(
+            f"""<label class="gpuslice-profile list-group-item{"" if available else " disabled"}"
+  data-profile="{name}">
+  <input type="radio" name="profile" value="{name}"{" checked" if p["name"] == first else ""}
+   {"" if available else "disabled"}>
+  <strong>{escape(p.get("display_name") or p["name"])}</strong>
+  <span class="badge gpuslice-free">{status}</span>
+  <div class="gpuslice-details small">{" · ".join(d for d in details if d)}</div>{why}
+</label>"""
+        )
+    others = [p for p in visible if p.get("available")]
+    hint = ""
+    if not others:
+        hint = (
+            '<p class="gpuslice-none text-danger">Nothing is free for you right now. '
+            "Try again later, or submit your notebook as a batch job.</p>"
+        )
+    banner = ""
+    if simulated:
+        banner = (
+            '<p class="gpuslice-simulated alert alert-warning">These GPUs are simulated '
+            "(gpuslice demo mode): there is no real GPU behind them.</p>"
+        )
+    return f"""<div class="gpuslice-form">{banner}
+<p>Choose a GPU slice for this server:</p>
+<div class="list-group">{"".join(rows)}</div>{hint}</div>"""

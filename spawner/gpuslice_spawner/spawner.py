@@ -1,0 +1,243 @@
+"""GPUSliceSpawner: ask the gpuslice service for a slice, start the server on it, release it.
+
+The slice logic lives in :class:`GPUSliceMixin`; the concrete spawners combine it with a
+launcher (local processes, KubeSpawner, batchspawner's SlurmSpawner). Each launcher only
+says how a granted slice becomes its own resources (:meth:`apply_grant`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, Spawner
+from traitlets import Float, Integer, Unicode, default
+
+from gpuslice_hub.client import ServiceClient, ServiceError
+
+from .env import slice_env
+from .form import render_form
+
+
+class SliceRefused(Exception):
+    """A spawn the service refused; JupyterHub shows the message to the researcher."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.jupyterhub_message = message
+        self.jupyterhub_html_message = None
+
+
+class GPUSliceMixin(Spawner):
+    """The slice logic shared by every gpuslice launcher (configure it as ``c.GPUSliceMixin``)."""
+
+    service_url = Unicode(
+        "http://127.0.0.1:10101/services/gpuslice/",
+        help="URL of the gpuslice service, prefix included (set by configure_jupyterhub).",
+    ).tag(config=True)
+
+    service_token = Unicode(
+        help="API token of the gpuslice service, used to allocate on the user's behalf "
+        "(set by configure_jupyterhub; default: $GPUSLICE_SERVICE_TOKEN).",
+    ).tag(config=True)
+
+    @default("service_token")
+    def _default_service_token(self) -> str:
+        return os.environ.get("GPUSLICE_SERVICE_TOKEN", "")
+
+    service_timeout = Float(
+        30.0, help="Seconds to wait for the gpuslice service before the spawn fails."
+    ).tag(config=True)
+
+    mps_pipe_directory = Unicode(
+        "",
+        help="CUDA_MPS_PIPE_DIRECTORY of the MPS daemon on the GPU hosts. When set, "
+        "time-sliced shares also get MPS limits (active thread percentage, pinned memory).",
+    ).tag(config=True)
+
+    default_profile = Unicode(
+        "",
+        help="Profile used when a spawn names none (e.g. through the REST API); empty: the "
+        "spawn is refused and the user is asked to pick one.",
+    ).tag(config=True)
+
+    service_name = Unicode(
+        "gpuslice", help="The gpuslice service's name on the hub (for token scopes)."
+    ).tag(config=True)
+
+    @default("server_token_scopes")
+    def _default_server_token_scopes(self) -> list[str]:
+        # The server extension reports GPU activity and idle events to the service.
+        return [
+            "users:activity!user",
+            "access:servers!server",
+            f"access:services!service={self.service_name}",
+        ]
+
+    allocation_id = Integer(0, allow_none=True)
+
+    # -- service ---------------------------------------------------------------------------
+
+    @property
+    def client(self) -> ServiceClient:
+        return ServiceClient(self.service_url, self.service_token, self.service_timeout)
+
+    def _groups(self) -> list[str]:
+        return sorted(g.name for g in self.user.groups)  # type: ignore[attr-defined]
+
+    # -- the form --------------------------------------------------------------------------
+
+    @default("options_form")
+    def _default_options_form(self) -> Any:
+        return self._render_options_form
+
+    async def _render_options_form(self, spawner: Any) -> str:
+        try:
+            data = await self.client.profiles(self.user.name)  # type: ignore[attr-defined]
+        except ServiceError as e:
+            return f"<p class='text-danger'>GPU availability is unknown: {e.message}</p>"
+        return render_form(data["profiles"], simulated=bool(data.get("simulated")))
+
+    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        return {"profile": (formdata.get("profile") or [""])[0]}
+
+    def _chosen_profile(self) -> str:
+        """The requested profile; ``user_options`` are untrusted (they may come via the API)."""
+        options = self.user_options or {}  # type: ignore[attr-defined]
+        if not isinstance(options, dict):
+            raise SliceRefused("Spawn options must be an object naming a 'profile'.")
+        unknown = set(options) - {"profile"}
+        if unknown:
+            raise SliceRefused(
+                f"Unknown spawn option {sorted(unknown)[0]!r}; only 'profile' is accepted."
+            )
+        profile = options.get("profile") or self.default_profile
+        if not isinstance(profile, str) or not profile:
+            raise SliceRefused("No GPU profile was chosen: pick one in the spawn form.")
+        return profile
+
+    # -- progress --------------------------------------------------------------------------
+
+    def _progress(self, percent: int, message: str) -> None:
+        events = self.__dict__.setdefault("_gpuslice_events", [])
+        events.append({"progress": percent, "message": message})
+        self.log.info("gpuslice %s: %s", self._log_name, message)  # type: ignore[attr-defined]
+        waiter = self.__dict__.get("_gpuslice_waiter")
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        sent = 0
+        while True:
+            events = self.__dict__.setdefault("_gpuslice_events", [])
+            while sent < len(events):
+                yield events[sent]
+                sent += 1
+            if getattr(self, "_spawn_pending", False) is False and sent:
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self.__dict__["_gpuslice_waiter"] = waiter
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(waiter, 1.0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> Any:
+        self.__dict__["_gpuslice_events"] = []
+        profile = self._chosen_profile()
+        if self.allocation_id:
+            # left over from a spawn that never stopped cleanly: give it back first
+            await self._release("replaced by a new spawn")
+        self._progress(10, f"Requesting a {profile} slice from gpuslice")
+        try:
+            grant = await self.client.allocate(
+                profile=profile,
+                user=self.user.name,  # type: ignore[attr-defined]
+                groups=self._groups(),
+                server_name=self.name,  # type: ignore[attr-defined]
+                purpose="interactive",
+            )
+        except ServiceError as e:
+            self._progress(100, f"Refused: {e.message}")
+            raise SliceRefused(e.message) from None
+        self.allocation_id = grant["id"]
+        self.grant = grant
+        where = ", ".join(a["mig_uuid"] or a["gpu_uuid"] for a in grant["assignments"])
+        self._progress(40, f"Got {profile} on {grant['host']} ({where})")
+        try:
+            self.apply_grant(grant)
+            self._progress(60, "Starting your server")
+            result = await super().start()  # type: ignore[misc]
+        except BaseException:
+            await self._release("the server failed to start")
+            raise
+        self._progress(90, "Server started")
+        return result
+
+    def apply_grant(self, grant: dict[str, Any]) -> None:
+        """Turn a granted slice into launcher resources; local processes need only env."""
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)  # type: ignore[misc]
+        finally:
+            await self._release("server stopped")
+
+    async def poll(self) -> int | None:
+        status = await super().poll()  # type: ignore[misc]
+        if status is not None and self.allocation_id:
+            # The hub does not call stop() for a server that has already exited (it polls
+            # first), so a dead server's slice is released here.
+            await self._release(f"server exited (status {status})")
+        return status  # type: ignore[no-any-return]
+
+    async def _release(self, reason: str) -> None:
+        if not self.allocation_id:
+            return
+        try:
+            await self.client.release(self.allocation_id, reason)
+        except ServiceError as e:
+            # Keep the id: the next start or stop retries, and the service's reconciler
+            # releases it anyway once the server is gone.
+            self.log.warning("could not release allocation %s: %s", self.allocation_id, e)  # type: ignore[attr-defined]
+            return
+        self.allocation_id = 0
+        self.grant = None
+
+    grant: dict[str, Any] | None = None
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()  # type: ignore[misc]
+        if self.grant:
+            env.update(slice_env(self.grant, self.service_url, self.mps_pipe_directory))
+        return env
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()  # type: ignore[misc]
+        if self.allocation_id:
+            state["gpuslice_allocation_id"] = self.allocation_id
+            state["gpuslice_grant"] = json.dumps(self.grant) if self.grant else None
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        self.allocation_id = int(state.get("gpuslice_allocation_id") or 0)
+        raw = state.get("gpuslice_grant")
+        self.grant = json.loads(raw) if raw else None
+
+    def clear_state(self) -> None:
+        super().clear_state()  # type: ignore[misc]
+        # The id is cleared only by a successful release (see _release), never here:
+        # clearing it on a failed release would leak the slice.
+
+
+class GPUSliceSpawner(GPUSliceMixin, LocalProcessSpawner):
+    """Local processes, one system user per hub user (the embedded default launcher)."""
+
+
+class GPUSliceSimpleSpawner(GPUSliceMixin, SimpleLocalProcessSpawner):
+    """Local processes all run as the hub's user: for demos and tests on one machine."""

@@ -1,0 +1,169 @@
+"""GPUSliceSpawner through a real JupyterHub, local processes, simulated GPUs."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.harness.hub import wait_for
+
+BROKEN_USER_HOOK = """
+def _break(spawner):
+    if spawner.user.name == "broken":
+        spawner.cmd = ["false"]
+c.Spawner.pre_spawn_hook = _break
+"""
+
+
+@pytest.fixture(scope="module")
+def spawn_hub(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(
+        tmp_path_factory.mktemp("spawn-hub"),
+        spawner="gpuslice-simple",
+        extra_hub_config=BROKEN_USER_HOOK + "c.Spawner.http_timeout = 30\n",
+    )
+    yield hub
+    hub.stop()
+
+
+def server_env(hub, user: str) -> dict[str, str]:
+    state = hub.hub_api("GET", f"/users/{user}").json()["servers"][""]["state"]
+    raw = Path(f"/proc/{state['pid']}/environ").read_bytes()
+    return dict(kv.split("=", 1) for kv in raw.decode().split("\0") if "=" in kv)
+
+
+def allocations(hub, user=None):
+    path = "/api/allocations" + (f"?user={user}" if user else "")
+    return hub.api("GET", path, hub.service_token).json()["allocations"]
+
+
+def stop_all(hub, users):
+    for u in users:
+        hub.hub_api("DELETE", f"/users/{u}/server")
+    for u in users:
+        hub.wait_gone(u)
+
+
+def test_two_users_get_different_slices_and_a_third_is_told_why(spawn_hub):
+    hub = spawn_hub
+    for u in ("ann", "bob", "cat"):
+        hub.add_user(u)
+    try:
+        for u in ("ann", "bob"):
+            r = hub.spawn(u, {"profile": "mig-1g.10gb"})
+            assert r.status_code in (201, 202), r.text
+            hub.wait_ready(u)
+        envs = {u: server_env(hub, u) for u in ("ann", "bob")}
+        devices = {e["CUDA_VISIBLE_DEVICES"] for e in envs.values()}
+        assert len(devices) == 2 and all(d.startswith("MIG-sim-") for d in devices)
+        assert envs["ann"]["GPUSLICE_PROFILE"] == "mig-1g.10gb"
+        assert envs["ann"]["GPUSLICE_IDLE_TIMEOUT"] == "600"
+        assert envs["ann"]["GPUSLICE_SIMULATED"] == "1"
+        held = {a["user"]: a for a in allocations(hub)}
+        assert held["ann"]["assignments"][0]["mig_uuid"] == envs["ann"]["CUDA_VISIBLE_DEVICES"]
+
+        r = hub.spawn("cat", {"profile": "mig-1g.10gb"})
+        if r.status_code == 202:
+            events = hub.progress_events("cat")
+            message = events[-1]["message"]
+            assert events[-1].get("failed")
+        else:
+            message = r.json()["message"]
+        assert "No mig-1g.10gb free (2 of 2 in use)" in message
+        assert "share-250 has 8 free" in message
+        assert hub.server_model("cat") is None or not hub.server_model("cat").get("ready")
+        assert [a for a in allocations(hub) if a["user"] == "cat"] == []
+    finally:
+        stop_all(hub, ["ann", "bob", "cat"])
+    # stopping released both slices exactly once
+    assert allocations(hub) == []
+    released = [
+        e
+        for e in hub.api("GET", "/api/events?user=ann", hub.service_token).json()["events"]
+        if e["kind"] == "released"
+    ]
+    assert len(released) == 1 and released[0]["reason"] == "server stopped"
+
+
+def test_ten_simultaneous_spawns_never_share_a_slice(spawn_hub):
+    hub = spawn_hub
+    users = [f"par{i}" for i in range(10)]
+    for u in users:
+        hub.add_user(u)
+    try:
+        with ThreadPoolExecutor(10) as pool:
+            codes = list(
+                pool.map(lambda u: hub.spawn(u, {"profile": "share-250"}).status_code, users)
+            )
+        assert all(c in (201, 202, 400, 409, 500) for c in codes), codes
+
+        def settled() -> bool:
+            models = [hub.server_model(u) for u in users]
+            return all(m is None or m.get("ready") for m in models)
+
+        wait_for(settled, 120, "all ten spawns to settle")
+        running = [u for u in users if hub.server_model(u)]
+        held = allocations(hub)
+        # two plain GPUs hold 8 quarter shares: 8 servers run, 2 were refused
+        assert len(running) == 8 and len(held) == 8
+        assert sorted(a["user"] for a in held) == sorted(running)
+        per_gpu: dict[str, int] = {}
+        for a in held:
+            g = a["assignments"][0]["gpu_uuid"]
+            per_gpu[g] = per_gpu.get(g, 0) + a["assignments"][0]["milli"]
+        assert sorted(per_gpu.values()) == [1000, 1000]
+        assert {server_env(hub, u)["GPUSLICE_MEMORY_CAP_MIB"] for u in running} == {"20480"}
+    finally:
+        stop_all(hub, users)
+    assert allocations(hub) == []
+
+
+def test_failed_start_releases_the_slice(spawn_hub):
+    hub = spawn_hub
+    hub.add_user("broken")
+    r = hub.spawn("broken", {"profile": "gpu-1"})
+    assert r.status_code in (201, 202, 500), r.text
+    # the hub gives up on a server that never answers after Spawner.http_timeout, then stops it
+    hub.wait_gone("broken", timeout=120)
+    wait_for(lambda: allocations(hub, "broken") == [], 60, "the slice of a failed start")
+    events = hub.api("GET", "/api/events?user=broken", hub.service_token).json()["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("allocated") == 1 and kinds.count("released") == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"profile": "mig-3g.40gb"}, "not allowed for your groups"),
+        ({"profile": "everything"}, "unknown profile"),
+        ({}, "No GPU profile was chosen"),
+        ({"profile": "share-250", "image": "evil"}, "Unknown spawn option 'image'"),
+    ],
+)
+def test_forged_user_options_are_refused_not_replaced(spawn_hub, options, needle):
+    hub = spawn_hub
+    hub.add_user("eve")
+    r = hub.spawn("eve", options)
+    if r.status_code == 202:
+        message = hub.progress_events("eve")[-1]["message"]
+    else:
+        message = r.json()["message"]
+    assert needle in message
+    hub.wait_gone("eve")
+    assert allocations(hub, "eve") == []
+
+
+def test_spawn_form_shows_live_availability(spawn_hub):
+    hub = spawn_hub
+    token = hub.add_user("dan")
+    # the form is rendered by the hub for the logged-in user; fetch it with dan's token
+    r = hub.hub_api("GET", "/../spawn/dan", headers={"Authorization": f"token {token}"})
+    html = r.text
+    assert r.status_code == 200, html[:500]
+    assert 'data-profile="mig-1g.10gb"' in html and "2 of 2 free" in html
+    assert "Simulated" in html or "simulated" in html
+    assert 'data-profile="mig-3g.40gb"' not in html  # not offered to someone outside physics
