@@ -40,7 +40,7 @@ def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
   <input type="radio" name="profile" value="{name}"{" checked" if p["name"] == first else ""}
    {"" if available else "disabled"}>
   <strong>{escape(p.get("display_name") or p["name"])}</strong>
-  <span class="badge gpuslice-free">{status}</span>
+  <span class="badge gpuslice-free {"bg-success" if available else "bg-secondary"}">{status}</span>
   <div class="gpuslice-details small">{" · ".join(d for d in details if d)}</div>{why}
 </label>"""
         )

@@ -59,6 +59,11 @@ class GPUSliceMixin(Spawner):
         "time-sliced shares also get MPS limits (active thread percentage, pinned memory).",
     ).tag(config=True)
 
+    preempt_wait_timeout = Float(
+        300.0,
+        help="Seconds a spawn waits while the service preempts a batch job to free a slice.",
+    ).tag(config=True)
+
     default_profile = Unicode(
         "",
         help="Profile used when a spawn names none (e.g. through the REST API); empty: the "
@@ -153,17 +158,7 @@ class GPUSliceMixin(Spawner):
             # left over from a spawn that never stopped cleanly: give it back first
             await self._release("replaced by a new spawn")
         self._progress(10, f"Requesting a {profile} slice from gpuslice")
-        try:
-            grant = await self.client.allocate(
-                profile=profile,
-                user=self.user.name,  # type: ignore[attr-defined]
-                groups=self._groups(),
-                server_name=self.name,  # type: ignore[attr-defined]
-                purpose="interactive",
-            )
-        except ServiceError as e:
-            self._progress(100, f"Refused: {e.message}")
-            raise SliceRefused(e.message) from None
+        grant = await self._allocate(profile)
         self.allocation_id = grant["id"]
         self.grant = grant
         where = ", ".join(a["mig_uuid"] or a["gpu_uuid"] for a in grant["assignments"])
@@ -177,6 +172,35 @@ class GPUSliceMixin(Spawner):
             raise
         self._progress(90, "Server started")
         return result
+
+    async def _allocate(self, profile: str) -> dict[str, Any]:
+        """Ask for a slice; while the service preempts a batch job for us, wait and retry."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.preempt_wait_timeout
+        percent = 15
+        while True:
+            try:
+                grant = await self.client.allocate(
+                    profile=profile,
+                    user=self.user.name,  # type: ignore[attr-defined]
+                    groups=self._groups(),
+                    server_name=self.name,  # type: ignore[attr-defined]
+                    purpose="interactive",
+                )
+            except ServiceError as e:
+                self._progress(100, f"Refused: {e.message}")
+                raise SliceRefused(e.message) from None
+            if "id" in grant:
+                return grant
+            # 202: a preemptible batch job is checkpointing to make room for this server
+            message = grant.get("message") or "Waiting for a batch job to free a slice"
+            if loop.time() > deadline:
+                message = f"Gave up after {self.preempt_wait_timeout:g} s: {message}"
+                self._progress(100, message)
+                raise SliceRefused(message)
+            percent = min(percent + 2, 35)
+            self._progress(percent, message)
+            await asyncio.sleep(min(float(grant.get("retry_after") or 2), 10.0))
 
     def apply_grant(self, grant: dict[str, Any]) -> None:
         """Turn a granted slice into launcher resources; local processes need only env."""

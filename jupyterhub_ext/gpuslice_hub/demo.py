@@ -1,0 +1,172 @@
+"""`make demo`: JupyterHub + gpuslice on their embedded defaults, on http://127.0.0.1:8000.
+
+Uses the GPUs of this machine through NVML when a driver is present; otherwise the
+``simulated`` backend, declared here and labelled as simulated everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuslice.gpu import discover, nvml_available
+
+DEMO_DIR = Path(os.environ.get("GPUSLICE_DEMO_DIR", ".demo")).resolve()
+PASSWORD = "gpuslice"
+
+SIMULATED_HOSTS = [
+    {
+        "name": "sim-node-1",
+        "cpu_milli": 32000,
+        "memory_mib": 256000,
+        "gpus": [
+            {
+                "model": "NVIDIA A100-SXM4-80GB",
+                "memory_mib": 81920,
+                "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+            },
+            {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 2},
+        ],
+    }
+]
+
+
+def profiles_for(inventory: Any) -> list[dict[str, Any]]:
+    """One profile per MIG profile present, plus a quarter share and a whole GPU."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    plain = [g for g in inventory.gpus() if not g.is_mig]
+    for g in inventory.gpus():
+        for m in g.mig_instances:
+            if m.profile not in seen:
+                seen.add(m.profile)
+                out.append(
+                    {
+                        "name": f"mig-{m.profile}",
+                        "display_name": f"MIG {m.profile}",
+                        "description": f"A MIG instance {m.profile} of an {g.model}",
+                        "kind": "mig",
+                        "mig_profile": m.profile,
+                        "idle_timeout": 1800,
+                    }
+                )
+    if plain:
+        quarter = max(1024, plain[0].memory_mib // 4)
+        out.append(
+            {
+                "name": "share-250",
+                "display_name": "Quarter GPU",
+                "description": f"25% of an {plain[0].model}",
+                "kind": "share",
+                "gpu_milli": 250,
+                "gpu_memory_mib": quarter,
+                "idle_timeout": 1800,
+            }
+        )
+        out.append(
+            {
+                "name": "gpu-1",
+                "display_name": "Whole GPU",
+                "description": f"One whole {plain[0].model}",
+                "kind": "gpu",
+                "count": 1,
+                "idle_timeout": 3600,
+            }
+        )
+    return out
+
+
+def write_configs() -> tuple[str, Any]:
+    backend = "nvml" if nvml_available() else "simulated"
+    hosts = SIMULATED_HOSTS if backend == "simulated" else None
+    inventory = discover(backend, hosts)
+    DEMO_DIR.mkdir(parents=True, exist_ok=True)
+    (DEMO_DIR / "home").mkdir(exist_ok=True)
+    service_cfg = {
+        "gpu_backend": backend,
+        "hosts": hosts or [],
+        "profiles": profiles_for(inventory),
+        "quotas": {"default_user": {"max_slices": 2}},
+        "db_url": f"sqlite:///{DEMO_DIR / 'gpuslice.sqlite'}",
+    }
+    (DEMO_DIR / "gpuslice_config.json").write_text(json.dumps(service_cfg, indent=2))
+    (DEMO_DIR / "gpuslice_config.py").write_text(
+        "import json, pathlib\n"
+        "cfg = json.loads((pathlib.Path(__file__).parent / 'gpuslice_config.json').read_text())\n"
+        "for key, value in cfg.items():\n"
+        "    setattr(c.GPUSliceService, key, value)\n"
+    )
+    root = os.getuid() == 0
+    chp = shutil.which("configurable-http-proxy") or "configurable-http-proxy"
+    (DEMO_DIR / "jupyterhub_config.py").write_text(
+        f"""# Written by `make demo` (gpuslice_hub.demo); edit freely, it is rewritten each run.
+import sys
+from gpuslice_hub.hubconfig import configure_jupyterhub
+
+c.JupyterHub.bind_url = "http://127.0.0.1:8000"
+c.JupyterHub.db_url = "sqlite:///{DEMO_DIR / "jupyterhub.sqlite"}"
+c.JupyterHub.cookie_secret_file = "{DEMO_DIR / "jupyterhub_cookie_secret"}"
+c.JupyterHub.pid_file = "{DEMO_DIR / "jupyterhub.pid"}"
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {PASSWORD!r}
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {{"admin"}}
+configure_jupyterhub(
+    c,
+    config_file="{DEMO_DIR / "gpuslice_config.py"}",
+    admin_users={{"admin"}},
+    spawner="gpuslice-simple",
+)
+c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+c.Spawner.args = {["--allow-root"] if root else []!r}
+c.Spawner.default_url = "/lab"
+c.SimpleLocalProcessSpawner.home_dir_template = "{DEMO_DIR / "home"}/{{username}}"
+"""
+    )
+    return backend, inventory
+
+
+def banner(backend: str, inventory: Any) -> str:
+    lines = ["", "=" * 72, "gpuslice demo", "=" * 72]
+    if inventory.simulated:
+        lines.append("GPU backend: simulated — no NVIDIA driver found on this machine, so these")
+        lines.append("GPUs are declared in gpuslice_hub/demo.py and are NOT real hardware.")
+        lines.append("A kernel's 'GPU utilization' is its CPU use: a busy loop looks busy.")
+    else:
+        lines.append(f"GPU backend: {backend} (real GPUs of {socket.gethostname()})")
+    for host in inventory.hosts:
+        lines.append(f"  host {host.name}:")
+        for g in host.gpus:
+            mig = ", ".join(m.profile for m in g.mig_instances)
+            extra = f" — MIG: {mig}" if g.is_mig else ""
+            lines.append(f"    GPU {g.index}: {g.model}, {g.memory_mib // 1024} GiB{extra}")
+    lines += [
+        "",
+        "Open  http://127.0.0.1:8000",
+        f"Log in as any user name (e.g. alice) with the password: {PASSWORD}",
+        "Log in as 'admin' for the admin view of the gpuslice service:",
+        "      http://127.0.0.1:8000/services/gpuslice/",
+        f"Config and state: {DEMO_DIR}",
+        "Stop with Ctrl-C.",
+        "=" * 72,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    backend, inventory = write_configs()
+    print(banner(backend, inventory), flush=True)
+    os.chdir(DEMO_DIR)
+    args = [sys.executable, "-m", "jupyterhub", "-f", str(DEMO_DIR / "jupyterhub_config.py")]
+    os.execv(sys.executable, args)
+
+
+if __name__ == "__main__":
+    main()
