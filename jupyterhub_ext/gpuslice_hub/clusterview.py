@@ -1,17 +1,18 @@
-"""The placement view of the ledger: free capacity per host, built from database rows."""
+"""The placement view of the ledger: free capacity per host, built from ledger views
+(``snapshot.py``) or ORM rows, which share attribute names."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from .db.models import AllocationRow, GPURow, HostRow
 from .placement import GPUState, HostState, MigSlotState, Placement, Request, place
 from .placement.engine import Policy
 
 
 def build_hosts(
-    hosts: Iterable[HostRow], gpus: Iterable[GPURow], active: Iterable[AllocationRow]
+    hosts: Iterable[Any], gpus: Iterable[Any], active: Iterable[Any]
 ) -> list[HostState]:
     """Free capacity per present host, after subtracting every active allocation."""
     states: dict[str, HostState] = {}

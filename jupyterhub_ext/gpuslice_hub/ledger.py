@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -36,6 +36,17 @@ from .placement.engine import Policy
 from .profiles import Profile
 from .quotas import Charge, Holding, Quotas, Usage
 from .serialize import allocation_json, event_json
+from .snapshot import (
+    AllocationView,
+    ClaimView,
+    GPUView,
+    HostView,
+    InventoryCache,
+    InventoryView,
+    bump_generation,
+    load_active,
+    load_allocation,
+)
 
 log = logging.getLogger("gpuslice.ledger")
 
@@ -66,6 +77,7 @@ class Ledger:
         self.quotas = quotas
         self.policy = policy
         self.on_refusal = on_refusal or (lambda profile, code: None)
+        self.inventory_cache = InventoryCache()
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -115,6 +127,7 @@ class Ledger:
                 grow.present = grow.uuid in seen_gpus
             for mrow in s.scalars(select(MigRow)):
                 mrow.present = mrow.uuid in seen_mig
+            bump_generation(s)
             self._event(
                 s,
                 "inventory",
@@ -200,17 +213,18 @@ class Ledger:
                             code="server_holds_allocation",
                             allocation_id=held.id,
                         )
-                active = self._active(s)
+                inv = self.inventory_cache.get(s)
+                active = load_active(s)
                 want = Usage(
-                    profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, s)
+                    profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, inv)
                 )
                 charge = self.quotas.check(caller.user, caller.groups, want, _holdings(active))
                 if not isinstance(charge, Charge):
                     raise RequestError(429, charge, code="over_quota")
-                hosts = build_hosts(s.scalars(select(HostRow)), s.scalars(select(GPURow)), active)
+                hosts = build_hosts(inv.hosts, inv.gpus, active)
                 result = place(request, hosts, self.policy)
                 if not isinstance(result, Placement):
-                    raise self._no_capacity(s, caller, profile, hosts)
+                    raise self._no_capacity(inv, caller, profile, hosts)
                 row = self._write_allocation(
                     s, caller, profile, result, server_name, purpose, priority, preemptible, charge
                 )
@@ -232,40 +246,45 @@ class Ledger:
         priority: int,
         preemptible: bool,
         charge: Charge,
-    ) -> AllocationRow:
-        row = AllocationRow(
-            user=caller.user,
-            server_name=server_name,
-            profile=profile.name,
-            kind=profile.kind,
-            purpose=purpose,
-            priority=priority,
-            preemptible=preemptible,
-            host=placement.host,
-            groups=sorted(caller.groups),
-            charged_group=charge.group,
-            borrowed=charge.borrowed,
-            quota_weight=profile.quota_weight,
-            gpu_milli=sum(a.milli for a in placement.assignments),
-            cpu_milli=profile.cpu_milli,
-            memory_mib=profile.memory_mib,
-            active=True,
-            created_at=utcnow(),
-        )
-        for a in placement.assignments:
-            exclusive = a.mig_uuid or (a.gpu_uuid if profile.kind == "gpu" else None)
-            row.claims.append(
-                ClaimRow(
-                    gpu_uuid=a.gpu_uuid,
-                    mig_uuid=a.mig_uuid,
-                    milli=a.milli,
-                    memory_mib=a.memory_mib,
-                    exclusive_key=exclusive,
-                    active=True,
-                )
-            )
-        s.add(row)
-        s.flush()
+    ) -> AllocationView:
+        # Core inserts, not the ORM unit of work: this is the hot path of every spawn.
+        values: dict[str, Any] = {
+            "user": caller.user,
+            "server_name": server_name,
+            "profile": profile.name,
+            "kind": profile.kind,
+            "purpose": purpose,
+            "priority": priority,
+            "preemptible": preemptible,
+            "host": placement.host,
+            "groups": sorted(caller.groups),
+            "charged_group": charge.group,
+            "borrowed": charge.borrowed,
+            "quota_weight": profile.quota_weight,
+            "gpu_milli": sum(a.milli for a in placement.assignments),
+            "cpu_milli": profile.cpu_milli,
+            "memory_mib": profile.memory_mib,
+            "active": True,
+            "created_at": utcnow(),
+            "released_at": None,
+            "release_reason": None,
+        }
+        stmt = insert(AllocationRow).values(**values).returning(AllocationRow.id)
+        alloc_id = s.execute(stmt).scalar_one()
+        claims: list[dict[str, Any]] = [
+            {
+                "allocation_id": alloc_id,
+                "gpu_uuid": a.gpu_uuid,
+                "mig_uuid": a.mig_uuid,
+                "milli": a.milli,
+                "memory_mib": a.memory_mib,
+                # whole GPUs and MIG instances have one holder at a time; shares don't
+                "exclusive_key": a.mig_uuid or (a.gpu_uuid if profile.kind == "gpu" else None),
+                "active": True,
+            }
+            for a in placement.assignments
+        ]
+        s.execute(insert(ClaimRow), claims)
         detail: dict[str, Any] = {
             "host": placement.host,
             "server_name": server_name,
@@ -274,17 +293,15 @@ class Ledger:
         if charge.group:
             detail["charged_group"] = charge.group
             detail["borrowed"] = charge.borrowed
-        self._event(s, "allocated", caller.user, caller.actor, row.id, profile.name, None, detail)
-        return row
+        self._event(s, "allocated", caller.user, caller.actor, alloc_id, profile.name, None, detail)
+        view = AllocationView(id=alloc_id, **values)
+        view.claims = [ClaimView(id=0, **c) for c in claims]
+        return view
 
     def _no_capacity(
-        self, s: Session, caller: Caller, profile: Profile, hosts: list[HostState]
+        self, inv: InventoryView, caller: Caller, profile: Profile, hosts: list[HostState]
     ) -> RequestError:
-        total = count_fits(
-            profile.request(),
-            build_hosts(s.scalars(select(HostRow)), s.scalars(select(GPURow)), []),
-            self.policy,
-        )
+        total = count_fits(profile.request(), build_hosts(inv.hosts, inv.gpus, []), self.policy)
         others = []
         for other in self.profiles.values():
             if other.name == profile.name or not other.allowed_for(caller.groups):
@@ -301,24 +318,38 @@ class Ledger:
 
     # -- release -----------------------------------------------------------------------
 
-    def release(self, alloc_id: int, actor: str, reason: str) -> tuple[dict[str, Any], bool]:
-        """Release once; a second release is a no-op that reports ``released=False``."""
-        with self.db.writing() as s:
-            row = s.get(AllocationRow, alloc_id)
-            if row is None:
-                raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
-            if not row.active:
-                return allocation_json(row, self._gpus(s)), False
-            self._release_row(s, row, actor, reason)
-            return allocation_json(row, self._gpus(s)), True
+    def release(
+        self, alloc_id: int, actor: str, reason: str, owner: str | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """Release once; a second release is a no-op that reports ``released=False``.
 
-    def _release_row(self, s: Session, row: AllocationRow, actor: str, reason: str) -> None:
-        row.active = False
-        row.released_at = utcnow()
-        row.release_reason = reason[:255]
-        for c in row.claims:
+        ``owner``: when given, only that user's allocation may be released (403 otherwise).
+        """
+        with self.db.writing() as s:
+            view = load_allocation(s, alloc_id)
+            if view is None:
+                raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
+            if owner is not None and view.user != owner:
+                raise RequestError(403, f"{owner} may not see or change {view.user}'s allocations")
+            if not view.active:
+                return allocation_json(view, self._gpus(s)), False
+            self._release(s, view, actor, reason)
+            return allocation_json(view, self._gpus(s)), True
+
+    def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:
+        now = utcnow()
+        s.execute(
+            update(AllocationRow)
+            .where(AllocationRow.id == view.id)
+            .values(active=False, released_at=now, release_reason=reason[:255])
+        )
+        s.execute(update(ClaimRow).where(ClaimRow.allocation_id == view.id).values(active=False))
+        view.active, view.released_at, view.release_reason = False, now, reason[:255]
+        for c in view.claims:
             c.active = False
-        self._event(s, "released", row.user, actor, row.id, row.profile, reason, {"host": row.host})
+        self._event(
+            s, "released", view.user, actor, view.id, view.profile, reason, {"host": view.host}
+        )
 
     def reconcile_servers(
         self, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None = None
@@ -331,26 +362,26 @@ class Ledger:
         now = now or utcnow()
         released = []
         with self.db.writing() as s:
-            for row in self._active(s):
-                if row.purpose != "interactive" or (row.user, row.server_name) in existing:
+            for view in load_active(s):
+                if view.purpose != "interactive" or (view.user, view.server_name) in existing:
                     continue
                 created = (
-                    row.created_at
-                    if row.created_at.tzinfo
-                    else row.created_at.replace(tzinfo=now.tzinfo)
+                    view.created_at
+                    if view.created_at.tzinfo
+                    else view.created_at.replace(tzinfo=now.tzinfo)
                 )
                 if now - created < grace:
                     continue
-                self._release_row(s, row, "reconciler", "server no longer exists on the hub")
-                released.append(row.id)
+                self._release(s, view, "reconciler", "server no longer exists on the hub")
+                released.append(view.id)
         return released
 
     # -- queries -----------------------------------------------------------------------
 
     def get(self, alloc_id: int) -> dict[str, Any] | None:
         with self.db.reading() as s:
-            row = s.get(AllocationRow, alloc_id)
-            return allocation_json(row, self._gpus(s)) if row else None
+            view = load_allocation(s, alloc_id)
+            return allocation_json(view, self._gpus(s)) if view else None
 
     def allocations(
         self, user: str | None = None, active_only: bool = True, limit: int = 500
@@ -382,7 +413,7 @@ class Ledger:
         self, kind: str, user: str | None, actor: str, reason: str | None, detail: dict[str, Any]
     ) -> dict[str, Any]:
         with self.db.writing() as s:
-            row = self._event(
+            event_id = self._event(
                 s,
                 kind,
                 user,
@@ -392,25 +423,24 @@ class Ledger:
                 reason,
                 detail,
             )
-            s.flush()
+            row = s.get(EventRow, event_id)
+            assert row is not None
             return event_json(row)
 
-    def snapshot(self) -> tuple[list[HostRow], list[GPURow], list[AllocationRow]]:
+    def snapshot(self) -> tuple[tuple[HostView, ...], tuple[GPUView, ...], list[AllocationView]]:
+        """Inventory and active allocations, read in one transaction."""
         with self.db.reading() as s:
-            return (
-                list(s.scalars(select(HostRow))),
-                list(s.scalars(select(GPURow))),
-                self._active(s),
-            )
+            inv = self.inventory_cache.get(s)
+            return inv.hosts, inv.gpus, load_active(s)
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not."""
         groups = tuple(groups)
         with self.db.reading() as s:
-            active = self._active(s)
-            host_rows, gpu_rows = list(s.scalars(select(HostRow))), list(s.scalars(select(GPURow)))
-            hosts = build_hosts(host_rows, gpu_rows, active)
-            empty = build_hosts(host_rows, gpu_rows, [])
+            inv = self.inventory_cache.get(s)
+            active = load_active(s)
+            hosts = build_hosts(inv.hosts, inv.gpus, active)
+            empty = build_hosts(inv.hosts, inv.gpus, [])
             holdings = _holdings(active)
             out = []
             for p in self.profiles.values():
@@ -428,7 +458,7 @@ class Ledger:
                         else f"no host offers {p.summary()}"
                     )
                 else:
-                    want = Usage(p.quota_weight, p.request().total_gpu_milli or _mig_milli(p, s))
+                    want = Usage(p.quota_weight, p.request().total_gpu_milli or _mig_milli(p, inv))
                     charge = self.quotas.check(user, groups, want, holdings)
                     if not isinstance(charge, Charge):
                         reason = charge
@@ -440,39 +470,36 @@ class Ledger:
 
     # -- helpers -----------------------------------------------------------------------
 
-    @staticmethod
-    def _active(s: Session) -> list[AllocationRow]:
-        return list(s.scalars(select(AllocationRow).where(AllocationRow.active)))
-
-    @staticmethod
-    def _gpus(s: Session) -> dict[str, GPURow]:
-        return {g.uuid: g for g in s.scalars(select(GPURow))}
+    def _gpus(self, s: Session) -> dict[str, GPUView]:
+        return self.inventory_cache.get(s).by_uuid
 
     @staticmethod
     def _event(  # type: ignore[no-untyped-def]
         s: Session, kind, user, actor, allocation_id=None, profile=None, reason=None, detail=None
-    ) -> EventRow:
-        row = EventRow(
-            ts=utcnow(),
-            kind=kind,
-            user=user,
-            actor=actor,
-            allocation_id=allocation_id,
-            profile=profile,
-            reason=reason,
-            detail=detail or {},
-        )
-        s.add(row)
-        return row
+    ) -> int:
+        values = {
+            "ts": utcnow(),
+            "kind": kind,
+            "user": user,
+            "actor": actor,
+            "allocation_id": allocation_id,
+            "profile": profile,
+            "reason": reason,
+            "detail": detail or {},
+        }
+        return int(s.execute(insert(EventRow).values(**values).returning(EventRow.id)).scalar_one())
 
 
-def _holdings(active: Iterable[AllocationRow]) -> list[Holding]:
+def _holdings(active: Iterable[AllocationView]) -> list[Holding]:
     return [Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli)) for a in active]
 
 
-def _mig_milli(profile: Profile, s: Session) -> int:
+def _mig_milli(profile: Profile, inv: InventoryView) -> int:
     """A MIG profile's compute share, from any instance of it in the inventory."""
     if profile.kind != "mig":
         return 0
-    m = s.scalars(select(MigRow).where(MigRow.profile == profile.mig_profile)).first()
-    return m.milli if m else 0
+    for g in inv.gpus:
+        for m in g.mig_instances:
+            if m.profile == profile.mig_profile:
+                return m.milli
+    return 0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from .db.models import AllocationRow, EventRow, GPURow, HostRow
+from .db.models import EventRow
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -14,7 +15,7 @@ def iso(ts: datetime | None) -> str | None:
     return ts.isoformat().replace("+00:00", "Z") if ts.tzinfo else ts.isoformat() + "Z"
 
 
-def allocation_json(a: AllocationRow, gpus: dict[str, GPURow] | None = None) -> dict[str, Any]:
+def allocation_json(a: Any, gpus: Mapping[str, Any] | None = None) -> dict[str, Any]:
     gpus = gpus or {}
     assignments = []
     for c in a.claims:
@@ -70,7 +71,7 @@ def event_json(e: EventRow) -> dict[str, Any]:
 
 
 def inventory_json(
-    hosts: list[HostRow], gpus: list[GPURow], holders: dict[str, list[dict[str, Any]]]
+    hosts: Iterable[Any], gpus: Iterable[Any], holders: dict[str, list[dict[str, Any]]]
 ) -> dict[str, Any]:
     """Hosts and GPUs; ``holders`` maps a GPU or MIG uuid to its claims (names already
     hidden by the caller where the viewer may not see them)."""

@@ -98,10 +98,7 @@ class AllocationHandler(BaseHandler):
     @api_authenticated
     async def delete(self, alloc_id: str) -> None:
         ident = self.identity()
-        alloc = self.ledger.get(int(alloc_id))
-        if alloc is None:
-            raise RequestError(404, f"no allocation {alloc_id}")
-        self.check_user_access(ident, alloc["user"])
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
-        alloc, released = self.ledger.release(int(alloc_id), ident.name, reason)
+        owner = None if ident.is_admin else ident.name
+        alloc, released = self.ledger.release(int(alloc_id), ident.name, reason, owner=owner)
         self.write_json({**alloc, "released_now": released})

@@ -1,0 +1,137 @@
+"""Allocate + release throughput and latency through the service's REST API.
+
+Starts a real JupyterHub + gpuslice service (simulated GPUs, 8 hosts x 8 GPUs so capacity
+never runs out), for SQLite and for PostgreSQL, then drives POST /api/allocations followed
+by DELETE /api/allocations/{id} from 1 client and from 50 concurrent clients.
+
+    .venv/bin/python benchmarks/allocation_api.py [--cycles 500] [--db sqlite,postgres]
+
+Prints one line per configuration: allocations/s (allocate+release cycles per second),
+and p50/p99 latency of the allocate call and of the release call, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.harness.hub import start_hub  # noqa: E402
+from tests.harness.postgres import find_bindir, fresh_database, start_server  # noqa: E402
+
+HOSTS = [
+    {
+        "name": f"bench-{h}",
+        "cpu_milli": 128000,
+        "memory_mib": 1024000,
+        "gpus": [{"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81920, "count": 8}],
+    }
+    for h in range(8)
+]
+PROFILES = [{"name": "share-100", "kind": "share", "gpu_milli": 100, "gpu_memory_mib": 4096}]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+def cycles(base: str, token: str, n: int, server_prefix: str) -> tuple[list[float], list[float]]:
+    s = requests.Session()
+    s.headers["Authorization"] = f"token {token}"
+    alloc, release = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        r = s.post(
+            f"{base}/api/allocations",
+            json={"profile": "share-100", "server_name": f"{server_prefix}{i}"},
+        )
+        t1 = time.perf_counter()
+        assert r.status_code == 201, r.text
+        r2 = s.delete(f"{base}/api/allocations/{r.json()['id']}")
+        t2 = time.perf_counter()
+        assert r2.status_code == 200, r2.text
+        alloc.append(t1 - t0)
+        release.append(t2 - t1)
+    return alloc, release
+
+
+def run(db_name: str, db_url: str | None, n: int, workdir: Path) -> None:
+    hub = start_hub(workdir, db_url=db_url, hosts=HOSTS, profiles=PROFILES)
+    try:
+        users = [f"bench{i:02d}" for i in range(50)]
+        tokens = [hub.add_user(u) for u in users]
+        for label, base in (
+            ("direct", hub.service_url),
+            ("via proxy", f"{hub.url}/services/gpuslice"),
+        ):
+            cycles(base, tokens[0], 20, "warm")  # warm the token cache and connections
+            t0 = time.perf_counter()
+            a, r = cycles(base, tokens[0], n, "one")
+            dt = time.perf_counter() - t0
+            print(
+                f"{db_name:10s} {label:9s}  1 client : {n / dt:7.1f} alloc+release/s  "
+                f"alloc p50 {pct(a, 0.5):5.1f} ms p99 {pct(a, 0.99):5.1f} ms  "
+                f"release p50 {pct(r, 0.5):5.1f} ms p99 {pct(r, 0.99):5.1f} ms",
+                flush=True,
+            )
+        per_client = max(1, n // 50)
+        lock = threading.Lock()
+        all_a: list[float] = []
+        all_r: list[float] = []
+
+        def client(i: int) -> None:
+            a, r = cycles(hub.service_url, tokens[i], per_client, "many")
+            with lock:
+                all_a.extend(a)
+                all_r.extend(r)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(50) as pool:
+            list(pool.map(client, range(50)))
+        dt = time.perf_counter() - t0
+        total = per_client * 50
+        print(
+            f"{db_name:10s} {'direct':9s} 50 clients: {total / dt:7.1f} alloc+release/s  "
+            f"alloc p50 {pct(all_a, 0.5):5.1f} ms p99 {pct(all_a, 0.99):5.1f} ms  "
+            f"release p50 {pct(all_r, 0.5):5.1f} ms p99 {pct(all_r, 0.99):5.1f} ms",
+            flush=True,
+        )
+        assert statistics.mean(all_a) > 0
+    finally:
+        hub.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=500)
+    ap.add_argument("--db", default="sqlite,postgres")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        for db in args.db.split(","):
+            if db == "sqlite":
+                run("sqlite", None, args.cycles, Path(tmp) / "sqlite")
+            elif db == "postgres":
+                bindir = find_bindir()
+                if bindir is None:
+                    print("postgres   (skipped: no PostgreSQL binaries found)")
+                    continue
+                server = start_server(bindir)
+                stack.callback(server.stop)
+                url = stack.enter_context(fresh_database(server.url()))
+                run("postgres", url, args.cycles, Path(tmp) / "postgres")
+
+
+if __name__ == "__main__":
+    main()

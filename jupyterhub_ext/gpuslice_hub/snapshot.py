@@ -1,0 +1,174 @@
+"""Plain, immutable views of the ledger for the hot path.
+
+Loading ORM objects for every GPU on every request dominated the cost of an allocation.
+The inventory changes rarely (discovery, drains), so it is cached per *generation*: every
+inventory write bumps ``ledger_lock.generation`` inside its transaction, and readers reload
+only when the number they read differs. Active allocations are read with two Core queries
+into plain objects. Attribute names match the ORM rows, so serializers take either.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from .db.models import AllocationRow, ClaimRow, GPURow, HostRow, LedgerLock, MigRow
+
+
+@dataclass(frozen=True)
+class HostView:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    present: bool
+
+
+@dataclass(frozen=True)
+class MigView:
+    uuid: str
+    gpu_uuid: str
+    profile: str
+    memory_mib: int
+    milli: int
+    present: bool
+
+
+@dataclass(frozen=True)
+class GPUView:
+    uuid: str
+    host: str
+    index: int
+    model: str
+    memory_mib: int
+    mig_mode: str
+    present: bool
+    drained: bool
+    mig_instances: tuple[MigView, ...]
+
+
+@dataclass(frozen=True)
+class InventoryView:
+    generation: int
+    hosts: tuple[HostView, ...]
+    gpus: tuple[GPUView, ...]
+    by_uuid: dict[str, GPUView]
+
+
+@dataclass
+class ClaimView:
+    id: int
+    allocation_id: int
+    gpu_uuid: str
+    mig_uuid: str | None
+    milli: int
+    memory_mib: int
+    exclusive_key: str | None
+    active: bool
+
+
+@dataclass
+class AllocationView:
+    id: int
+    user: str
+    server_name: str
+    profile: str
+    kind: str
+    purpose: str
+    priority: int
+    preemptible: bool
+    host: str
+    groups: list[str]
+    charged_group: str | None
+    borrowed: bool
+    quota_weight: float
+    gpu_milli: int
+    cpu_milli: int
+    memory_mib: int
+    active: bool
+    created_at: datetime
+    released_at: datetime | None
+    release_reason: str | None
+    claims: list[ClaimView] = field(default_factory=list)
+
+
+def bump_generation(s: Session) -> None:
+    """Call inside any transaction that changes hosts, GPUs or MIG instances."""
+    s.execute(
+        update(LedgerLock).where(LedgerLock.id == 1).values(generation=LedgerLock.generation + 1)
+    )
+
+
+def current_generation(s: Session) -> int:
+    return int(s.scalar(select(LedgerLock.generation).where(LedgerLock.id == 1)) or 0)
+
+
+def load_inventory(s: Session, generation: int) -> InventoryView:
+    hosts = tuple(
+        HostView(r.name, r.cpu_milli, r.memory_mib, r.present)
+        for r in s.execute(select(HostRow.__table__)).all()
+    )
+    migs: dict[str, list[MigView]] = defaultdict(list)
+    for r in s.execute(select(MigRow.__table__).order_by(MigRow.uuid)).all():
+        migs[r.gpu_uuid].append(
+            MigView(r.uuid, r.gpu_uuid, r.profile, r.memory_mib, r.milli, r.present)
+        )
+    gpus = tuple(
+        GPUView(
+            r.uuid,
+            r.host,
+            r._mapping["index"],
+            r.model,
+            r.memory_mib,
+            r.mig_mode,
+            r.present,
+            r.drained,
+            tuple(migs.get(r.uuid, ())),
+        )
+        for r in s.execute(select(GPURow.__table__)).all()
+    )
+    return InventoryView(generation, hosts, gpus, {g.uuid: g for g in gpus})
+
+
+def load_active(s: Session) -> list[AllocationView]:
+    allocs = {
+        r.id: AllocationView(**r._asdict())
+        for r in s.execute(select(AllocationRow.__table__).where(AllocationRow.active)).all()
+    }
+    for r in s.execute(select(ClaimRow.__table__).where(ClaimRow.active)).all():
+        alloc = allocs.get(r.allocation_id)
+        if alloc is not None:
+            alloc.claims.append(ClaimView(**r._asdict()))
+    return list(allocs.values())
+
+
+def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
+    row = s.execute(select(AllocationRow.__table__).where(AllocationRow.id == alloc_id)).first()
+    if row is None:
+        return None
+    view = AllocationView(**row._asdict())
+    view.claims = [
+        ClaimView(**c._asdict())
+        for c in s.execute(
+            select(ClaimRow.__table__)
+            .where(ClaimRow.allocation_id == alloc_id)
+            .order_by(ClaimRow.id)
+        ).all()
+    ]
+    return view
+
+
+class InventoryCache:
+    """The newest inventory view, reloaded when the generation in the database moves."""
+
+    def __init__(self) -> None:
+        self._view: InventoryView | None = None
+
+    def get(self, s: Session) -> InventoryView:
+        generation = current_generation(s)
+        if self._view is None or self._view.generation != generation:
+            self._view = load_inventory(s, generation)
+        return self._view
