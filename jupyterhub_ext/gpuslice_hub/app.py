@@ -27,6 +27,7 @@ from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.model import Inventory
 
 from . import __version__
+from .api.admin import DrainHandler
 from .api.allocations import AllocationHandler, AllocationsHandler
 from .api.inventory import EventsHandler, HealthHandler, InventoryHandler, ProfilesHandler
 from .api.metrics import MetricsHandler
@@ -216,6 +217,7 @@ class GPUSliceService(Application):
             (url_path_join(api, "allocations"), AllocationsHandler),
             (url_path_join(api, r"allocations/(\d+)"), AllocationHandler),
             (url_path_join(api, "events"), EventsHandler),
+            (url_path_join(api, r"gpus/([^/]+)/drain"), DrainHandler),
             (url_path_join(prefix, "metrics"), MetricsHandler),
         ]
         return web.Application(

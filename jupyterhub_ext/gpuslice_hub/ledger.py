@@ -138,6 +138,19 @@ class Ledger:
                 detail={"backend": inventory.backend, "simulated": inventory.simulated},
             )
 
+    def set_drained(self, gpu_uuid: str, drained: bool, actor: str, reason: str) -> dict[str, Any]:
+        with self.db.writing() as s:
+            row = s.get(GPURow, gpu_uuid)
+            if row is None:
+                raise RequestError(404, f"no GPU {gpu_uuid!r} in the inventory", code="not_found")
+            changed = row.drained != drained
+            row.drained = drained
+            if changed:
+                bump_generation(s)
+                kind = "gpu-drained" if drained else "gpu-undrained"
+                self._event(s, kind, None, actor, None, None, reason or None, {"gpu": gpu_uuid})
+            return {"uuid": gpu_uuid, "drained": drained, "changed": changed}
+
     # -- allocation --------------------------------------------------------------------
 
     def allocate(

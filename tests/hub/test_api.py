@@ -162,3 +162,28 @@ def metric(text: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_admin_drains_a_gpu_and_it_takes_no_new_slices(clean):
+    ann = clean.add_user("ann")
+    admin = clean.add_user("admin")
+    held = clean.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
+    gpu = held["assignments"][0]["gpu_uuid"]
+    assert clean.api("POST", f"/api/gpus/{gpu}/drain", ann, json={}).status_code == 403
+    assert clean.api("POST", "/api/gpus/GPU-nope/drain", admin, json={}).status_code == 404
+    r = clean.api("POST", f"/api/gpus/{gpu}/drain", admin, json={"reason": "ECC errors"})
+    assert r.status_code == 200 and r.json() == {"uuid": gpu, "drained": True, "changed": True}
+    # the holder keeps its slice; new shares go elsewhere, and whole GPUs drop to one
+    assert clean.api("GET", f"/api/allocations/{held['id']}", ann).json()["state"] == "active"
+    for i in range(4):
+        r = clean.api(
+            "POST", "/api/allocations", ann, json={"profile": "share-250", "server_name": f"d{i}"}
+        )
+        if r.status_code == 201:
+            assert r.json()["assignments"][0]["gpu_uuid"] != gpu
+    profiles = {p["name"]: p for p in clean.api("GET", "/api/profiles", admin).json()["profiles"]}
+    assert profiles["gpu-1"]["total"] == 1
+    events = clean.api("GET", "/api/events", admin).json()["events"]
+    assert any(e["kind"] == "gpu-drained" and e["reason"] == "ECC errors" for e in events)
+    r = clean.api("POST", f"/api/gpus/{gpu}/drain", admin, json={"drained": False})
+    assert r.json()["changed"] is True
