@@ -446,6 +446,20 @@ class Ledger:
             inv = self.inventory_cache.get(s)
             return inv.hosts, inv.gpus, load_active(s)
 
+    def profile_capacity(self) -> dict[str, tuple[int, int]]:
+        """Per profile: (slices that could still be placed now, slices on an empty cluster)."""
+        with self.db.reading() as s:
+            inv = self.inventory_cache.get(s)
+            hosts = build_hosts(inv.hosts, inv.gpus, load_active(s))
+            empty = build_hosts(inv.hosts, inv.gpus, [])
+        return {
+            name: (
+                count_fits(p.request(), hosts, self.policy),
+                count_fits(p.request(), empty, self.policy),
+            )
+            for name, p in self.profiles.items()
+        }
+
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not."""
         groups = tuple(groups)

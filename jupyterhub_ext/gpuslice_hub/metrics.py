@@ -69,6 +69,22 @@ class LedgerCollector(Collector):
         yield mig_total
         yield mig_held
 
+        slices_total = GaugeMetricFamily(
+            "gpuslice_profile_slices",
+            "Slices of each profile the cluster holds when empty",
+            labels=["profile"],
+        )
+        slices_free = GaugeMetricFamily(
+            "gpuslice_profile_slices_free",
+            "Slices of each profile that could be placed now",
+            labels=["profile"],
+        )
+        for name, (free, total) in sorted(self.ledger.profile_capacity().items()):
+            slices_total.add_metric([name], total)
+            slices_free.add_metric([name], free)
+        yield slices_total
+        yield slices_free
+
         by_profile = GaugeMetricFamily(
             "gpuslice_allocations_active",
             "Active allocations",
