@@ -19,6 +19,19 @@ def _idle(p: dict[str, Any]) -> str:
     return f"reclaimed after {t // 60} min idle" if t >= 60 else f"reclaimed after {t} s idle"
 
 
+# Scoped to the form, on top of the hub page's Bootstrap: rows that cannot be chosen are
+# greyed, so the one line that matters there -- why not -- stands out.
+_STYLE = """<style>
+.gpuslice-form .gpuslice-profile { cursor: pointer; }
+.gpuslice-form .gpuslice-profile input { margin-right: .4em; }
+.gpuslice-form .gpuslice-free { margin-left: .4em; }
+.gpuslice-form .gpuslice-profile.disabled { cursor: not-allowed; background: #f6f6f6; }
+.gpuslice-form .gpuslice-profile.disabled .gpuslice-free { background: #6c757d; }
+.gpuslice-form .gpuslice-details { color: #555; margin-left: 1.6em; }
+.gpuslice-form .gpuslice-why { font-size: .9em; margin: .2em 0 0 1.6em; }
+</style>"""
+
+
 def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
     """HTML for JupyterHub's spawn page; the first available profile is preselected."""
     visible = [p for p in profiles if p.get("allowed", True)]
@@ -29,7 +42,10 @@ def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
     for p in visible:
         name = escape(p["name"])
         available = bool(p.get("available"))
-        details = [escape(p.get("description") or ""), _memory(p), _idle(p)]
+        description = p.get("description") or ""
+        # the default description (the profile's summary) already states a share's cap
+        memory = "" if "memory cap" in description else _memory(p)
+        details = [escape(description), memory, _idle(p)]
         status = f"{p.get('free', 0)} of {p.get('total', 0)} free"
         why = ""
         if not available and p.get("reason"):
@@ -57,6 +73,6 @@ def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
             '<p class="gpuslice-simulated alert alert-warning">These GPUs are simulated '
             "(gpuslice demo mode): there is no real GPU behind them.</p>"
         )
-    return f"""<div class="gpuslice-form">{banner}
+    return f"""<div class="gpuslice-form">{_STYLE}{banner}
 <p>Choose a GPU slice for this server:</p>
 <div class="list-group">{"".join(rows)}</div>{hint}</div>"""

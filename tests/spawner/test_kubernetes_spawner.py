@@ -1,0 +1,214 @@
+"""GPUSliceKubeSpawner: the pod KubeSpawner itself would create for each grant, schema-checked.
+
+No cluster: KubeSpawner is built in its test mode (``_mock=True``) with client setup
+patched out, and ``get_pod_manifest()`` -- the method KubeSpawner's ``start()`` sends to
+the API server -- is called after ``apply_grant``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import pytest
+
+kubespawner_module = pytest.importorskip("kubespawner.spawner")
+
+from kubernetes_asyncio.client import ApiClient  # noqa: E402
+
+from gpuslice_spawner.kubernetes import GPUSliceKubeSpawner  # noqa: E402
+from tests.spawner.test_launchers_kubernetes import (  # noqa: E402
+    GPU_GRANT,
+    MIG_GRANT,
+    SCHEMA_VERSIONS,
+    SHARE_GRANT,
+    assert_extended_resources_acceptable,
+    validate,
+)
+
+
+@pytest.fixture
+def make_spawner() -> Iterator[Any]:
+    # KubeSpawner.__init__ loads a kubeconfig and makes an API client; neither is needed to
+    # build a manifest, and there is no cluster here.
+    with (
+        mock.patch.object(kubespawner_module, "load_config"),
+        mock.patch.object(kubespawner_module, "shared_client"),
+    ):
+
+        def make(**traits: Any) -> GPUSliceKubeSpawner:
+            user = SimpleNamespace(name="alice", id=7, url="/user/alice/", groups=[])
+            return GPUSliceKubeSpawner(
+                _mock=True,
+                user=user,
+                image="quay.io/jupyter/base-notebook:2024-12-02",
+                cmd=["jupyterhub-singleuser"],
+                **traits,
+            )
+
+        yield make
+
+
+async def pod_for(spawner: GPUSliceKubeSpawner, grant: dict[str, Any]) -> dict[str, Any]:
+    spawner.grant = grant
+    spawner.apply_grant(grant)
+    pod = await spawner.get_pod_manifest()
+    async with ApiClient() as api:  # serialised exactly as KubeSpawner sends it
+        body: dict[str, Any] = api.sanitize_for_serialization(pod)
+    return body
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+CASES = [
+    (
+        MIG_GRANT,
+        "time-slicing-renamed",
+        {"nvidia.com/mig-1g.18gb": "1"},
+        "NVIDIA-H100-80GB-HBM3",
+    ),
+    (SHARE_GRANT, "time-slicing-renamed", {"nvidia.com/gpu.shared": "1"}, "NVIDIA-A100-SXM4-40GB"),
+    (SHARE_GRANT, "time-slicing", {"nvidia.com/gpu": "1"}, "NVIDIA-A100-SXM4-40GB"),
+    (
+        SHARE_GRANT,
+        "hami",
+        {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "25"},
+        "NVIDIA-A100-SXM4-40GB",
+    ),
+    (GPU_GRANT, "time-slicing-renamed", {"nvidia.com/gpu": "2"}, "NVIDIA-H100-80GB-HBM3"),
+]
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize(
+    "grant, share_mode, limits, product",
+    CASES,
+    ids=["mig", "share-renamed", "share-timeslicing", "share-hami", "gpu"],
+)
+async def test_pod_of_each_profile_kind_is_valid_and_holds_the_grant(
+    make_spawner: Any,
+    grant: dict[str, Any],
+    share_mode: str,
+    limits: dict[str, str],
+    product: str,
+    version: str,
+):
+    pod = await pod_for(make_spawner(share_mode=share_mode), grant)
+    validate(pod, version)
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"] == limits
+    assert container["resources"]["requests"] == limits
+    assert_extended_resources_acceptable(container["resources"]["limits"])
+    assert pod["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": product,
+        "kubernetes.io/hostname": grant["host"],
+    }
+    env = env_of(pod)
+    assert env["GPUSLICE_ALLOCATION_ID"] == str(grant["id"])
+    assert env["GPUSLICE_PROFILE_KIND"] == grant["kind"]
+    # the device plugin, not gpuslice, decides which device the container sees
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+async def test_admin_resources_survive_and_the_previous_grant_does_not(make_spawner: Any):
+    spawner = make_spawner(
+        share_mode="hami",
+        extra_resource_limits={"hugepages-2Mi": "1Gi", "nvidia.com/gpu": "4"},
+        extra_resource_guarantees={"hugepages-2Mi": "1Gi"},
+        node_selector={"cloud.example.com/pool": "gpu", "kubernetes.io/hostname": "stale"},
+        mem_limit="8G",
+    )
+    first = await pod_for(spawner, MIG_GRANT)
+    assert first["spec"]["containers"][0]["resources"]["limits"] == {
+        "hugepages-2Mi": "1Gi",
+        "memory": 8 * 1024**3,  # KubeSpawner turns "8G" into bytes
+        "nvidia.com/mig-1g.18gb": "1",
+    }
+    # the same spawner object spawns again, now with a HAMi share on another node
+    second = await pod_for(spawner, SHARE_GRANT)
+    validate(second, "latest")
+    resources = second["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {
+        "hugepages-2Mi": "1Gi",
+        "memory": 8 * 1024**3,  # KubeSpawner turns "8G" into bytes
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "10240",
+        "nvidia.com/gpucores": "25",
+    }
+    assert resources["requests"]["nvidia.com/gpucores"] == "25"
+    assert "nvidia.com/mig-1g.18gb" not in resources["requests"]
+    assert second["spec"]["nodeSelector"] == {
+        "cloud.example.com/pool": "gpu",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "kubernetes.io/hostname": "node2",
+    }
+
+
+async def test_resource_and_label_names_come_from_config(make_spawner: Any):
+    spawner = make_spawner(
+        mig_resource_prefix="example.com/mig-",
+        gpu_product_label="",
+        node_host_label="example.com/gpu-host",
+    )
+    pod = await pod_for(spawner, MIG_GRANT)
+    validate(pod, "latest")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"example.com/mig-1g.18gb": "1"}
+    assert pod["spec"]["nodeSelector"] == {"example.com/gpu-host": "node1"}
+
+
+async def test_a_grant_the_cluster_cannot_express_is_refused(make_spawner: Any):
+    spawner = make_spawner()
+    grant = copy.deepcopy(MIG_GRANT)
+    grant["assignments"][0]["mig_profile"] = "1g.18gb; rm -rf"
+    with pytest.raises(ValueError, match="mig_profile"):
+        spawner.apply_grant(grant)
+
+
+def test_share_mode_is_checked_by_traitlets(make_spawner: Any):
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError):
+        make_spawner(share_mode="mps")
+
+
+def test_the_spawn_form_is_gpuslices(make_spawner: Any):
+    spawner = make_spawner()
+    # KubeSpawner has its own form (profile_list); ours must win the MRO
+    assert spawner.options_form == spawner._render_options_form
+    assert spawner.options_from_form({"profile": ["share-250"]}) == {"profile": "share-250"}
+
+
+def test_importing_the_package_needs_neither_kubespawner_nor_batchspawner():
+    code = (
+        "import sys, json, gpuslice_spawner; "
+        "print(json.dumps([m for m in ('kubespawner', 'batchspawner') if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == []
+
+
+async def test_pods_can_be_told_a_service_url_they_can_reach(make_spawner: Any):
+    spawner = make_spawner(server_service_url="http://proxy-public/services/gpuslice/")
+    env = env_of(await pod_for(spawner, MIG_GRANT))
+    assert env["GPUSLICE_SERVICE_URL"] == "http://proxy-public/services/gpuslice/"
+
+
+async def test_the_profile_option_is_not_read_as_a_profile_list_slug(make_spawner: Any):
+    spawner = make_spawner(
+        profile_list=[{"display_name": "Data science", "slug": "ds", "kubespawner_override": {}}]
+    )
+    spawner.user_options = {"profile": "mig-1g.18gb"}
+    # KubeSpawner itself would refuse the unknown slug; the gpuslice profile is ours
+    await spawner.load_user_options()
+    pod = await pod_for(spawner, MIG_GRANT)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.18gb": "1"}

@@ -1,0 +1,178 @@
+"""GPUSliceSlurmSpawner through a real JupyterHub and a real single-node Slurm.
+
+The hub, its gpuslice service (simulated GPUs named like the fake Slurm gres), batchspawner,
+sbatch/squeue/scancel, slurmd and the single-user server in the job are all real; the job
+runs as root on this machine and reaches the hub's API over 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.harness.hub import Hub, start_hub, wait_for
+from tests.harness.slurm import MARKER_ENV, SlurmCluster
+
+pytestmark = [pytest.mark.hub, pytest.mark.slurm]
+
+A100 = "NVIDIA A100-SXM4-80GB"
+VENV_BIN = Path(sys.executable).parent
+
+# batchspawner, not gpuslice, needs the import: it registers /hub/api/batchspawner, where
+# the job reports the port its server listens on.
+HUB_CONFIG = """
+import os
+import gpuslice_spawner.slurm
+os.environ["SLURM_CONF"] = {slurm_conf!r}
+c.GPUSliceSlurmSpawner.exec_prefix = ""
+c.GPUSliceSlurmSpawner.environment = {{"SLURM_CONF": {slurm_conf!r}, {marker!r}: {marker_value!r}}}
+c.GPUSliceSlurmSpawner.home_dir_template = {home!r} + "/{{username}}"
+c.GPUSliceSlurmSpawner.batchspawner_singleuser_cmd = {venv_bin!r} + "/batchspawner-singleuser"
+c.GPUSliceSlurmSpawner.startup_poll_interval = 0.2
+c.GPUSliceSlurmSpawner.req_partition = "interactive"
+c.Spawner.cmd = [{venv_bin!r} + "/jupyterhub-singleuser"]
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 60
+"""
+
+
+def slurm_hosts(node: str) -> list[dict[str, Any]]:
+    """The fixture's node as gpuslice inventory: its one 1g.10gb instance and two A100s."""
+    return [
+        {
+            "name": node,
+            "cpu_milli": 32000,
+            "memory_mib": 256000,
+            "gpus": [
+                {"model": A100, "memory_mib": 81920, "mig": ["1g.10gb"]},
+                {"model": A100, "memory_mib": 81920, "count": 2},
+            ],
+        }
+    ]
+
+
+PROFILES = [
+    {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb", "idle_timeout": 600},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+]
+
+
+@pytest.fixture(scope="module")
+def slurm_hub(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Hub]:
+    workdir = tmp_path_factory.mktemp("slurm-hub")
+    home = workdir / "home"
+    config = HUB_CONFIG.format(
+        slurm_conf=str(slurm_cluster.conf),
+        marker=MARKER_ENV,
+        marker_value=str(slurm_cluster.root),
+        home=str(home),
+        venv_bin=str(VENV_BIN),
+    )
+    hub = start_hub(
+        workdir,
+        spawner="gpuslice-slurm",
+        hosts=slurm_hosts(slurm_cluster.node.name),
+        profiles=PROFILES,
+        extra_hub_config=config,
+    )
+    hub.config["home"] = str(home)
+    yield hub
+    hub.stop()
+
+
+def add_user(hub: Hub, name: str) -> None:
+    hub.add_user(name)
+    Path(hub.config["home"], name).mkdir(parents=True, exist_ok=True)
+
+
+def job_id_of(hub: Hub, user: str) -> str:
+    state = hub.hub_api("GET", f"/users/{user}").json()["servers"][""]["state"]
+    return str(state["job_id"])
+
+
+def job_env(job_id: str) -> dict[str, str]:
+    """The environment of the job's single-user server process."""
+
+    def find() -> dict[str, str] | None:
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if "jupyterhub-singleuser" not in " ".join(proc.info["cmdline"] or []):
+                    continue
+                env = proc.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if env.get("SLURM_JOB_ID") == job_id:
+                return env
+        return None
+
+    return wait_for(find, 30, f"the server process of job {job_id}")
+
+
+def allocations(hub: Hub, user: str) -> list[dict[str, Any]]:
+    r = hub.api("GET", f"/api/allocations?user={user}", hub.service_token)
+    assert r.status_code == 200, r.text
+    return r.json()["allocations"]
+
+
+def spawn_and_stop(
+    hub: Hub, slurm: SlurmCluster, user: str, profile: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Spawn ``user`` on ``profile``; return the job's scontrol record and server env."""
+    add_user(hub, user)
+    r = hub.spawn(user, {"profile": profile})
+    assert r.status_code in (201, 202), r.text
+    try:
+        hub.wait_ready(user, timeout=120)
+    except TimeoutError:
+        print(hub.log()[-6000:])
+        print(slurm.log_tail())
+        raise
+    job = job_id_of(hub, user)
+    info = slurm.job_info(job)
+    env = job_env(job)
+    held = allocations(hub, user)
+    assert len(held) == 1 and held[0]["profile"] == profile
+
+    r = hub.hub_api("DELETE", f"/users/{user}/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_gone(user)
+    wait_for(lambda: job not in slurm.active_jobs(), 30, f"job {job} to leave the queue")
+    assert slurm.job_info(job)["JobState"] == "CANCELLED"
+    wait_for(lambda: allocations(hub, user) == [], 30, f"{user}'s slice to be released")
+    return info, env
+
+
+def test_mig_spawn_lands_on_the_node_with_the_mig_gres(slurm_hub: Hub, slurm: SlurmCluster):
+    info, env = spawn_and_stop(slurm_hub, slurm, "alice", "mig-1g.10gb")
+    assert info["JobState"] == "RUNNING"
+    assert info["TresPerNode"] == "gres:gpu:1g.10gb:1"
+    assert info["NodeList"] == slurm.node.name
+    assert info["ReqNodeList"] == slurm.node.name
+    assert info["Partition"] == "interactive"
+    # Slurm gave the job its 1g.10gb device ...
+    assert info["GRES"].startswith("gpu:1g.10gb:1(IDX:"), info
+    idx = info["GRES"].split("IDX:")[1].rstrip(")")
+    # ... and the server sees that device, not the uuid gpuslice counted
+    assert env["CUDA_VISIBLE_DEVICES"] == idx
+    assert env["GPUSLICE_PROFILE"] == "mig-1g.10gb"
+    assert env["GPUSLICE_HOST"] == slurm.node.name
+    assert env["JUPYTERHUB_USER"] == "alice"
+    events = slurm_hub.api("GET", "/api/events?user=alice", slurm_hub.service_token).json()
+    released = [e for e in events["events"] if e["kind"] == "released"]
+    assert len(released) == 1 and released[0]["reason"] == "server stopped"
+
+
+def test_share_spawn_asks_for_shards(slurm_hub: Hub, slurm: SlurmCluster):
+    info, env = spawn_and_stop(slurm_hub, slurm, "bob", "share-250")
+    # a quarter of a GPU with 8 shards per GPU
+    assert info["TresPerNode"] == "gres:shard:2"
+    assert info["ReqNodeList"] == slurm.node.name
+    assert env["GPUSLICE_MEMORY_CAP_MIB"] == "20480"
+    assert env["SLURM_SHARDS_ON_NODE"] == "2"

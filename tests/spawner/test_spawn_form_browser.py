@@ -1,0 +1,113 @@
+"""The spawn form in a real browser (Debian's Chromium) against a real hub.
+
+With ``GPUSLICE_SCREENSHOT=<path.png>`` the test also saves the screenshot used in
+docs/admin-guide.md::
+
+    GPUSLICE_SCREENSHOT=docs/images/spawn-form.png \
+        .venv/bin/pytest tests/spawner/test_spawn_form_browser.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.engines import need
+
+pytestmark = [pytest.mark.hub, pytest.mark.browser]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+PROFILES = [
+    {
+        "name": "mig-1g.10gb",
+        "display_name": "Small MIG slice (1g.10gb)",
+        "kind": "mig",
+        "mig_profile": "1g.10gb",
+        "idle_timeout": 1800,
+    },
+    {
+        "name": "mig-3g.40gb",
+        "display_name": "Medium MIG slice (3g.40gb)",
+        "kind": "mig",
+        "mig_profile": "3g.40gb",
+        "idle_timeout": 3600,
+    },
+    {
+        "name": "share-250",
+        "display_name": "Quarter GPU, time-sliced",
+        "kind": "share",
+        "gpu_milli": 250,
+        "gpu_memory_mib": 20480,
+        "idle_timeout": 1800,
+    },
+    {
+        "name": "gpu-1",
+        "display_name": "Whole A100 80GB",
+        "kind": "gpu",
+        "count": 1,
+        "idle_timeout": 3600,
+    },
+]
+
+
+def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
+    need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    hub = hub_factory(spawner="gpuslice-simple", profiles=PROFILES)
+    # colleagues hold both 1g.10gb instances and one whole GPU
+    for user, profile in (("bob", "mig-1g.10gb"), ("cat", "mig-1g.10gb"), ("dan", "gpu-1")):
+        token = hub.add_user(user)
+        r = hub.api("POST", "/api/allocations", token, json={"profile": profile})
+        assert r.status_code == 201, r.text
+    hub.add_user("ann")
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 760})
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", "ann")
+            page.fill("#password_input", "test-password")
+            page.click("#login_submit")
+            page.wait_for_url("**/hub/**")
+            page.goto(f"{hub.url}/hub/spawn")
+            form = page.locator(".gpuslice-form")
+            form.wait_for()
+
+            busy = page.locator('[data-profile="mig-1g.10gb"]')
+            assert "disabled" in (busy.get_attribute("class") or "")
+            assert busy.locator("input").is_disabled()
+            assert "0 of 2 free" in busy.inner_text()
+            assert "Unavailable: all in use (2 of 2 in use)" in busy.inner_text()
+            medium = page.locator('[data-profile="mig-3g.40gb"]')
+            assert medium.locator("input").is_checked()  # the first available is preselected
+            assert "1 of 1 free" in page.locator('[data-profile="mig-3g.40gb"]').inner_text()
+            assert "simulated" in form.inner_text()
+
+            shot = os.environ.get("GPUSLICE_SCREENSHOT")
+            if shot:
+                Path(shot).parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=shot, full_page=True)
+
+            # choosing a free profile in the browser starts a server on it
+            page.locator('[data-profile="share-250"] input').check()
+            page.locator("form#spawn_form input[type=submit], form#spawn_form button").first.click()
+            hub.wait_ready("ann")
+        finally:
+            browser.close()
+    held = hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()["allocations"]
+    assert [a["profile"] for a in held] == ["share-250"]
+    hub.hub_api("DELETE", "/users/ann/server")
+    hub.wait_gone("ann")
