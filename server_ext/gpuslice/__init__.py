@@ -5,6 +5,15 @@ the batch runner and the in-notebook checkpoint API) and holds the model shared 
 the hub service. It must never import hub-side code.
 """
 
+from typing import Any
+
 from ._version import __version__
 
 __all__ = ["__version__"]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    # Imported here so that importing gpuslice (the hub does) needs no jupyter_server.
+    from .extension.app import GPUSliceExtension
+
+    return [{"module": "gpuslice", "app": GPUSliceExtension}]

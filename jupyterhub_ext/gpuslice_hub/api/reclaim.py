@@ -1,0 +1,111 @@
+"""Idle reclaim, service side: the idle policy a server should apply, and stopping a server
+whose slice its extension found idle (or whose owner pressed "release")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tornado.httpclient import HTTPClientError
+
+from ..errors import RequestError
+from .base import BaseHandler, Identity, api_authenticated
+
+
+class IdlePolicyHandler(BaseHandler):
+    """``GET api/idle-policy[?allocation_id=N]``: the admin's policy resolved for the caller
+    (or the allocation's owner and profile): timeouts, action, and any exemption."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        raw = self.get_argument("allocation_id", None)
+        user, profile = ident.name, None
+        if raw is not None:
+            alloc = self._allocation(raw)
+            self.check_user_access(ident, alloc["user"])
+            user, profile = alloc["user"], alloc["profile"]
+        groups = await self._groups(ident, user)
+        parsed = self.service.parsed_profiles.get(profile) if profile else None
+        policy = self.service.idle_policy_config.resolve(
+            user, groups, profile, parsed.idle_timeout if parsed else None
+        )
+        self.write_json({"user": user, "profile": profile, "policy": policy.to_json()})
+
+    def _allocation(self, raw: str) -> dict[str, Any]:
+        if not raw.isdigit():
+            raise RequestError(400, f"query argument allocation_id must be an integer: {raw!r}")
+        alloc = self.ledger.get(int(raw))
+        if alloc is None:
+            raise RequestError(404, f"no allocation {raw}")
+        return alloc  # type: ignore[no-any-return]
+
+    async def _groups(self, ident: Identity, user: str) -> tuple[str, ...]:
+        # A server's token carries no group scope; the service looks the groups up itself.
+        if ident.name == user and ident.groups:
+            return ident.groups
+        if not self.service.hub_api.configured:
+            return ()
+        return await self.service.hub_api.user_groups(user) or ()
+
+
+class ReclaimHandler(BaseHandler):
+    """``POST api/allocations/<id>/reclaim`` ``{"reason", "idle_seconds", "voluntary"}``:
+    stop the allocation's server through the hub (its spawner then releases the slice)
+    and record why. The owner's server token or an admin may call it."""
+
+    @api_authenticated
+    async def post(self, alloc_id: str) -> None:
+        ident = self.identity()
+        body = self.json_body({"reason", "idle_seconds", "voluntary"})
+        reason = body.get("reason", "idle")
+        if not isinstance(reason, str) or not reason or len(reason) > 1000:
+            raise RequestError(400, "field 'reason' must be a non-empty string (<= 1000 chars)")
+        idle = body.get("idle_seconds", 0)
+        if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
+            raise RequestError(400, "field 'idle_seconds' must be a number >= 0")
+        voluntary = body.get("voluntary", False)
+        if not isinstance(voluntary, bool):
+            raise RequestError(400, "field 'voluntary' must be true or false")
+        alloc = self.ledger.get(int(alloc_id))
+        if alloc is None:
+            raise RequestError(404, f"no allocation {alloc_id}")
+        self.check_user_access(ident, alloc["user"])
+        if alloc["state"] != "active":
+            raise RequestError(409, f"allocation {alloc_id} is already released")
+        if alloc["purpose"] != "interactive":
+            raise RequestError(409, f"allocation {alloc_id} is a batch job, not a server")
+        if not self.service.hub_api.configured:
+            raise RequestError(503, "the service has no hub API access to stop servers")
+        gpu_hours = 0.0 if voluntary else alloc["gpu_milli"] / 1000 * float(idle) / 3600
+        detail = {
+            "allocation_id": alloc["id"],
+            "profile": alloc["profile"],
+            "server_name": alloc["server_name"],
+            "scope": "server",
+            "idle_seconds": float(idle),
+            "gpu_milli": alloc["gpu_milli"],
+            # The GPU share times the idle time that ended with the cull.
+            "reclaimed_gpu_hours": gpu_hours,
+        }
+        kind = "release-requested" if voluntary else "idle-culled"
+        event = self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
+        # Answer before stopping: the caller is usually the very server being stopped, and
+        # its own reply to the browser must get out before the hub takes it down.
+        self.write_json({"allocation_id": alloc["id"], "stopping": True, "event": event}, 202)
+        try:
+            await self.service.hub_api.stop_server(alloc["user"], alloc["server_name"])
+        except HTTPClientError as e:
+            if e.code != 404:  # already gone: the slice is being released anyway
+                self._stop_failed(alloc, ident.name, str(e))
+        except OSError as e:
+            self._stop_failed(alloc, ident.name, str(e))
+
+    def _stop_failed(self, alloc: dict[str, Any], actor: str, error: str) -> None:
+        self.service.log.error("could not stop %s's server: %s", alloc["user"], error)
+        self.ledger.record_event(
+            "reclaim-failed",
+            alloc["user"],
+            actor,
+            f"the hub did not stop the server: {error}",
+            {"allocation_id": alloc["id"], "profile": alloc["profile"]},
+        )

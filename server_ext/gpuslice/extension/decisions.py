@@ -1,0 +1,31 @@
+"""What the idle and memory-cap rules decide; the monitor carries the decisions out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The ``action`` values of the idle event schema (schemas/idle-v1.yaml).
+WARNING = "warning"
+EXTENDED = "extended"
+CULLED = "culled"
+MEMORY_WARNING = "memory-warning"
+MEMORY_CULLED = "memory-culled"
+
+# The service's event kinds for each decision (gpuslice_hub.api.inventory.EVENT_KINDS).
+SERVICE_KIND = {
+    WARNING: "idle-warning",
+    EXTENDED: "idle-extended",
+    CULLED: "idle-culled",
+    MEMORY_WARNING: "memory-warning",
+    MEMORY_CULLED: "memory-culled",
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    kernel_id: str | None  # None: the whole server
+    deadline: float | None  # epoch seconds
+    reason: str
+    idle_seconds: float = 0.0
+    memory_bytes: int | None = None

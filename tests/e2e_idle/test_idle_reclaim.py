@@ -1,0 +1,318 @@
+"""Idle reclaim end to end, all real processes: JupyterHub, the gpuslice service,
+jupyterhub-idle-culler, and single-user servers running the gpuslice extension on the
+simulated backend (a kernel's "GPU utilization" is its process tree's CPU use).
+
+Timings are shrunk through config: 0.5 s ticks, 1 s windows, a 6 s idle timeout with a
+3 s warning lead (the service's idle policy), and a 20 s timeout for the idle culler.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+import requests
+import websocket
+
+from tests.harness.hub import wait_for
+
+pytestmark = pytest.mark.hub
+
+IDLE_TIMEOUT = 6
+LEAD = 3
+CULLER_TIMEOUT = 20
+PROFILE = "share-250"
+
+EXTRA_HUB_CONFIG = """
+import json, os, sys
+_ext = os.path.join(cfg["workdir"], "jupyter-config")
+os.makedirs(_ext, exist_ok=True)
+with open(os.path.join(_ext, "jupyter_server_config.json"), "w") as f:
+    json.dump({"GPUSliceExtension": {"sample_interval": 0.5, "idle_window": 1,
+               "policy_refresh_interval": 3600}}, f)
+c.Spawner.environment = {"JUPYTER_CONFIG_PATH": _ext, "JUPYTERHUB_ACTIVITY_INTERVAL": "1"}
+c.JupyterHub.services = c.JupyterHub.services + [{
+    "name": "idle-culler",
+    "command": [sys.executable, "-m", "jupyterhub_idle_culler",
+                "--timeout=CULLER_TIMEOUT", "--cull-every=2"],
+}]
+c.JupyterHub.load_roles = c.JupyterHub.load_roles + [{
+    "name": "idle-culler", "services": ["idle-culler"],
+    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+}]
+c.JupyterHub.last_activity_interval = 1
+""".replace("CULLER_TIMEOUT", str(CULLER_TIMEOUT))
+
+SERVICE_POLICY = f"""
+c.GPUSliceService.idle_policy = {{
+    "action": "server",
+    "warning_lead": {LEAD},
+    "profiles": {{"{PROFILE}": {{"idle_timeout": {IDLE_TIMEOUT}, "max_extension": 30}}}},
+    "exempt_users": ["dan"],
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def idle_hub(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(
+        tmp_path_factory.mktemp("idle-hub"),
+        spawner="gpuslice-simple",
+        extra_hub_config=EXTRA_HUB_CONFIG,
+        extra_service_config=SERVICE_POLICY,
+    )
+    yield hub
+    hub.stop()
+
+
+class Session:
+    """One user's server, reached through the hub's proxy with the user's token."""
+
+    def __init__(self, hub, user: str) -> None:
+        self.hub = hub
+        self.user = user
+        self.token = hub.add_user(user)
+        r = hub.spawn(user, {"profile": PROFILE})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(user)
+        self.base = f"{hub.url}/user/{user}/"
+
+    def call(self, method: str, path: str, **kw) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}"}
+        return requests.request(method, self.base + path, headers=headers, timeout=30, **kw)
+
+    def status(self) -> dict:
+        r = self.call("GET", "gpuslice/api/status")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def start_kernel(self) -> str:
+        r = self.call("POST", "api/kernels", json={"name": "python3"})
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    def ws(self, path: str) -> websocket.WebSocket:
+        url = self.base.replace("http://", "ws://") + path
+        return websocket.create_connection(url, header=[f"Authorization: token {self.token}"])
+
+    def execute(self, kernel_id: str, code: str) -> None:
+        """Send an execute request and leave it running (no output is produced)."""
+        ws = self.ws(f"api/kernels/{kernel_id}/channels")
+        msg_id = uuid.uuid4().hex
+        ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "username": self.user,
+                        "session": uuid.uuid4().hex,
+                        "msg_type": "execute_request",
+                        "version": "5.3",
+                        "date": datetime.now(timezone.utc).isoformat(),
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": False,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                    },
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        # Wait until the kernel says it is busy with our request, then let it run.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = json.loads(ws.recv())
+            if (
+                m.get("msg_type") == "status"
+                and m["parent_header"].get("msg_id") == msg_id
+                and m["content"]["execution_state"] == "busy"
+            ):
+                break
+        ws.close()
+
+    def subscribe(self) -> list[dict]:
+        """Collect the server's jupyter events (what JupyterLab receives) in the background."""
+        received: list[dict] = []
+        ws = self.ws("api/events/subscribe")
+
+        def read() -> None:
+            try:
+                while True:
+                    received.append(json.loads(ws.recv()))
+            except Exception:
+                pass
+
+        threading.Thread(target=read, daemon=True).start()
+        return received
+
+
+def idle_events(hub, user: str) -> list[dict]:
+    r = hub.api("GET", f"/api/events?user={user}", hub.service_token)
+    assert r.status_code == 200, r.text
+    return [e for e in reversed(r.json()["events"]) if e["kind"].startswith("idle-")]
+
+
+def active_allocations(hub, user: str) -> list[dict]:
+    r = hub.api("GET", f"/api/allocations?user={user}", hub.service_token)
+    return r.json()["allocations"]
+
+
+def ours(received: list[dict]) -> list[dict]:
+    return [e for e in received if e.get("schema_id") == "https://events.gpuslice.dev/idle/v1"]
+
+
+def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_hub):
+    hub = idle_hub
+    ann = Session(hub, "ann")
+    assert len(active_allocations(hub, "ann")) == 1
+    events = ann.subscribe()
+    kid = ann.start_kernel()
+    status = ann.status()
+    assert status["policy"] == {
+        "action": "server",
+        "idle_timeout": IDLE_TIMEOUT,
+        "warning_lead": LEAD,
+        "max_extension": 30,
+        "source": "service",
+    }
+    assert status["slice"]["simulated"] is True and status["slice"]["profile"] == PROFILE
+    assert [k["id"] for k in status["kernels"]] == [kid]
+
+    warning = wait_for(
+        lambda: [e for e in ours(events) if e["action"] == "warning"], 60, "the idle warning"
+    )[0]
+    warned_at = time.time()
+    assert warning["kernel_id"] is None  # server mode: the whole server is at stake
+    deadline = datetime.fromisoformat(warning["deadline"].replace("Z", "+00:00")).timestamp()
+    # The exact lead is tested with a test clock (tests/extension); here, with real time
+    # and a loaded machine, the warning must arrive before the deadline it announces.
+    assert deadline > warned_at
+    hub.wait_gone("ann", timeout=60)
+    gone_at = time.time()
+    assert gone_at >= deadline - 0.5
+    assert active_allocations(hub, "ann") == []
+    kinds = [(e["kind"], e["reason"]) for e in idle_events(hub, "ann")]
+    assert [k for k, _ in kinds] == ["idle-warning", "idle-culled"]
+    assert "GPU idle" in kinds[1][1]
+    culled = idle_events(hub, "ann")[-1]
+    assert culled["detail"]["reclaimed_gpu_hours"] > 0
+    metrics = hub.api("GET", "/metrics", hub.service_token).text
+    assert f'gpuslice_idle_culls_total{{profile="{PROFILE}",scope="server"}} 1.0' in metrics
+    hours = re.search(rf'gpuslice_reclaimed_gpu_hours_total{{profile="{PROFILE}"}} (\S+)', metrics)
+    assert hours and float(hours.group(1)) == pytest.approx(culled["detail"]["reclaimed_gpu_hours"])
+
+
+def test_keepalive_postpones_the_cull(idle_hub):
+    hub = idle_hub
+    cat = Session(hub, "cat")
+    kid = cat.start_kernel()
+    first = wait_for(
+        lambda: (s := cat.status())["kernels"] and s["kernels"][0]["warning"] and s,
+        60,
+        "the idle warning",
+    )
+    old = datetime.fromisoformat(first["kernels"][0]["deadline"].replace("Z", "+00:00"))
+    r = cat.call("POST", "gpuslice/api/keepalive", json={"seconds": 10})
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    assert reply["extension_left_seconds"] == 20
+    [k] = reply["kernels"]
+    new = datetime.fromisoformat(k["deadline"].replace("Z", "+00:00"))
+    assert k["id"] == kid and (new - old).total_seconds() >= 10
+    r = cat.call("POST", "gpuslice/api/keepalive", json={"seconds": 21})
+    assert r.status_code == 400 and "at most 20 s" in r.json()["message"]
+    # Still there after the old deadline ...
+    while time.time() < old.timestamp() + 3:
+        assert cat.status()["kernels"][0]["id"] == kid
+        time.sleep(0.5)
+    # ... and culled only once the new one has passed.
+    hub.wait_gone("cat", timeout=60)
+    assert time.time() >= new.timestamp() - 0.5
+    assert [e["kind"] for e in idle_events(hub, "cat")] == [
+        "idle-warning",
+        "idle-extended",
+        "idle-warning",
+        "idle-culled",
+    ]
+    assert active_allocations(hub, "cat") == []
+
+
+def test_busy_silent_kernel_is_never_culled_and_the_idle_culler_leaves_it(idle_hub):
+    hub = idle_hub
+    bob = Session(hub, "bob")  # trains silently on the (simulated) GPU
+    kid = bob.start_kernel()
+    bob.execute(kid, "while True:\n    pass\n")
+    busy_since = time.time()
+    dan = Session(hub, "dan")  # exempt from gpuslice: only the idle culler can stop it
+    assert dan.status()["exempt"] is True
+    dan.start_kernel()
+    started = time.time()
+    try:
+        # The control: the idle culler does cull an idle server.
+        hub.wait_gone("dan", timeout=CULLER_TIMEOUT + 60)
+        assert time.time() - started >= CULLER_TIMEOUT - 5
+        # Meanwhile the silent, busy one is still there, with its kernel still running.
+        model = hub.server_model("bob")
+        assert model is not None and model["ready"]
+        [k] = bob.status()["kernels"]
+        assert k["id"] == kid and k["execution_state"] == "busy"
+        # above the idle threshold (how far above depends on what else the CPUs run)
+        assert k["utilization"] >= 1 and k["deadline"] is None and not k["warning"]
+        last = datetime.fromisoformat(model["last_activity"].replace("Z", "+00:00"))
+        assert time.time() - last.timestamp() < CULLER_TIMEOUT / 2
+        # Nothing since the loop started (a server with no kernel yet may be warned).
+        since = [
+            e
+            for e in idle_events(hub, "bob")
+            if datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp() > busy_since
+        ]
+        assert since == []
+        assert "idle-culled" not in [e["kind"] for e in idle_events(hub, "bob")]
+        assert len(active_allocations(hub, "bob")) == 1
+    finally:
+        hub.hub_api("DELETE", "/users/bob/server")
+        hub.wait_gone("bob")
+
+
+def test_release_button_and_the_services_checks(idle_hub):
+    hub = idle_hub
+    fay = Session(hub, "fay")
+    [alloc] = active_allocations(hub, "fay")
+    stranger = hub.add_user("gus")
+    reclaim = f"/api/allocations/{alloc['id']}/reclaim"
+    # Only the owner (or an admin) may reclaim a slice or read its policy.
+    r = hub.api("POST", reclaim, stranger, json={"reason": "mine now"})
+    assert r.status_code == 403 and "gus may not" in r.json()["message"]
+    r = hub.api("GET", f"/api/idle-policy?allocation_id={alloc['id']}", stranger)
+    assert r.status_code == 403
+    assert hub.api("POST", "/api/allocations/99999/reclaim", fay.token, json={}).status_code == 404
+    for body in ({"reason": ""}, {"idle_seconds": -1}, {"voluntary": "yes"}, {"why": "x"}):
+        r = hub.api("POST", reclaim, fay.token, json=body)
+        assert r.status_code == 400, (body, r.text)
+    r = hub.api("GET", "/api/idle-policy", stranger)
+    assert r.status_code == 200 and r.json()["policy"]["action"] == "server"
+    r = hub.api("GET", "/api/idle-policy?allocation_id=dan", stranger)
+    assert r.status_code == 400
+    # "Save and release GPU": the server stops and the slice is free, recorded as asked.
+    r = fay.call("POST", "gpuslice/api/release", json={})
+    assert r.status_code == 202, r.text
+    hub.wait_gone("fay", timeout=60)
+    assert active_allocations(hub, "fay") == []
+    r = hub.api("GET", "/api/events?user=fay", hub.service_token)
+    kinds = [e["kind"] for e in r.json()["events"]]
+    assert "release-requested" in kinds and "idle-culled" not in kinds
+    r = hub.api("POST", reclaim, hub.service_token, json={"reason": "again"})
+    assert r.status_code == 409

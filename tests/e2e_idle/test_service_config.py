@@ -1,0 +1,65 @@
+"""The admin's idle policy is validated when the service starts: errors name the key."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets.config import Config
+
+from gpuslice_hub.app import GPUSliceService
+from gpuslice_hub.errors import ConfigError
+
+PROFILES = [
+    {"name": "gpu-1", "kind": "gpu", "count": 1, "idle_timeout": 1200},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_config_file_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default gpuslice_config.py must not exist
+
+
+def load(idle_policy):
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.idle_policy = idle_policy
+    app = GPUSliceService(config=config)
+    app.load_settings()
+    return app
+
+
+def test_a_valid_policy_resolves_per_profile_and_user():
+    app = load(
+        {
+            "action": "server",
+            "warning_lead": 120,
+            "profiles": {"share-250": {"idle_timeout": 900, "action": "kernel"}},
+            "exempt_groups": ["ops"],
+        }
+    )
+    cfg = app.idle_policy_config
+    p = cfg.resolve("ann", [], "gpu-1", app.parsed_profiles["gpu-1"].idle_timeout)
+    assert (p.action, p.idle_timeout, p.warning_lead) == ("server", 1200, 120)
+    p = cfg.resolve("ann", [], "share-250", app.parsed_profiles["share-250"].idle_timeout)
+    assert (p.action, p.idle_timeout) == ("kernel", 900)
+    assert cfg.resolve("bob", ["ops"], "gpu-1").exempt
+
+
+@pytest.mark.parametrize(
+    ("policy", "key"),
+    [
+        ({"action": "reboot"}, "idle_policy.action"),
+        ({"profiles": {"gpu-9": {"idle_timeout": 60}}}, "idle_policy.profiles.gpu-9"),
+        ({"exempt_profiles": ["nope"]}, "idle_policy.exempt_profiles"),
+        (
+            {"profiles": {"gpu-1": {"warning_lead": "soon"}}},
+            "idle_policy.profiles.gpu-1.warning_lead",
+        ),
+        ({"idle_timeout": 100, "warning_lead": 200}, "idle_policy.warning_lead"),
+        ({"exempt_users": "ann"}, "idle_policy.exempt_users"),
+    ],
+)
+def test_a_bad_policy_is_refused_naming_the_key(policy, key):
+    with pytest.raises(ConfigError) as e:
+        load(policy)
+    assert e.value.key == key
