@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench clean labextension
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,32 @@ $(STAMP): pyproject.toml
 $(CHP): package.json
 	npm install --no-audit --no-fund --silent
 
-demo: $(STAMP) $(CHP)
+# The JupyterLab extension: built into server_ext/gpuslice/labextension (what the wheel
+# ships), then copied into the venv so the single-user servers started by the tests and the
+# demo load it. A copy, not a symlink: pip reinstalls would delete files through a symlink.
+LABEXT_NPM := labextension/node_modules/.package-lock.json
+LABEXT_OUT := server_ext/gpuslice/labextension/package.json
+LABEXT_VENV := $(VENV)/share/jupyter/labextensions/gpuslice-labextension
+LABEXT_SRC := labextension/package.json labextension/tsconfig.json $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*.json)
+
+$(LABEXT_NPM): labextension/package.json labextension/package-lock.json
+	cd labextension && npm ci --no-audit --no-fund
+
+$(LABEXT_OUT): $(LABEXT_NPM) $(LABEXT_SRC) | $(STAMP)
+	cd labextension && npm run build
+
+$(LABEXT_VENV)/package.json: $(LABEXT_OUT) labextension/install.json
+	rm -rf $(LABEXT_VENV)
+	mkdir -p $(dir $(LABEXT_VENV))
+	cp -R server_ext/gpuslice/labextension $(LABEXT_VENV)
+	cp labextension/install.json $(LABEXT_VENV)/install.json
+
+labextension: $(LABEXT_VENV)/package.json
+
+demo: $(STAMP) $(CHP) labextension
 	$(BIN)/python -m gpuslice_hub.demo
 
-test: $(STAMP) $(CHP)
+test: $(STAMP) $(CHP) labextension
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

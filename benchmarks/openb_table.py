@@ -43,7 +43,9 @@ def main() -> None:
     cells = load(sys.argv[1])
     pub = published()
     col = sys.argv[2] if len(sys.argv) > 2 else "130"
-    policies = [p for p in [*PUBLISHED_NAME, "default"] if any(k[1] == p for k in cells)]
+    policies = [
+        p for p in [*PUBLISHED_NAME, "default", "default-online"] if any(k[1] == p for k in cells)
+    ]
     print(f"Allocated GPU % at {col} % arrival: ours (published, ours - published)\n")
     print("| policy | " + " | ".join(TRACES) + " |")
     print("|---|" + "---|" * len(TRACES))
@@ -56,7 +58,7 @@ def main() -> None:
                 continue
             ours = cell["allocated_pct"][col]
             ref = pub.get((t, PUBLISHED_NAME.get(p, "FGD"), col))
-            label = "FGD " if p == "default" else ""
+            label = "FGD " if p.startswith("default") else ""
             if ref is None:
                 row.append(f"{ours:.2f}")
             else:

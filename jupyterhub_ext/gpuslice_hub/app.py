@@ -23,6 +23,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 from traitlets.config import Application
 
+from gpuslice.extension.policy import PolicyConfig, PolicyError
 from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.model import Inventory
 
@@ -30,13 +31,17 @@ from . import __version__
 from .api.admin import DrainHandler
 from .api.allocations import AllocationHandler, AllocationsHandler
 from .api.inventory import EventsHandler, HealthHandler, InventoryHandler, ProfilesHandler
+from .api.jobs import job_handlers
 from .api.metrics import MetricsHandler
 from .api.pages import HomeHandler
+from .api.reclaim import IdlePolicyHandler, ReclaimHandler
 from .db.engine import Database, open_database
 from .db.models import utcnow
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .errors import ConfigError
 from .hubapi import HubAPI
+from .jobs.manager import JobManager
+from .jobs.setup import start_jobs
 from .ledger import Ledger
 from .metrics import make_registry
 from .placement import get_policy
@@ -99,6 +104,31 @@ class GPUSliceService(Application):
         groups in its ``borrow_from``.""",
     ).tag(config=True)
 
+    job_backend = Enum(
+        ["local", "slurm", "kubernetes"],
+        default_value="local",
+        help="""Where batch jobs run: ``local`` (a subprocess per job on the service host, the
+        embedded default), ``slurm`` or ``kubernetes``. Finer job settings are on
+        ``JobManager`` (``c.JobManager.preempt_grace`` …).""",
+    ).tag(config=True)
+
+    jobs_root = Unicode(
+        "gpuslice-jobs",
+        help="Folder (relative to the service's working directory) holding one folder per "
+        "batch job: the notebook snapshot, checkpoints, output notebook and log.",
+    ).tag(config=True)
+
+    idle_policy = Dict(
+        help="""Idle reclaim, served to every single-user server (``GET api/idle-policy``):
+        ``action`` (``kernel``: shut down a kernel idle on its GPU; ``server``: stop the server
+        once all its kernels are idle, freeing the slice), ``warning_lead`` and
+        ``max_extension`` (keep-alive budget per idle period) in seconds, ``profiles``
+        (per-profile overrides of these and of the profile's own ``idle_timeout``), and
+        ``exempt_users`` / ``exempt_groups`` / ``exempt_profiles``, e.g. ``{"action": "server",
+        "warning_lead": 600, "profiles": {"gpu-1": {"idle_timeout": 1800}},
+        "exempt_groups": ["ops"]}``.""",
+    ).tag(config=True)
+
     placement_policy = Unicode(
         "default",
         help="Placement policy for new slices (see ``gpuslice-bench openb --help`` for the list).",
@@ -143,6 +173,7 @@ class GPUSliceService(Application):
     ledger = Instance(Ledger, allow_none=True)
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
+    jobs: JobManager | None = None
     started_at: datetime | None = None
 
     aliases = {
@@ -180,10 +211,24 @@ class GPUSliceService(Application):
         if not self.parsed_profiles:
             raise ConfigError("profiles", "no profiles configured: users could ask for nothing")
         self.parsed_quotas = parse_quotas(self.quotas)
+        self.idle_policy_config = self._parse_idle_policy()
         try:
             self.policy = get_policy(self.placement_policy)
         except ValueError as e:
             raise ConfigError("placement_policy", str(e)) from None
+
+    def _parse_idle_policy(self) -> PolicyConfig:
+        try:
+            config = PolicyConfig.parse(self.idle_policy)
+        except PolicyError as e:
+            raise ConfigError(e.key, e.message) from None
+        for name in config.profiles:
+            if name not in self.parsed_profiles:
+                raise ConfigError(f"idle_policy.profiles.{name}", "no such profile")
+        for name in config.exempt_profiles:
+            if name not in self.parsed_profiles:
+                raise ConfigError("idle_policy.exempt_profiles", f"no such profile {name!r}")
+        return config
 
     def discover(self) -> Inventory:
         hosts = self.hosts if self.gpu_backend in ("static", "simulated") else None
@@ -216,9 +261,12 @@ class GPUSliceService(Application):
             (url_path_join(api, "profiles"), ProfilesHandler),
             (url_path_join(api, "allocations"), AllocationsHandler),
             (url_path_join(api, r"allocations/(\d+)"), AllocationHandler),
+            (url_path_join(api, r"allocations/(\d+)/reclaim"), ReclaimHandler),
+            (url_path_join(api, "idle-policy"), IdlePolicyHandler),
             (url_path_join(api, "events"), EventsHandler),
             (url_path_join(api, r"gpus/([^/]+)/drain"), DrainHandler),
             (url_path_join(prefix, "metrics"), MetricsHandler),
+            *job_handlers(api),
         ]
         return web.Application(
             handlers,
@@ -267,6 +315,7 @@ class GPUSliceService(Application):
             sum(len(g.mig_instances) for g in gpus),
             safe_url(self.db_url),
         )
+        self.jobs = start_jobs(self)
         ip, port = self._service_url()
         server = HTTPServer(self.make_app(), xheaders=True)
         server.listen(self.port or port, self.ip or ip)

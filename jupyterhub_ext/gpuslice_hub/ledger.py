@@ -77,6 +77,11 @@ class Ledger:
         self.quotas = quotas
         self.policy = policy
         self.on_refusal = on_refusal or (lambda profile, code: None)
+        # Set by the job manager: (caller, profile, server_name) -> {"job_id", "retry_after",
+        # "message"} when it starts preempting a batch job for this spawn, else None.
+        self.preempt_hook: Callable[[Caller, Profile, str], dict[str, Any] | None] = (
+            lambda caller, profile, server_name: None
+        )
         self.inventory_cache = InventoryCache()
 
     # -- inventory ---------------------------------------------------------------------
@@ -161,11 +166,15 @@ class Ledger:
         purpose: str = "interactive",
         priority: int = 0,
         preemptible: bool = False,
+        quiet: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         """Allocate a slice; returns (allocation, created). Raises RequestError on refusal.
 
         Idempotent per server: asking again for the same server and profile returns the
         allocation it already holds (a retried spawn must not hold two slices).
+        ``quiet``: do not record refusals (the job scheduler retries every pass).
+        An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
+        gets a 202 ``preempting`` answer when ``preempt_hook`` starts freeing a slice.
         """
         profile = self.profiles.get(profile_name)
         if profile is None:
@@ -175,7 +184,13 @@ class Ledger:
         try:
             return self._allocate(caller, profile, server_name, purpose, priority, preemptible)
         except RequestError as e:
-            if e.detail.get("code") in REFUSALS:
+            code = e.detail.get("code")
+            if code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
+                pending = self.preempt_hook(caller, profile, server_name)
+                if pending is not None:
+                    message = pending.pop("message")
+                    raise RequestError(202, message, code="preempting", **pending) from None
+            if code in REFUSALS and not quiet:
                 # Recorded in a transaction of its own: the refused one was rolled back.
                 with self.db.writing() as s:
                     self._event(

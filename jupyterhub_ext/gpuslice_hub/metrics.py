@@ -7,9 +7,11 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from sqlalchemy import select
 
+from .db.models import EventRow
 from .ledger import Ledger
 
 
@@ -117,9 +119,63 @@ class LedgerCollector(Collector):
         yield by_group
 
 
+IDLE_KINDS = ("idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled")
+
+
+class IdleReclaimCollector(Collector):
+    """Idle warnings, keep-alives and culls, and the GPU-hours culls gave back, counted
+    from the recorded events (so the counters survive restarts of the service)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        events: Counter[tuple[str, str, str]] = Counter()
+        hours: dict[str, float] = {}
+        with self.ledger.db.reading() as s:
+            rows = s.execute(
+                select(EventRow.kind, EventRow.profile, EventRow.detail).where(
+                    EventRow.kind.in_(IDLE_KINDS)
+                )
+            )
+            for kind, profile, detail in rows:
+                detail = detail if isinstance(detail, dict) else {}
+                scope = str(detail.get("scope") or ("kernel" if detail.get("kernel_id") else ""))
+                events[(kind, profile or "", scope)] += 1
+                if kind == "idle-culled":
+                    gained = float(detail.get("reclaimed_gpu_hours") or 0.0)
+                    hours[profile or ""] = hours.get(profile or "", 0.0) + gained
+        family = CounterMetricFamily(
+            "gpuslice_idle_events",
+            "Idle-reclaim events: warnings, keep-alives, culls (kind idle-culled), memory-cap "
+            "warnings and culls; scope is kernel or server",
+            labels=["kind", "profile", "scope"],
+        )
+        for key, n in sorted(events.items()):
+            family.add_metric(list(key), n)
+        yield family
+        culls = CounterMetricFamily(
+            "gpuslice_idle_culls", "Idle culls (kernels and servers)", labels=["profile", "scope"]
+        )
+        for (kind, profile, scope), n in sorted(events.items()):
+            if kind == "idle-culled":
+                culls.add_metric([profile, scope], n)
+        yield culls
+        reclaimed = CounterMetricFamily(
+            "gpuslice_reclaimed_gpu_hours",
+            "GPU-hours given back by idle server culls: the slice's GPU share times the idle "
+            "time that ended with the cull",
+            labels=["profile"],
+        )
+        for profile, h in sorted(hours.items()):
+            reclaimed.add_metric([profile], h)
+        yield reclaimed
+
+
 def make_registry(ledger: Ledger) -> tuple[CollectorRegistry, PromCounter]:
     registry = CollectorRegistry()
     registry.register(LedgerCollector(ledger))
+    registry.register(IdleReclaimCollector(ledger))
     refusals = PromCounter(
         "gpuslice_refusals",
         "Allocation requests refused, by profile and reason code",

@@ -243,6 +243,7 @@ c.GPUSliceService.quotas = cfg["quotas"]
 c.GPUSliceService.reconcile_interval = cfg["reconcile_interval"]
 c.GPUSliceService.reconcile_grace = cfg["reconcile_grace"]
 c.GPUSliceService.log_level = "DEBUG"
+exec(cfg.get("extra_service_config", ""))
 """
 
 
@@ -257,6 +258,7 @@ def start_hub(
     reconcile_interval: float = 0,
     reconcile_grace: float = 120,
     extra_hub_config: str = "",
+    extra_service_config: str = "",
     reuse: dict[str, Any] | None = None,
     wait: bool = True,
 ) -> Hub:
@@ -282,6 +284,7 @@ def start_hub(
         "reconcile_interval": reconcile_interval,
         "reconcile_grace": reconcile_grace,
         "extra_hub_config": extra_hub_config,
+        "extra_service_config": extra_service_config,
     }
     cfg_path = workdir / "test_config.json"
     cfg_path.write_text(json.dumps(cfg))

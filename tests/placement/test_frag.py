@@ -75,3 +75,59 @@ def test_typical_pods_keep_the_95_percent_prefix():
     # counts 60, 36 reach 96 >= 95 % of 100: only two shapes, renormalised
     assert t.milli.tolist() == [500, 1000]
     assert t.weight.tolist() == [60 / 96, 36 / 96]
+
+
+def test_identical_gpus_are_one_candidate():
+    from gpuslice_hub.placement.policies.candidates import candidates
+
+    s = cluster([[500, 500, 1000, 1000, 200]])
+    c = candidates(s, Request("share", cpu_milli=100, gpu_milli=300), np.array([0]))
+    # 500 and 1000 each appear twice; 200 does not fit: the lowest index of each group
+    assert c.gpu.tolist() == [0, 2]
+    assert c.free_after.tolist() == [[200, 500, 1000, 1000, 200], [500, 500, 700, 1000, 200]]
+    assert c.cpu_after.tolist() == [63_900, 63_900]
+    whole = candidates(s, Request("gpu", count=2), np.array([0]))
+    assert whole.free_after.tolist() == [[500, 500, 0, 0, 200]]
+
+
+def test_online_typical_rebuilds_only_on_drift():
+    from gpuslice_hub.placement.policies.typical import OnlineTypical
+
+    a = Request("gpu", cpu_milli=1000)
+    b = Request("share", cpu_milli=1000, gpu_milli=250)
+    learner = OnlineTypical(drift=0.1, check_every=4)
+    learner.observe(a)
+    assert learner.current is not None and learner.current.version == 0
+    learner.observe(b)  # n=2 is a check; total variation 0.5 > 0.1: rebuild
+    assert learner.current.version == 1 and learner.current.milli.tolist() == [1000, 250]
+    learner.observe(a)  # n=3 is not a check
+    learner.observe(a)  # n=4: {a: 3/4, b: 1/4} vs {a: 1/2, b: 1/2}: variation 0.25 > 0.1
+    assert learner.current.version == 2
+    assert learner.current.weight.tolist() == [0.75, 0.25]
+    for _ in range(4):  # n=8: {a: 7/8, b: 1/8} vs {3/4, 1/4}: 0.125 > 0.1
+        learner.observe(a)
+    assert learner.current.version == 3
+    learner.observe(Request("mig", mig_profile="1g.10gb"))  # MIG requests have no shape
+    assert learner.seen == 8
+
+
+def test_memory_aware_fragmentation():
+    from dataclasses import replace
+
+    t = replace(typical([(0, 500, 1, 1.0)]), mem=np.array([8192.0]))
+    cpu = np.array([10_000])
+    # FGD ignores memory: the 1000 and 500 GPUs are usable, 200 is fragment
+    assert fragmentation(t, FREE, OK, cpu) == 200.0
+    assert fragmentation(t, FREE, OK, cpu, mem_free=np.array([8192])) == 200.0
+    # with 8191 MiB free the typical request does not fit: every free milli is fragment
+    assert fragmentation(t, FREE, OK, cpu, mem_free=np.array([8191])) == 1700.0
+
+
+def test_typical_memory_is_the_mean_per_shape():
+    reqs = [
+        Request("gpu", cpu_milli=1000, memory_mib=1000),
+        Request("gpu", cpu_milli=1000, memory_mib=3000),
+    ]
+    t = typical_from_requests(reqs, memory=True)
+    assert t.mem is not None and t.mem.tolist() == [2000.0]
+    assert typical_from_requests(reqs).mem is None

@@ -89,3 +89,19 @@ def test_every_policy_places_every_kind(name):
 def test_unknown_policy():
     with pytest.raises(ValueError, match="unknown placement policy"):
         get_policy("nope")
+
+
+def test_default_sends_cpu_only_work_where_gpus_are_taken():
+    from gpuslice_hub.placement.policies.default import Default
+    from gpuslice_hub.placement.policies.fgd import FGD
+
+    from .test_frag import typical
+
+    # Typical: 1-GPU requests with 1 CPU. Both hosts keep >= 1 CPU after a 2-CPU request,
+    # so FGD scores them the same (fragmentation unchanged) and the rank decides (h0);
+    # the default policy picks h1, whose GPU is already taken.
+    t = typical([(1000, 1000, 1, 1.0)])
+    s = cluster([[1000], [0]], cpu=[8000, 8000], rank=[0, 1])
+    req = Request("none", cpu_milli=2000)
+    assert FGD(t).choose(s, req, np.array([0, 1])) == (0, [])
+    assert Default(t).choose(s, req, np.array([0, 1])) == (1, [])

@@ -37,8 +37,10 @@ def make_policy(name: str, workload: Workload, seed: int):
         return POLICIES["default"]()
     if name == "random":
         return POLICIES[name](seed=seed + 1_000_003)
-    if name in ("fgd", "default"):
+    if name == "fgd":
         return POLICIES[name](typical_from_requests(workload.originals))
+    if name == "default":
+        return POLICIES[name](typical_from_requests(workload.originals, memory=True))
     return POLICIES[name]()
 
 

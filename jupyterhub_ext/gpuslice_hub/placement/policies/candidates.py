@@ -24,9 +24,6 @@ class Candidates:
     cpu_after: np.ndarray  # int64[M]
 
 
-_EARLIER = np.tril(np.ones((64, 64), bool), k=-1)
-
-
 def candidates(state: ClusterState, request: Request, rows: np.ndarray) -> Candidates:
     free = state.gpu_free[rows]
     cpu_after = state.cpu_free[rows] - request.cpu_milli
@@ -37,7 +34,7 @@ def candidates(state: ClusterState, request: Request, rows: np.ndarray) -> Candi
         same = (free[:, :, None] == free[:, None, :]) & fit[:, None, :]
         same &= state.gpu_model[rows][:, :, None] == state.gpu_model[rows][:, None, :]
         same &= state.gpu_mem_free[rows][:, :, None] == state.gpu_mem_free[rows][:, None, :]
-        dup = (same & _EARLIER[:g, :g]).any(2)
+        dup = (same & np.tri(g, g, -1, dtype=bool)).any(2)
         pos, gpu = np.nonzero(fit & ~dup)
         after = free[pos]
         after[np.arange(pos.size), gpu] -= request.gpu_milli

@@ -1,16 +1,20 @@
-"""The service's policy: FGD, plus sending CPU-only requests where the GPUs are taken.
+"""The service's policy: FGD with the fit rules' memory check, and CPU-only requests sent
+where the GPUs are taken.
 
-FGD scores a CPU-only request by how much its CPU use fragments the host's free GPUs for
-the typical requests; while the host keeps enough CPU for them, every host scores the same
-and FGD falls back to the tie-break rank, so CPU-only work lands on hosts with free GPUs
-and later strands them (a GPU whose host has no CPU left is lost). Among FGD's best-scoring
-hosts this policy prefers the one with the least free GPU; everything else is FGD as
-published (integer score, lowest-index GPU, fixed random rank for ties).
+Two changes to FGD as published (everything else is FGD: the integer score, the
+lowest-index GPU among the best, the fixed random rank for ties):
 
-Measured alternatives that did worse on the openb traces and why they are not here:
-comparing FGD's fragmentation change exactly instead of through the truncated integer
-score (-1 pp: the coarse score lets the fixed rank pack hosts in a consistent order), and
-best-fit tie-breaks for GPU requests (-0.2 pp). See docs/benchmarks.md.
+- Memory. A typical request counts as fitting a host only if the host's free memory also
+  covers it (each typical shape carries the mean memory of its requests), as the filter
+  demands; FGD ignores memory, so it does not see GPUs that the host's memory strands.
+- CPU-only requests. While a host keeps enough CPU for the typical requests, FGD scores a
+  CPU-only request the same everywhere and the tie-break rank decides, so CPU-only work
+  lands on hosts with free GPUs and later strands them. Among FGD's best-scoring hosts this
+  policy prefers the one with the least free GPU.
+
+Alternatives that did worse on the openb traces (exact fragmentation changes instead of
+the truncated score, best-fit or spreading tie-breaks, other host orders, other typical
+sets) are listed with their numbers in docs/benchmarks.md.
 
 Without a workload given in advance the typical requests are learned from the requests
 seen so far (``OnlineTypical``), as a service has to; the benchmark passes the trace's
@@ -24,15 +28,18 @@ import numpy as np
 from ..state import ClusterState
 from ..types import Request
 from .fgd import FGD, ScoreCache
-from .typical import Typical
+from .typical import OnlineTypical, Typical
 
 
 class Default(FGD):
     name = "default"
     n_keys = 2
+    memory = True
 
     def __init__(self, typical: Typical | None = None) -> None:
         super().__init__(typical)
+        if self.online is not None:
+            self.online = OnlineTypical(memory=True)
 
     def _fill(
         self,
@@ -51,5 +58,7 @@ class Default(FGD):
         self, state: ClusterState, request: Request, candidates: np.ndarray, cache: ScoreCache
     ) -> int:
         k = cache.keys[candidates]
-        order = np.lexsort((state.rank[candidates], -k[:, 1], -k[:, 0]))
-        return int(candidates[order[0]])
+        top = k[:, 0] == k[:, 0].max()  # sort only FGD's best-scoring hosts
+        tied, k = candidates[top], k[top]
+        order = np.lexsort((state.rank[tied], -k[:, 1]))
+        return int(tied[order[0]])

@@ -8,7 +8,7 @@ and each placement changes one host, which is what makes the full protocol fast.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,11 +35,15 @@ class Timing:
     frag_s: float = 0.0
     hosts_scored: int = 0
     calls: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def fragmentation_delta(
-    state: ClusterState, request: Request, rows: np.ndarray, typical: Typical, packed: bool = False
+    state: ClusterState,
+    request: Request,
+    rows: np.ndarray,
+    typical: Typical,
+    packed: bool = False,
+    memory: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For each candidate of ``rows``: (pos, gpu, F(host) - F(host after), free milli after)."""
     cand = candidates(state, request, rows)
@@ -51,7 +55,10 @@ def fragmentation_delta(
             allowed = state.cache[key] = allowed_by_typical(typical, state.models)
         model = state.gpu_model[rows]
     ok = state.gpu_ok[rows]
-    before = fragmentation(typical, state.gpu_free[rows], ok, state.cpu_free[rows], model, allowed)
+    mem = state.mem_free[rows] if memory else None
+    before = fragmentation(
+        typical, state.gpu_free[rows], ok, state.cpu_free[rows], model, allowed, packed, mem
+    )
     after = fragmentation(
         typical,
         cand.free_after,
@@ -60,6 +67,7 @@ def fragmentation_delta(
         None if model is None else model[cand.pos],
         allowed,
         packed,
+        None if mem is None else mem[cand.pos] - request.memory_mib,
     )
     gpu_after = np.where(ok[cand.pos], cand.free_after, 0).sum(1)
     return cand.pos, cand.gpu, before[cand.pos] - after, gpu_after
@@ -75,6 +83,7 @@ class FGD:
     name = "fgd"
     n_keys = 1
     packed = False
+    memory = False  # FGD as published ignores host memory
 
     def __init__(self, typical: Typical | None = None) -> None:
         self.fixed = typical
@@ -144,7 +153,9 @@ class FGD:
         typical: Typical,
         cache: ScoreCache,
     ) -> None:
-        pos, gpu, delta, _ = fragmentation_delta(state, request, rows, typical, self.packed)
+        pos, gpu, delta, _ = fragmentation_delta(
+            state, request, rows, typical, self.packed, self.memory
+        )
         score = np.floor(100.0 / (1.0 + np.exp(-delta / 1000.0)))
         # Candidates are grouped by host in GPU order: keep each host's first best one.
         order = np.lexsort((-score, pos))

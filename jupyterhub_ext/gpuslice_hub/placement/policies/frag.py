@@ -30,11 +30,12 @@ def fragmentation(
     model: np.ndarray | None = None,
     allowed: np.ndarray | None = None,
     packed: bool = False,
+    mem_free: np.ndarray | None = None,
 ) -> np.ndarray:
     """float64[K]: F for K hosts given free milli ``free[K, G]`` on slots ``ok[K, G]``.
 
     ``model[K, G]`` and ``allowed[M, T]`` are needed only when some typical request restricts
-    GPU models.
+    GPU models. With ``mem_free[K]`` and typical memories, t must also fit the host memory.
     """
     free = np.where(ok, free, 0)
     total = free.sum(1)
@@ -47,6 +48,8 @@ def fragmentation(
         return total - packed_usable(typical, free, ge, n_ge, cpu_free) @ typical.weight
     usable = np.einsum("kg,kgt->kt", free, ge)
     fits = (n_ge >= typical.count) & (cpu_free[:, None] >= typical.cpu) & (typical.count > 0)
+    if mem_free is not None and typical.mem is not None:
+        fits &= mem_free[:, None] >= typical.mem
     usable = np.where(fits, usable, 0)
     return total - usable @ typical.weight
 

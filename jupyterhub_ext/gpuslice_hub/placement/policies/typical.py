@@ -36,6 +36,9 @@ class Typical:
     models: tuple[tuple[str, ...], ...]
     weight: np.ndarray  # float64[T], sums to 1
     version: int = 0
+    # Mean host memory (MiB) of each shape's requests; None: memory is not considered
+    # (FGD as published ignores it).
+    mem: np.ndarray | None = None
 
     @property
     def any_model(self) -> bool:
@@ -43,7 +46,10 @@ class Typical:
 
 
 def typical_from_counts(
-    counts: Counter[Shape], coverage: float = 0.95, version: int = 0
+    counts: Counter[Shape],
+    coverage: float = 0.95,
+    version: int = 0,
+    mem_sums: dict[Shape, float] | None = None,
 ) -> Typical:
     """The shortest most-frequent prefix covering ``coverage`` of the requests."""
 
@@ -68,16 +74,22 @@ def typical_from_counts(
         models=tuple(s[3] for s, _ in kept),
         weight=weight / weight.sum(),
         version=version,
+        mem=None if mem_sums is None else np.array([mem_sums[s] / n for s, n in kept]),
     )
 
 
-def typical_from_requests(requests: Iterable[Request], coverage: float = 0.95) -> Typical:
+def typical_from_requests(
+    requests: Iterable[Request], coverage: float = 0.95, memory: bool = False
+) -> Typical:
     counts: Counter[Shape] = Counter()
+    mem: Counter[Shape] = Counter()
     for r in requests:
         s = shape_of(r)
         if s is not None:
             counts[s] += 1
-    return typical_from_counts(counts, coverage)
+            mem[s] += r.memory_mib
+    sums = {s: float(v) for s, v in mem.items()} if memory else None
+    return typical_from_counts(counts, coverage, mem_sums=sums)
 
 
 class OnlineTypical:
@@ -88,8 +100,16 @@ class OnlineTypical:
     on a doubling schedule at first, then every ``check_every`` requests.
     """
 
-    def __init__(self, coverage: float = 0.95, drift: float = 0.02, check_every: int = 128):
+    def __init__(
+        self,
+        coverage: float = 0.95,
+        drift: float = 0.02,
+        check_every: int = 128,
+        memory: bool = False,
+    ):
         self.coverage = coverage
+        self.memory = memory
+        self.mem: Counter[Shape] = Counter()
         self.drift = drift
         self.check_every = check_every
         self.counts: Counter[Shape] = Counter()
@@ -102,6 +122,7 @@ class OnlineTypical:
         if s is None:
             return
         self.counts[s] += 1
+        self.mem[s] += request.memory_mib
         self.seen += 1
         n = self.seen
         due = n & (n - 1) == 0 if n < self.check_every else n % self.check_every == 0
@@ -116,5 +137,6 @@ class OnlineTypical:
 
     def _rebuild(self) -> None:
         version = 0 if self.current is None else self.current.version + 1
-        self.current = typical_from_counts(self.counts, self.coverage, version)
+        mem = {s: float(v) for s, v in self.mem.items()} if self.memory else None
+        self.current = typical_from_counts(self.counts, self.coverage, version, mem)
         self._basis = {s: c / self.seen for s, c in self.counts.items()}

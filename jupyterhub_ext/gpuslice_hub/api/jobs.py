@@ -1,0 +1,141 @@
+"""Batch jobs: submit, list, show, cancel, log, outputs; preempt (admins)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RequestError
+from ..jobs.manager import SUBMIT_FIELDS, JobManager
+from ..jobs.states import ALLOWED, TERMINAL
+from ..ledger import Caller
+from .base import BaseHandler, Identity, api_authenticated, int_arg
+
+STATES = {s for s in ALLOWED if s} | set(TERMINAL)
+
+
+class JobsBase(BaseHandler):
+    @property
+    def jobs(self) -> JobManager:
+        jobs = self.service.jobs
+        if jobs is None:
+            raise RequestError(503, "the job scheduler is not running")
+        return jobs
+
+    def owned(self, ident: Identity, job_id: str) -> Any:
+        job = self.jobs.row(int(job_id))
+        if job is None:
+            raise RequestError(404, f"no job {job_id}")
+        if not ident.is_admin and job.user != ident.name:
+            # the same answer as for a job that does not exist: ids are not a side channel
+            raise RequestError(404, f"no job {job_id}")
+        return job
+
+
+class JobsHandler(JobsBase):
+    @api_authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        user = self.get_argument("user", None)
+        if not ident.is_admin:
+            if user not in (None, ident.name):
+                raise RequestError(403, f"{ident.name} may not list {user}'s jobs")
+            user = ident.name
+        raw = self.get_argument("state", "")
+        states = {s for s in raw.split(",") if s} or None
+        if states and not states <= STATES:
+            raise RequestError(400, f"unknown state in {raw!r}; states: {sorted(STATES)}")
+        limit = int_arg(self, "limit", 200, 1, 2000)
+        self.write_json({"jobs": self.jobs.list_jobs(user, states, limit)})
+
+    @api_authenticated
+    async def post(self) -> None:
+        ident = self.identity()
+        body = self.json_body(SUBMIT_FIELDS)
+        caller = await self._caller(ident, body)
+        self.write_json(self.jobs.submit(caller, body), 201)
+
+    async def _caller(self, ident: Identity, body: dict[str, Any]) -> Caller:
+        user = body.get("user")
+        if user is None or user == ident.name:
+            if ident.kind != "user":
+                raise RequestError(400, "field 'user' is required when a service submits")
+            if "groups" in body:
+                raise RequestError(403, "only the hub-side service may state a user's groups")
+            return Caller(ident.name, ident.groups, ident.name)
+        if not isinstance(user, str) or not ident.is_admin:
+            raise RequestError(403, f"{ident.name} may not submit jobs for {user}")
+        groups = body.get("groups")
+        if groups is not None and not ident.is_trusted:
+            raise RequestError(403, "only the hub-side service may state a user's groups")
+        if groups is None:
+            looked_up = await self.service.hub_api.user_groups(user)
+            if looked_up is None:
+                raise RequestError(404, f"no such user {user!r} on the hub")
+            groups = list(looked_up)
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise RequestError(400, "field 'groups' must be a list of group names")
+        return Caller(user, tuple(groups), ident.name)
+
+
+class JobHandler(JobsBase):
+    @api_authenticated
+    async def get(self, job_id: str) -> None:
+        self.owned(self.identity(), job_id)
+        self.write_json(self.jobs.get(int(job_id)))
+
+    @api_authenticated
+    async def delete(self, job_id: str) -> None:
+        ident = self.identity()
+        self.owned(ident, job_id)
+        self.write_json(self.jobs.cancel(int(job_id), ident.name))
+
+
+class JobLogHandler(JobsBase):
+    @api_authenticated
+    async def get(self, job_id: str) -> None:
+        job = self.owned(self.identity(), job_id)
+        tail = int_arg(self, "tail", 64_000, 1, 10_000_000)
+        self.write_json({"id": job.id, "log": self.jobs.log_text(job, tail)})
+
+
+class JobOutputHandler(JobsBase):
+    """The output notebook (``?format=ipynb``, default) or its HTML rendering."""
+
+    @api_authenticated
+    async def get(self, job_id: str) -> None:
+        job = self.owned(self.identity(), job_id)
+        fmt = self.get_argument("format", "ipynb")
+        if fmt not in ("ipynb", "html"):
+            raise RequestError(400, "query argument format must be 'ipynb' or 'html'")
+        path = self.jobs.output_file(job, fmt)
+        if path is None:
+            raise RequestError(404, f"job {job_id} has no {fmt} output yet")
+        self.set_header(
+            "Content-Type", "application/x-ipynb+json" if fmt == "ipynb" else "text/html"
+        )
+        self.set_header("Cache-Control", "no-store")
+        self.finish(path.read_bytes())
+
+
+class JobPreemptHandler(JobsBase):
+    @api_authenticated
+    async def post(self, job_id: str) -> None:
+        ident = self.identity()
+        if not ident.is_admin:
+            raise RequestError(403, "preempting a job needs the gpuslice admin scope")
+        self.owned(ident, job_id)
+        reason = self.get_argument("reason", f"preempted by {ident.name}")[:255]
+        self.write_json(self.jobs.preempt(int(job_id), ident.name, reason), 202)
+
+
+def job_handlers(api: str) -> list[tuple[str, type]]:
+    """Routes under the service's ``api/`` prefix (registered by the app)."""
+    from jupyterhub.utils import url_path_join
+
+    return [
+        (url_path_join(api, "jobs"), JobsHandler),
+        (url_path_join(api, r"jobs/(\d+)"), JobHandler),
+        (url_path_join(api, r"jobs/(\d+)/log"), JobLogHandler),
+        (url_path_join(api, r"jobs/(\d+)/output"), JobOutputHandler),
+        (url_path_join(api, r"jobs/(\d+)/preempt"), JobPreemptHandler),
+    ]

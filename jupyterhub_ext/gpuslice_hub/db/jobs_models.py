@@ -1,0 +1,61 @@
+"""Batch jobs and their recorded state transitions (migration 0002)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from .models import Base, utcnow
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(100))
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    groups: Mapped[list[str]] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    profile: Mapped[str] = mapped_column(String(255))
+    slices: Mapped[int] = mapped_column(Integer, default=1)
+    priority_class: Mapped[str] = mapped_column(String(16))
+    checkpoint_interval: Mapped[float] = mapped_column(Float)
+    max_runtime: Mapped[float] = mapped_column(Float)
+    parameters: Mapped[dict] = mapped_column(JSON, default=dict)
+    notebook_path: Mapped[str] = mapped_column(String(1024), default="")
+    job_dir: Mapped[str] = mapped_column(String(1024), default="")
+    backend: Mapped[str] = mapped_column(String(32))
+    # pid and start time (local), Slurm job id, pod name: whatever the backend needs to
+    # find the run again after a service restart
+    backend_ref: Mapped[dict] = mapped_column(JSON, default=dict)
+    allocation_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    lost_work_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    cells_done: Mapped[int] = mapped_column(Integer, default=0)
+    cells_total: Mapped[int] = mapped_column(Integer, default=0)
+    last_checkpoint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempt_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    not_before: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    preempt_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    waiting_reason: Mapped[str | None] = mapped_column(String(1024))
+    error: Mapped[str | None] = mapped_column(Text)
+    transitions: Mapped[list[JobTransitionRow]] = relationship(
+        back_populates="job", order_by="JobTransitionRow.id", lazy="selectin"
+    )
+
+
+class JobTransitionRow(Base):
+    __tablename__ = "job_transitions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    reason: Mapped[str] = mapped_column(String(1024), default="")
+    job: Mapped[JobRow] = relationship(back_populates="transitions")

@@ -1,0 +1,1 @@
+"""Batch jobs: the state machine, the scheduler, preemption and the backends that run them."""

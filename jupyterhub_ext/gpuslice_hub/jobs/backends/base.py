@@ -1,0 +1,39 @@
+"""What the scheduler needs from a backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """``alive``: the run still exists; otherwise ``exit_code`` (None when unknown, e.g. the
+    process was killed by a signal or vanished while the service was down)."""
+
+    alive: bool
+    exit_code: int | None = None
+
+
+class Backend(Protocol):
+    name: str
+
+    def start(
+        self,
+        job_id: int,
+        job_dir: str,
+        env: dict[str, str],
+        profile: str,
+        priority: str,
+        previous: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Start the runner (or, ``previous`` still queued in the backend, let it run
+        again); returns the reference stored in the job row."""
+
+    def poll(self, ref: dict[str, Any]) -> RunStatus: ...
+
+    def signal_preempt(self, ref: dict[str, Any]) -> None:
+        """Ask the runner to checkpoint and stop (it exits with 75)."""
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        """Stop the run now (after the grace period, on cancel, on timeout)."""

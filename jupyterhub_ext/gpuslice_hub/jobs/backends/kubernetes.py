@@ -1,0 +1,127 @@
+"""Jobs as Kubernetes Jobs (pure builder; the service does not talk to a cluster yet).
+
+* ``priorityClassName``: the job's class maps to a PriorityClass, so the cluster's own
+  scheduler preempts preemptible jobs for higher-priority pods;
+* ``terminationGracePeriodSeconds``: the time the runner has between SIGTERM (the
+  kubelet's, on preemption or eviction) and SIGKILL to checkpoint;
+* ``podFailurePolicy``: a pod stopped by a disruption (preemption, eviction, node drain:
+  the ``DisruptionTarget`` condition) or one whose runner exited 75 (it checkpointed
+  after a signal) does not count against ``backoffLimit``: the Job makes a new pod, which
+  resumes from the checkpoint on the job's volume; a cell failure (exit 1) fails the Job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_PREEMPTED = 75
+PRIORITY_CLASS_NAMES = {
+    "preemptible": "gpuslice-preemptible",
+    "normal": "gpuslice-normal",
+    "high": "gpuslice-high",
+}
+
+
+def gpu_limits(kind: str, count: int = 1, mig_profile: str = "") -> dict[str, str]:
+    """Device-plugin resources of a slice: whole GPUs, a MIG instance, or a shared GPU."""
+    if kind == "mig":
+        return {f"nvidia.com/mig-{mig_profile}": str(count)}
+    if kind == "share":
+        return {"nvidia.com/gpu.shared": str(count)}
+    return {"nvidia.com/gpu": str(count)}
+
+
+def job_manifest(
+    job_id: int,
+    user: str,
+    priority: str,
+    image: str,
+    claim_name: str,
+    limits: dict[str, str],
+    grace_seconds: int = 60,
+    max_restarts: int = 3,
+    max_runtime_seconds: int = 0,
+    namespace: str = "default",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    job_dir = f"/gpuslice-jobs/{job_id}"
+    spec: dict[str, Any] = {
+        "backoffLimit": max_restarts,
+        "podFailurePolicy": {
+            "rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                {
+                    "action": "Ignore",
+                    "onExitCodes": {
+                        "containerName": "runner",
+                        "operator": "In",
+                        "values": [EXIT_PREEMPTED],
+                    },
+                },
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {"containerName": "runner", "operator": "In", "values": [1]},
+                },
+            ]
+        },
+        "template": {
+            "metadata": {"labels": _labels(job_id, user)},
+            "spec": {
+                # podFailurePolicy requires Never: the Job controller, not the kubelet,
+                # decides about a restart
+                "restartPolicy": "Never",
+                "priorityClassName": PRIORITY_CLASS_NAMES[priority],
+                "terminationGracePeriodSeconds": grace_seconds,
+                "containers": [
+                    {
+                        "name": "runner",
+                        "image": image,
+                        "command": ["python", "-m", "gpuslice.run", job_dir],
+                        "workingDir": job_dir,
+                        "env": [{"name": k, "value": v} for k, v in sorted((env or {}).items())],
+                        "resources": {"limits": dict(limits)},
+                        "volumeMounts": [{"name": "jobs", "mountPath": "/gpuslice-jobs"}],
+                    }
+                ],
+                "volumes": [{"name": "jobs", "persistentVolumeClaim": {"claimName": claim_name}}],
+            },
+        },
+    }
+    if max_runtime_seconds:
+        spec["activeDeadlineSeconds"] = max_runtime_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"gpuslice-job-{job_id}",
+            "namespace": namespace,
+            "labels": _labels(job_id, user),
+        },
+        "spec": spec,
+    }
+
+
+def priority_classes() -> list[dict[str, Any]]:
+    """The PriorityClasses the Jobs refer to; only the preemptible one never preempts."""
+    values = {"preemptible": 1000, "normal": 10000, "high": 100000}
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": PRIORITY_CLASS_NAMES[p]},
+            "value": v,
+            "preemptionPolicy": "Never" if p == "preemptible" else "PreemptLowerPriority",
+            "globalDefault": False,
+            "description": f"gpuslice {p} batch jobs",
+        }
+        for p, v in values.items()
+    ]
+
+
+def _labels(job_id: int, user: str) -> dict[str, str]:
+    safe_user = "".join(c if c.isalnum() or c in "-_." else "-" for c in user)[:63].strip("-_.")
+    return {
+        "app.kubernetes.io/name": "gpuslice-job",
+        "gpuslice.dev/job-id": str(job_id),
+        "gpuslice.dev/user": safe_user or "user",
+    }

@@ -1,0 +1,124 @@
+"""The embedded default: each job's runner is a subprocess of the service host.
+
+The runner starts in a session of its own, so it outlives a service restart; the service
+finds it again by pid and start time (a recycled pid is not mistaken for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .base import RunStatus
+
+_STATUS_EXIT = {"completed": 0, "failed": 1, "preempted": 75}
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, python: str = "") -> None:
+        self.python = python or sys.executable
+        self._procs: dict[int, subprocess.Popen] = {}
+
+    def start(
+        self,
+        job_id: int,
+        job_dir: str,
+        env: dict[str, str],
+        profile: str = "",
+        priority: str = "",
+        previous: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        with open(os.path.join(job_dir, "runner.out"), "ab") as out:
+            proc = subprocess.Popen(
+                [self.python, "-m", "gpuslice.run", job_dir],
+                cwd=job_dir,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._procs[proc.pid] = proc
+        return {"pid": proc.pid, "create_time": _create_time(proc.pid), "job_dir": job_dir}
+
+    def poll(self, ref: dict[str, Any]) -> RunStatus:
+        pid = int(ref.get("pid") or 0)
+        proc = self._procs.get(pid)
+        if proc is not None:
+            code = proc.poll()
+            if code is None:
+                return RunStatus(True)
+            del self._procs[pid]
+            return RunStatus(False, code if code >= 0 else None)
+        # Not our child (the service restarted): alive if the same process still exists,
+        # and its outcome from the state file the runner wrote last.
+        if pid and _create_time(pid) == ref.get("create_time"):
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return RunStatus(True)
+        status = _runner_status(ref.get("job_dir", ""))
+        return RunStatus(False, _STATUS_EXIT.get(status or ""))
+
+    def signal_preempt(self, ref: dict[str, Any]) -> None:
+        self._signal(ref, signal.SIGTERM)
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        self._signal(ref, signal.SIGKILL, group=True)
+        # The kernel runs in a session of its own: it would notice its parent is gone
+        # within a second or so, but a killed job should free the GPU now.
+        kernel = _kernel_pid(ref.get("job_dir", ""))
+        if kernel and _is_kernel(kernel, ref.get("job_dir", "")):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(kernel, signal.SIGKILL)
+
+    def _signal(self, ref: dict[str, Any], sig: int, group: bool = False) -> None:
+        pid = int(ref.get("pid") or 0)
+        if not pid or _create_time(pid) != ref.get("create_time"):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+
+
+def _is_kernel(pid: int, job_dir: str) -> bool:
+    """The pid in state.json is still this job's kernel (not a recycled pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return "kernel" in " ".join(proc.cmdline()) and proc.cwd() == job_dir
+    except psutil.Error:
+        return False
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _state(job_dir: str) -> dict[str, Any]:
+    try:
+        return json.loads((Path(job_dir) / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _runner_status(job_dir: str) -> str | None:
+    return _state(job_dir).get("status")
+
+
+def _kernel_pid(job_dir: str) -> int | None:
+    pid = _state(job_dir).get("kernel_pid")
+    return int(pid) if pid else None

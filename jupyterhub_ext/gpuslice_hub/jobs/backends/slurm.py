@@ -1,0 +1,162 @@
+"""Jobs as Slurm batch jobs: ``sbatch --requeue``, the slice's ``--gres``, a warning
+signal before the time limit, and output appended across restarts.
+
+When Slurm preempts the job (``PreemptMode=REQUEUE``, e.g. for a higher-priority
+partition) it sends SIGTERM to the batch script — which *is* the runner (``exec``) — so the
+runner checkpoints and exits 75 within ``KillWait``; Slurm puts the job back in the queue
+and, when it runs again, the runner resumes from the job folder (a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from .base import RunStatus
+from .local import _runner_status
+
+ALIVE = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SUSPENDED",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "PREEMPTED",
+}
+
+
+def batch_script(
+    job_id: int,
+    job_dir: str,
+    python: str,
+    gres: str = "",
+    partition: str = "",
+    time_limit_minutes: int = 0,
+    warn_seconds: int = 60,
+    env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
+) -> str:
+    """The sbatch script of a job (pure: tested without a cluster)."""
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=gpuslice-{job_id}",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --output={job_dir}/slurm.out",
+        f"#SBATCH --chdir={job_dir}",
+        # B: to the batch shell, which exec's the runner: it checkpoints and exits 75
+        f"#SBATCH --signal=B:USR1@{warn_seconds}",
+    ]
+    if gres:
+        lines.append(f"#SBATCH --gres={gres}")
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if time_limit_minutes:
+        lines.append(f"#SBATCH --time={time_limit_minutes}")
+    lines += [f"#SBATCH {opt}" for opt in extra]
+    for k, v in sorted((env or {}).items()):
+        # Slurm sets CUDA_VISIBLE_DEVICES for gpu gres itself; ours is for shard/mps jobs,
+        # which get none (see tests/harness/slurm.py)
+        if k == "CUDA_VISIBLE_DEVICES":
+            lines.append(f'export CUDA_VISIBLE_DEVICES="${{CUDA_VISIBLE_DEVICES:-{v}}}"')
+        else:
+            lines.append(f"export {k}={shlex.quote(v)}")
+    lines.append(f"exec {shlex.quote(python)} -m gpuslice.run {shlex.quote(job_dir)}")
+    return "\n".join(lines) + "\n"
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def __init__(
+        self,
+        python: str,
+        partition: str = "",
+        gres: str = "",
+        env: dict[str, str] | None = None,
+        time_limit_minutes: int = 0,
+        partitions: dict[str, str] | None = None,
+        gres_by_profile: dict[str, str] | None = None,
+    ) -> None:
+        self.python = python
+        self.partition = partition
+        self.gres = gres
+        self.partitions = partitions or {}
+        self.gres_by_profile = gres_by_profile or {}
+        self.env = env  # the environment Slurm commands run with (SLURM_CONF …)
+        self.time_limit_minutes = time_limit_minutes
+
+    def _run(self, *argv: str, stdin: str | None = None) -> str:
+        out = subprocess.run(
+            argv,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=self.env if self.env is not None else dict(os.environ),
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed: {out.stderr.strip()}")
+        return out.stdout
+
+    def start(
+        self,
+        job_id: int,
+        job_dir: str,
+        env: dict[str, str],
+        profile: str = "",
+        priority: str = "",
+        previous: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        if previous and previous.get("slurm_job_id") and self.poll(previous).alive:
+            # Slurm requeued it itself (preempted by a higher-priority partition)
+            self.release_requeued(previous)
+            return previous
+        script = batch_script(
+            job_id,
+            job_dir,
+            self.python,
+            self.gres_by_profile.get(profile, self.gres),
+            self.partitions.get(priority, self.partition),
+            self.time_limit_minutes,
+            env=env,
+        )
+        slurm_id = self._run("sbatch", "--parsable", stdin=script).strip().split(";")[0]
+        return {"slurm_job_id": slurm_id, "job_dir": job_dir}
+
+    def state(self, ref: dict[str, Any]) -> dict[str, str]:
+        out = self._run("scontrol", "show", "job", "-o", str(ref["slurm_job_id"]))
+        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+        return fields
+
+    def poll(self, ref: dict[str, Any]) -> RunStatus:
+        try:
+            info = self.state(ref)
+        except RuntimeError:
+            # gone from slurmctld's memory (MinJobAge): the runner's own record tells
+            status = _runner_status(str(ref.get("job_dir", "")))
+            return RunStatus(False, {"completed": 0, "failed": 1, "preempted": 75}.get(status))
+        if info.get("JobState") in ALIVE:
+            return RunStatus(True)
+        code = info.get("ExitCode", "0:0").split(":")[0]
+        return RunStatus(False, int(code) if code.isdigit() else None)
+
+    def release_requeued(self, ref: dict[str, Any]) -> None:
+        """Let a requeued job start as soon as it fits: slurmctld otherwise holds it back
+        (``BeginTime``, set with ``StartTime=``) for a while after a requeue."""
+        self._run("scontrol", "update", f"jobid={ref['slurm_job_id']}", "StartTime=now")
+
+    def signal_preempt(self, ref: dict[str, Any]) -> None:
+        self._run("scancel", "--batch", "--signal=TERM", str(ref["slurm_job_id"]))
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        self._run("scancel", str(ref["slurm_job_id"]))

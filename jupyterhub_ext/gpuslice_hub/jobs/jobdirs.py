@@ -1,0 +1,57 @@
+"""Job folders on the service side: ``<jobs_root>/<id>/`` with the notebook snapshot and
+``job.json``, the contract read by ``python -m gpuslice.run``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from ..errors import RequestError
+
+
+def read_notebook(content: Any) -> nbformat.NotebookNode:
+    """Validate a submitted notebook (its JSON); 400 with the reason when it is not one."""
+    if not isinstance(content, dict):
+        raise RequestError(400, "field 'notebook' must be a notebook (nbformat JSON object)")
+    try:
+        nb = nbformat.from_dict(content)
+        if nb.get("nbformat") != 4:
+            nb = nbformat.convert(nb, 4)
+        nbformat.validate(nb)
+    except Exception as e:
+        raise RequestError(400, f"field 'notebook' is not a valid notebook: {e}"[:500]) from None
+    if not any(c.get("cell_type") == "code" for c in nb.cells):
+        raise RequestError(400, "the notebook has no code cells to run")
+    return nb
+
+
+def create_job_dir(
+    root: Path, job_id: int, nb: nbformat.NotebookNode, spec: dict[str, Any]
+) -> Path:
+    d = root / str(job_id)
+    d.mkdir(parents=True, exist_ok=False, mode=0o700)
+    nbformat.write(nb, d / "input.ipynb")
+    (d / "job.json").write_text(json.dumps({"id": job_id, **spec}, indent=1))
+    return d
+
+
+def read_state(job_dir: str) -> dict[str, Any]:
+    try:
+        return json.loads((Path(job_dir) / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def read_text(path: Path, tail_bytes: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - tail_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,356 @@
+"""The job service: submission, cancel, preemption and the queries behind the REST API.
+
+The scheduling loop itself is in :mod:`.scheduler`; both write jobs only inside
+``Database.writing()`` and never while the ledger holds its own transaction (the ledger
+is called between job transactions), so SQLite's single writer never waits on itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from traitlets import Dict, Float, Integer, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..db.engine import Database
+from ..db.jobs_models import JobRow, JobTransitionRow
+from ..db.models import utcnow
+from ..errors import RequestError
+from ..ledger import Caller, Ledger
+from ..profiles import Profile
+from .backends.base import Backend
+from .jobdirs import create_job_dir, read_notebook, read_text
+from .params import validate_parameters
+from .serialize import job_json
+from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
+from .victims import pick_victim
+
+SUBMIT_FIELDS = {
+    "name",
+    "path",
+    "notebook",
+    "profile",
+    "slices",
+    "priority",
+    "checkpoint_interval",
+    "max_runtime",
+    "parameters",
+    "user",
+    "groups",
+}
+_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass
+class Reservation:
+    """A slice being freed for an interactive server: no batch job may take it meanwhile."""
+
+    job_id: int
+    profile: str
+    expires: datetime
+
+
+def aware(ts: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
+    if ts is None or ts.tzinfo is not None:
+        return ts
+    return ts.replace(tzinfo=utcnow().tzinfo)
+
+
+class JobManager(LoggingConfigurable):
+    schedule_interval = Float(
+        1.0, help="Seconds between scheduler passes (a submission or a finished run wakes it)."
+    ).tag(config=True)
+    preempt_grace = Float(
+        60.0,
+        help="Seconds a preempted job has to checkpoint and exit before it is killed.",
+    ).tag(config=True)
+    max_restarts = Integer(
+        3,
+        help="How often a job whose runner died (not preempted, not failed) is requeued "
+        "before it is marked failed.",
+    ).tag(config=True)
+    restart_backoff = Float(
+        5.0, help="Seconds before the first requeue of a crashed job; doubles each time."
+    ).tag(config=True)
+    restart_backoff_max = Float(300.0, help="Upper bound of the requeue backoff (s).").tag(
+        config=True
+    )
+    aging_seconds = Float(
+        3600.0,
+        help="Waiting this long lifts a queued job one priority class in the queue order "
+        "(0: no aging).",
+    ).tag(config=True)
+    default_checkpoint_interval = Float(
+        600.0, help="Checkpoint interval (s) of a job that does not ask for one."
+    ).tag(config=True)
+    default_max_runtime = Float(
+        86400.0, help="Max runtime (s, summed over attempts) of a job that does not ask."
+    ).tag(config=True)
+    max_runtime_limit = Float(
+        7 * 86400.0, help="The largest max_runtime (s) a job may ask for."
+    ).tag(config=True)
+    max_slices_per_job = Integer(8, help="The most slices one job may ask for.").tag(config=True)
+    max_jobs_per_user = Integer(
+        200, help="How many unfinished (queued or running) jobs a user may have."
+    ).tag(config=True)
+    slurm_partitions = Dict(
+        {"preemptible": "", "normal": "", "high": ""},
+        help="Slurm partition of each priority class (``job_backend = 'slurm'``); a "
+        "preemptible class in a low PriorityTier partition lets Slurm's own preemption "
+        "(PreemptMode=REQUEUE) requeue it for higher-priority work.",
+    ).tag(config=True)
+    slurm_gres = Dict(
+        help="The ``--gres`` of each profile for Slurm jobs, e.g. "
+        '``{"mig-1g.10gb": "gpu:1g.10gb:1", "share-250": "shard:2"}``.',
+    ).tag(config=True)
+    runner_python = Unicode(
+        "",
+        help="Python that runs ``python -m gpuslice.run`` for the local backend (default: "
+        "the service's own).",
+    ).tag(config=True)
+
+    def __init__(
+        self, ledger: Ledger, db: Database, backend: Backend, root: Path, **kw: Any
+    ) -> None:
+        super().__init__(**kw)
+        self.ledger = ledger
+        self.db = db
+        self.backend = backend
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.reservations: dict[tuple[str, str], Reservation] = {}
+        self.wake = asyncio.Event()
+        self.task: asyncio.Future | None = None
+
+    # -- submission ----------------------------------------------------------------------
+
+    def submit(self, caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
+        spec = self._validate(body)
+        nb = read_notebook(body.get("notebook"))
+        with self.db.writing() as s:
+            unfinished = s.scalars(
+                select(JobRow.id).where(JobRow.user == caller.user, JobRow.state.not_in(TERMINAL))
+            ).all()
+            if len(unfinished) >= self.max_jobs_per_user:
+                raise RequestError(
+                    429, f"{caller.user} already has {len(unfinished)} unfinished jobs"
+                )
+            job = JobRow(
+                user=caller.user,
+                groups=sorted(caller.groups),
+                backend=self.backend.name,
+                backend_ref={},
+                allocation_ids=[],
+                submitted_at=utcnow(),
+                job_dir="",
+                state="queued",
+                transitions=[
+                    JobTransitionRow(
+                        state="queued", at=utcnow(), reason=f"submitted by {caller.actor}"
+                    )
+                ],
+                **spec,
+            )
+            s.add(job)
+            s.flush()
+            job_dir = create_job_dir(
+                self.root,
+                job.id,
+                nb,
+                {
+                    "name": job.name,
+                    "user": job.user,
+                    "parameters": job.parameters,
+                    "checkpoint_interval": job.checkpoint_interval,
+                },
+            )
+            job.job_dir = str(job_dir)
+            out = job_json(job)
+        self.wake.set()
+        return out
+
+    def _validate(self, body: dict[str, Any]) -> dict[str, Any]:
+        profile = body.get("profile")
+        if not isinstance(profile, str) or profile not in self.ledger.profiles:
+            raise RequestError(
+                400 if not isinstance(profile, str) else 404,
+                f"unknown profile {profile!r}; known: {sorted(self.ledger.profiles)}",
+            )
+        priority = body.get("priority", "preemptible")
+        if priority not in PRIORITY_CLASSES:
+            raise RequestError(400, f"field 'priority' must be one of {list(PRIORITY_CLASSES)}")
+        slices = body.get("slices", 1)
+        if not _int_in(slices, 1, self.max_slices_per_job):
+            raise RequestError(
+                400, f"field 'slices' must be an integer from 1 to {self.max_slices_per_job}"
+            )
+        interval = body.get("checkpoint_interval", self.default_checkpoint_interval)
+        if not _num_in(interval, 1, 86400):
+            raise RequestError(400, "field 'checkpoint_interval' must be 1 to 86400 seconds")
+        max_runtime = body.get("max_runtime", self.default_max_runtime)
+        if not _num_in(max_runtime, 1, self.max_runtime_limit):
+            raise RequestError(
+                400, f"field 'max_runtime' must be 1 to {self.max_runtime_limit:g} seconds"
+            )
+        try:
+            parameters = validate_parameters(body.get("parameters") or {})
+        except ValueError as e:
+            raise RequestError(400, f"field 'parameters': {e}") from None
+        path = body.get("path", "")
+        if not isinstance(path, str) or len(path) > 1024:
+            raise RequestError(400, "field 'path' must be the notebook's path (a string)")
+        name = body.get("name") or Path(path).stem or "notebook"
+        if not isinstance(name, str):
+            raise RequestError(400, "field 'name' must be a string")
+        name = _NAME.sub("-", name).strip("-.")[:60] or "notebook"
+        return {
+            "name": name,
+            "profile": profile,
+            "slices": slices,
+            "priority_class": priority,
+            "checkpoint_interval": float(interval),
+            "max_runtime": float(max_runtime),
+            "parameters": parameters,
+            "notebook_path": path,
+        }
+
+    # -- queries -------------------------------------------------------------------------
+
+    def get(self, job_id: int, log_bytes: int = 2000) -> dict[str, Any] | None:
+        with self.db.reading() as s:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                return None
+            return job_json(job, self.log_text(job, log_bytes))
+
+    def list_jobs(self, user: str | None, states: set[str] | None, limit: int) -> list[dict]:
+        with self.db.reading() as s:
+            q = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
+            if user is not None:
+                q = q.where(JobRow.user == user)
+            if states:
+                q = q.where(JobRow.state.in_(states))
+            return [job_json(j) for j in s.scalars(q)]
+
+    def log_text(self, job: JobRow, tail_bytes: int) -> str:
+        if not job.job_dir:
+            return ""
+        return read_text(Path(job.job_dir) / "job.log", tail_bytes)
+
+    def output_file(self, job: JobRow, kind: str) -> Path | None:
+        name = {"ipynb": "output.ipynb", "html": "output.html", "log": "job.log"}[kind]
+        path = Path(job.job_dir) / name
+        return path if job.job_dir and path.exists() else None
+
+    def row(self, job_id: int) -> JobRow | None:
+        with self.db.reading() as s:
+            return s.get(JobRow, job_id)
+
+    # -- cancel and preempt --------------------------------------------------------------
+
+    def cancel(self, job_id: int, actor: str) -> dict[str, Any]:
+        with self.db.writing() as s:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise RequestError(404, f"no job {job_id}")
+            if job.state in TERMINAL:
+                raise RequestError(409, f"job {job_id} is already {job.state}")
+            ref, allocs = dict(job.backend_ref or {}), list(job.allocation_ids or [])
+            was_active = job.state in ACTIVE
+            transition(s, job, "cancelled", f"cancelled by {actor}")
+            job.allocation_ids = []
+        if was_active:
+            self.backend.kill(ref)
+        self.release(allocs, f"job {job_id} cancelled")
+        return self.get(job_id) or {}
+
+    def preempt(self, job_id: int, actor: str, reason: str) -> dict[str, Any]:
+        """Ask a running job to checkpoint and give its slices back (killed after grace)."""
+        with self.db.writing() as s:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise RequestError(404, f"no job {job_id}")
+            if job.state == "preempting":
+                return job_json(job)
+            if job.state not in ("starting", "running"):
+                raise RequestError(409, f"job {job_id} is {job.state}, not running")
+            transition(s, job, "preempting", f"{reason} (by {actor})")
+            job.preempt_deadline = utcnow() + timedelta(seconds=self.preempt_grace)
+            job.preemptions += 1
+            ref = dict(job.backend_ref or {})
+        self.log_line(job, f"preempting: {reason}")
+        self.backend.signal_preempt(ref)
+        self.wake.set()
+        return self.get(job_id) or {}
+
+    def preempt_for_interactive(
+        self, caller: Caller, profile: Profile, server_name: str
+    ) -> dict[str, Any] | None:
+        """The ledger's hook: free a slice for an interactive spawn, or None if no job can."""
+        key = (caller.user, server_name)
+        held = self.reservations.get(key)
+        if held is not None:
+            job = self.row(held.job_id)
+            if job is not None and job.state == "preempting":
+                return self._pending(job, "your server will start when it has checkpointed")
+        with self.db.reading() as s:
+            candidates = list(
+                s.scalars(
+                    select(JobRow).where(
+                        JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible"
+                    )
+                )
+            )
+        victim = pick_victim(self.ledger, profile, candidates, below_rank=len(PRIORITY_CLASSES))
+        if victim is None:
+            return None
+        if victim.state != "preempting":
+            reason = f"{profile.name} needed by the interactive server of {caller.user}"
+            self.preempt(victim.id, "scheduler", reason)
+        job = self.row(victim.id)
+        assert job is not None
+        deadline = aware(job.preempt_deadline) or utcnow()
+        self.reservations[key] = Reservation(job.id, profile.name, deadline + timedelta(seconds=30))
+        return self._pending(job, "your server will start when it has checkpointed")
+
+    def _pending(self, job: JobRow, what: str) -> dict[str, Any]:
+        left = ((aware(job.preempt_deadline) or utcnow()) - utcnow()).total_seconds()
+        return {
+            "job_id": job.id,
+            "retry_after": max(1, min(5, int(left) + 1)),
+            "message": f"Preempting batch job {job.id} to free a slice; {what}",
+        }
+
+    # -- helpers shared with the scheduler -----------------------------------------------
+
+    def release(self, allocation_ids: list[int], reason: str) -> None:
+        for alloc_id in allocation_ids:
+            try:
+                self.ledger.release(alloc_id, "scheduler", reason)
+            except RequestError as e:
+                self.log.warning("could not release allocation %s: %s", alloc_id, e.message)
+
+    def log_line(self, job: JobRow, message: str) -> None:
+        if not job.job_dir:
+            return
+        stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            with open(Path(job.job_dir) / "job.log", "a") as f:
+                f.write(f"[{stamp}] service: {message}\n")
+        except OSError as e:
+            self.log.warning("job %s: cannot write its log: %s", job.id, e)
+
+
+def _int_in(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _num_in(v: Any, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi

@@ -1,0 +1,345 @@
+"""The scheduling pass: watch running jobs, requeue or finish them, start queued ones.
+
+Started jobs hold their slices through the ledger (``purpose="batch"``), so quotas,
+placement and the interactive servers' view of capacity are the same for both. A job
+asking for N slices starts only when all N are allocated; otherwise what it got is
+released again in the same pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from ..clusterview import build_hosts, count_fits
+from ..db.jobs_models import JobRow
+from ..db.models import utcnow
+from ..errors import RequestError
+from ..ledger import Caller
+from .backends.base import RunStatus
+from .jobdirs import read_state
+from .manager import JobManager, aware
+from .ordering import queue_order
+from .states import ACTIVE, PRIORITY_CLASSES, transition
+from .victims import pick_victim
+
+EXIT_PREEMPTED = 75
+
+
+class Scheduler:
+    def __init__(self, jobs: JobManager, simulated: bool = False) -> None:
+        self.jobs = jobs
+        self.simulated = simulated
+        self.log = jobs.log
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                self.tick()
+            except Exception:
+                self.log.exception("job scheduler pass failed; will retry")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.jobs.wake.wait(), self.jobs.schedule_interval)
+            self.jobs.wake.clear()
+
+    def tick(self, now: datetime | None = None) -> None:
+        now = now or utcnow()
+        with self.jobs.db.reading() as s:
+            active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
+        for job in active:
+            self._watch(job, now)
+        self._expire_reservations(now)
+        if not self.jobs.reservations:
+            self._start_queued(now)
+
+    # -- running jobs ---------------------------------------------------------------------
+
+    def _watch(self, job: JobRow, now: datetime) -> None:
+        status = self.jobs.backend.poll(job.backend_ref or {})
+        runner = read_state(job.job_dir)
+        if status.alive and runner.get("status") == "preempted" and job.state != "starting":
+            # The backend preempted and requeued the run itself (Slurm PreemptMode=REQUEUE):
+            # the runner has checkpointed; give the slices back until it runs again.
+            self._finished(job, RunStatus(False, EXIT_PREEMPTED), runner, now)
+            return
+        if status.alive:
+            self._progress(job, runner, now)
+            return
+        self._finished(job, status, runner, now)
+
+    def _progress(self, job: JobRow, runner: dict[str, Any], now: datetime) -> None:
+        over_time = self._runtime(job, now) > job.max_runtime
+        deadline = aware(job.preempt_deadline)
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state != job.state:
+                return
+            _copy_progress(row, runner)
+            if row.state == "starting" and runner.get("status") == "running":
+                transition(s, row, "running", f"runner started (attempt {runner.get('attempt')})")
+            if over_time and row.state in ("running", "preempting"):
+                transition(s, row, "timed-out", f"ran past its max runtime {job.max_runtime:g}s")
+                row.run_seconds += self._attempt_seconds(job, now)
+                allocs, row.allocation_ids = list(row.allocation_ids or []), []
+            else:
+                allocs = []
+        if allocs:
+            self.jobs.backend.kill(job.backend_ref or {})
+            self.jobs.release(allocs, f"job {job.id} timed out")
+            return
+        if job.state == "preempting" and deadline is not None and now >= deadline:
+            self.jobs.log_line(job, "grace period over: killing the runner")
+            self.jobs.backend.kill(job.backend_ref or {})
+
+    def _finished(
+        self, job: JobRow, status: RunStatus, runner: dict[str, Any], now: datetime
+    ) -> None:
+        code = status.exit_code
+        attempt = self._attempt_seconds(job, now)
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state != job.state:
+                return
+            _copy_progress(row, runner)
+            row.run_seconds += attempt
+            allocs, row.allocation_ids = list(row.allocation_ids or []), []
+            if code == 0:
+                transition(s, row, "completed", "all cells ran")
+            elif code == 1:
+                row.error = str(runner.get("error") or "the runner exited with status 1")
+                transition(s, row, "failed", row.error)
+            elif code == EXIT_PREEMPTED or row.state == "preempting":
+                self._requeue_preempted(s, row, runner, now, code)
+            else:
+                self._requeue_crashed(s, row, runner, now, code)
+        self.jobs.release(allocs, f"job {job.id} stopped")
+        self.jobs.wake.set()
+
+    def _requeue_preempted(
+        self, s: Any, row: JobRow, runner: dict[str, Any], now: datetime, code: int | None
+    ) -> None:
+        if row.state != "preempting":
+            # preempted from outside (Slurm, an admin's kill -TERM): record it the same way
+            transition(s, row, "preempting", "the runner was signalled by its backend")
+            row.preemptions += 1
+        if code == EXIT_PREEMPTED:
+            lost = float(runner.get("lost_work_seconds") or 0.0)
+            how = "checkpointed and exited"
+        else:
+            lost = self._unsaved(row, runner, now)
+            how = "killed after the grace period"
+        row.lost_work_seconds += lost
+        transition(s, row, "preempted", f"{how}; {lost:.1f}s of work to redo")
+        row.restarts += 1
+        row.preempt_deadline = None
+        transition(s, row, "queued", "requeued after preemption")
+
+    def _requeue_crashed(
+        self, s: Any, row: JobRow, runner: dict[str, Any], now: datetime, code: int | None
+    ) -> None:
+        crashes = row.restarts - row.preemptions + 1
+        what = f"the runner exited unexpectedly ({'killed' if code is None else code})"
+        if crashes > self.jobs.max_restarts:
+            row.error = f"{what}; gave up after {self.jobs.max_restarts} restarts"
+            transition(s, row, "failed", row.error)
+            return
+        lost = self._unsaved(row, runner, now)
+        row.lost_work_seconds += lost
+        row.restarts += 1
+        backoff = min(self.jobs.restart_backoff * 2 ** (crashes - 1), self.jobs.restart_backoff_max)
+        row.not_before = now + timedelta(seconds=backoff)
+        transition(s, row, "queued", f"{what}; requeued in {backoff:g}s")
+
+    def _unsaved(self, row: JobRow, runner: dict[str, Any], now: datetime) -> float:
+        started = aware(row.attempt_started_at) or now
+        safe = max(
+            started.timestamp(),
+            float(runner.get("last_checkpoint_at") or 0),
+            _mtime(Path(row.job_dir) / "checkpoints" / ".last-save"),
+        )
+        return max(0.0, now.timestamp() - safe)
+
+    def _attempt_seconds(self, job: JobRow, now: datetime) -> float:
+        started = aware(job.attempt_started_at)
+        return (now - started).total_seconds() if started else 0.0
+
+    def _runtime(self, job: JobRow, now: datetime) -> float:
+        return job.run_seconds + self._attempt_seconds(job, now)
+
+    # -- queued jobs ----------------------------------------------------------------------
+
+    def _expire_reservations(self, now: datetime) -> None:
+        for key, res in list(self.jobs.reservations.items()):
+            user, server = key
+            got = any(
+                a["purpose"] == "interactive" and a["server_name"] == server
+                for a in self.jobs.ledger.allocations(user=user)
+            )
+            if got or now >= res.expires:
+                del self.jobs.reservations[key]
+
+    def _start_queued(self, now: datetime) -> None:
+        with self.jobs.db.reading() as s:
+            queued = list(s.scalars(select(JobRow).where(JobRow.state == "queued")))
+        ready = [j for j in queued if (aware(j.not_before) or now) <= now]
+        blocked_rank = -1
+        for job in queue_order(ready, now, self.jobs.aging_seconds):
+            rank = PRIORITY_CLASSES[job.priority_class]
+            # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
+            # again when the blocked one's slice frees up.
+            if blocked_rank >= 0 and job.priority_class != "preemptible":
+                self._waiting(job, "waiting behind a higher-priority job")
+                continue
+            granted, refusal = self._allocate(job)
+            if refusal is not None:
+                self._waiting(job, refusal.message)
+                if refusal.detail.get("code") == "no_capacity":
+                    blocked_rank = max(blocked_rank, rank)
+                    if rank > 0:
+                        self._preempt_for(job, rank)
+                continue
+            assert granted is not None
+            self._start(job, granted, now)
+
+    def _allocate(
+        self, job: JobRow
+    ) -> tuple[list[dict[str, Any]], None] | tuple[None, RequestError]:
+        caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
+        if job.slices > 1:
+            # Cheap check first: allocating and releasing part of a wide job every pass
+            # would fill the audit trail.
+            hosts, gpus, active = self.jobs.ledger.snapshot()
+            profile = self.jobs.ledger.profiles[job.profile]
+            free = count_fits(
+                profile.request(), build_hosts(hosts, gpus, active), self.jobs.ledger.policy
+            )
+            if free < job.slices:
+                message = f"No {job.slices} {job.profile} slices free at once ({free} free)"
+                return None, RequestError(409, message, code="no_capacity")
+        got: list[dict[str, Any]] = []
+        for _ in range(job.slices):
+            try:
+                alloc, _created = self.jobs.ledger.allocate(
+                    caller,
+                    job.profile,
+                    f"job-{job.id}",
+                    purpose="batch",
+                    priority=100 * PRIORITY_CLASSES[job.priority_class],
+                    preemptible=job.priority_class == "preemptible",
+                    quiet=True,
+                )
+            except RequestError as e:
+                self.jobs.release(
+                    [a["id"] for a in got], f"job {job.id} got {len(got)} of {job.slices} slices"
+                )
+                return None, e
+            got.append(alloc)
+        return got, None
+
+    def _preempt_for(self, job: JobRow, rank: int) -> None:
+        profile = self.jobs.ledger.profiles[job.profile]
+        with self.jobs.db.reading() as s:
+            candidates = list(
+                s.scalars(
+                    select(JobRow).where(
+                        JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible"
+                    )
+                )
+            )
+        victim = pick_victim(self.jobs.ledger, profile, candidates, below_rank=rank)
+        if victim is not None and victim.state != "preempting":
+            self.jobs.preempt(
+                victim.id, "scheduler", f"job {job.id} ({job.priority_class}) needs its slice"
+            )
+
+    def _waiting(self, job: JobRow, reason: str) -> None:
+        if job.waiting_reason == reason:
+            return
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None and row.state == "queued":
+                row.waiting_reason = reason[:1024]
+
+    def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:
+        env = self._env(job, grants)
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state != "queued":
+                row = None
+            else:
+                where = ", ".join(f"{g['host']}:{_devices(g)}" for g in grants)
+                transition(s, row, "starting", f"placed on {where}")
+                row.allocation_ids = [g["id"] for g in grants]
+                row.attempt_started_at = now
+                row.started_at = row.started_at or now
+                row.waiting_reason = None
+                row.not_before = None
+        if row is None:  # cancelled meanwhile
+            self.jobs.release([g["id"] for g in grants], f"job {job.id} no longer queued")
+            return
+        try:
+            ref = self.jobs.backend.start(
+                job.id,
+                job.job_dir,
+                env,
+                profile=job.profile,
+                priority=job.priority_class,
+                previous=dict(job.backend_ref or {}),
+            )
+        except Exception as e:
+            self.log.exception("job %s: backend %s failed to start it", job.id, job.backend)
+            with self.jobs.db.writing() as s:
+                row = s.get(JobRow, job.id)
+                if row is not None:
+                    row.error = f"the {job.backend} backend could not start the job: {e}"
+                    row.allocation_ids = []
+                    transition(s, row, "failed", row.error)
+            self.jobs.release([g["id"] for g in grants], f"job {job.id} failed to start")
+            return
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None:
+                row.backend_ref = ref
+
+    def _env(self, job: JobRow, grants: list[dict[str, Any]]) -> dict[str, str]:
+        devices = ",".join(_devices(g) for g in grants)
+        env = {
+            "CUDA_VISIBLE_DEVICES": devices,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "GPUSLICE_JOB_ID": str(job.id),
+            "GPUSLICE_ALLOCATION_ID": ",".join(str(g["id"]) for g in grants),
+            "GPUSLICE_PROFILE": job.profile,
+        }
+        if self.simulated:
+            env["GPUSLICE_SIMULATED"] = "1"
+        return env
+
+
+def _devices(grant: dict[str, Any]) -> str:
+    return ",".join(a.get("mig_uuid") or a["gpu_uuid"] for a in grant.get("assignments", []))
+
+
+def _copy_progress(row: JobRow, runner: dict[str, Any]) -> None:
+    if "cells_done" in runner:
+        row.cells_done = int(runner["cells_done"])
+    if "cells_total" in runner:
+        row.cells_total = int(runner["cells_total"])
+    saved = max(
+        float(runner.get("last_checkpoint_at") or 0),
+        _mtime(Path(row.job_dir) / "checkpoints" / ".last-save"),
+    )
+    if saved:
+        row.last_checkpoint_at = datetime.fromtimestamp(saved, tz=utcnow().tzinfo)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

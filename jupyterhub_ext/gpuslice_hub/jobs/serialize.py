@@ -1,0 +1,48 @@
+"""The job JSON the REST API returns (and the JupyterLab panel reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..db.jobs_models import JobRow
+from ..serialize import iso
+
+
+def output_path(job: JobRow) -> str:
+    """Where the results land, relative to the user's notebook root."""
+    return f"gpu-jobs/{job.name}-{job.id}"
+
+
+def job_json(job: JobRow, log_tail: str = "") -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "user": job.user,
+        "state": job.state,
+        "profile": job.profile,
+        "slices": job.slices,
+        "priority": job.priority_class,
+        "checkpoint_interval": job.checkpoint_interval,
+        "max_runtime": job.max_runtime,
+        "parameters": job.parameters or {},
+        "path": job.notebook_path,
+        "backend": job.backend,
+        "restarts": job.restarts,
+        "preemptions": job.preemptions,
+        "lost_work_seconds": round(job.lost_work_seconds, 3),
+        "cells_done": job.cells_done,
+        "cells_total": job.cells_total,
+        "last_checkpoint_at": iso(job.last_checkpoint_at),
+        "submitted_at": iso(job.submitted_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
+        "waiting_reason": job.waiting_reason,
+        "error": job.error,
+        "output_path": output_path(job),
+        "allocation_ids": list(job.allocation_ids or []),
+        "log_tail": log_tail,
+        "transitions": [
+            {"state": t.state, "from": t.from_state, "at": iso(t.at), "reason": t.reason}
+            for t in job.transitions
+        ],
+    }

@@ -1,0 +1,41 @@
+"""Which running preemptible job to preempt so that a request fits.
+
+A candidate is a preemptible job whose slices, once released, let the request be placed
+(checked with the same placement code the ledger uses, not guessed from profile names).
+Lowest priority class first, then the most recently (re)started: it has the least work
+since its last checkpoint at stake.
+"""
+
+from __future__ import annotations
+
+from ..clusterview import build_hosts
+from ..db.jobs_models import JobRow
+from ..ledger import Ledger
+from ..placement import Placement, place
+from ..profiles import Profile
+from .states import PRIORITY_CLASSES
+
+
+def pick_victim(
+    ledger: Ledger, profile: Profile, candidates: list[JobRow], below_rank: int
+) -> JobRow | None:
+    """``candidates``: preemptible jobs holding slices (running or already preempting)."""
+    hosts, gpus, active = ledger.snapshot()
+    eligible = [j for j in candidates if PRIORITY_CLASSES[j.priority_class] < below_rank]
+    # a job already giving its slice back counts first: no need to preempt a second one
+    eligible.sort(
+        key=lambda j: (
+            j.state != "preempting",
+            PRIORITY_CLASSES[j.priority_class],
+            -(j.attempt_started_at.timestamp() if j.attempt_started_at else 0),
+        )
+    )
+    request = profile.request()
+    for job in eligible:
+        freed = set(job.allocation_ids or [])
+        remaining = [a for a in active if a.id not in freed]
+        if isinstance(
+            place(request, build_hosts(hosts, gpus, remaining), ledger.policy), Placement
+        ):
+            return job
+    return None

@@ -1,0 +1,141 @@
+// Idle warnings: a sticky notification per kernel, driven by the server's idle events.
+import type { JupyterFrontEnd } from '@jupyterlab/application';
+import { Notification } from '@jupyterlab/apputils';
+
+import type { GpusliceApi } from './api';
+import {
+  announcementId,
+  asIdleEvent,
+  idleNotice,
+  missedWarnings,
+  type IIdleNotice,
+  type NoticeType
+} from './idleview';
+import { refusalMessage } from './refusal';
+import type { IIdleEvent, IStatus } from './types';
+
+export const SAVE_ALL = 'docmanager:save-all';
+
+export class IdleNotifier {
+  private readonly ids = new Map<string, string>();
+  /** (kernel, deadline) warnings already shown, from events or from the status. */
+  private readonly announced = new Set<string>();
+
+  constructor(
+    private readonly app: JupyterFrontEnd,
+    private readonly api: GpusliceApi,
+    private readonly onChange: () => void
+  ) {
+    app.serviceManager.events.stream.connect((_, emission) => {
+      const event = asIdleEvent(emission as { schema_id?: string });
+      if (event) {
+        void this.handle(event);
+      }
+    });
+  }
+
+  /** Show warnings the status reports that no event brought to this tab. */
+  syncFromStatus(status: IStatus): void {
+    for (const event of missedWarnings(status, this.announced)) {
+      void this.handle(event);
+    }
+  }
+
+  async handle(event: IIdleEvent): Promise<void> {
+    if (event.action === 'warning' || event.action === 'memory-warning') {
+      this.announced.add(announcementId(event.kernel_id, event.deadline));
+    }
+    const notice = idleNotice(event, Date.now());
+    if (notice.saveNotebooks) {
+      await this.saveAll();
+    }
+    this.show(
+      notice.key,
+      notice.type,
+      notice.message,
+      notice.autoClose,
+      this.actions(event, notice)
+    );
+    this.onChange();
+  }
+
+  private actions(event: IIdleEvent, notice: IIdleNotice): Notification.IAction[] {
+    const release: Notification.IAction = {
+      label: 'Save and release GPU',
+      caption: 'Save open notebooks, then stop this server and give the GPU back',
+      displayType: 'warn',
+      callback: () => void this.release(notice.key)
+    };
+    if (notice.actions === 'none') {
+      return [];
+    }
+    if (notice.actions === 'release') {
+      return [release];
+    }
+    return [
+      {
+        label: 'Keep working',
+        caption: 'Reset the idle timer and keep the GPU',
+        displayType: 'accent',
+        callback: () => void this.keepWorking(event, notice.key)
+      },
+      release
+    ];
+  }
+
+  private async keepWorking(event: IIdleEvent, key: string): Promise<void> {
+    try {
+      const reply = await this.api.keepalive(event.kernel_id ? { kernel_id: event.kernel_id } : {});
+      const left = reply.extension_left_seconds;
+      const extra =
+        left !== null && left !== undefined
+          ? ` (${Math.floor(left / 60)} min of extensions left)`
+          : '';
+      this.show(key, 'success', `Keeping your GPU${extra}.`, 5000, []);
+    } catch (error) {
+      this.show(key, 'error', refusalMessage(error, 'Keeping the GPU'), false, []);
+    }
+    this.onChange();
+  }
+
+  private async release(key: string): Promise<void> {
+    this.show(key, 'info', 'Saving notebooks, then releasing the GPU…', false, []);
+    await this.saveAll();
+    try {
+      await this.api.release();
+      this.show(
+        key,
+        'info',
+        'GPU released; this server is stopping. Your notebooks are saved.',
+        false,
+        []
+      );
+    } catch (error) {
+      this.show(key, 'error', refusalMessage(error, 'Releasing the GPU'), false, []);
+    }
+  }
+
+  private async saveAll(): Promise<void> {
+    if (this.app.commands.hasCommand(SAVE_ALL)) {
+      try {
+        await this.app.commands.execute(SAVE_ALL);
+      } catch (error) {
+        console.warn('gpuslice: saving notebooks before an idle cull failed', error);
+      }
+    }
+  }
+
+  private show(
+    key: string,
+    type: NoticeType,
+    message: string,
+    autoClose: number | false,
+    actions: Notification.IAction[]
+  ): void {
+    const id = this.ids.get(key);
+    if (id && Notification.update({ id, message, type, autoClose, actions })) {
+      return;
+    }
+    this.ids.set(key, Notification.emit(message, type, { autoClose, actions }));
+  }
+}

@@ -1,0 +1,140 @@
+// Pure logic for idle notifications: what each event from the server means to the user.
+import { formatDuration, secondsUntil } from './format';
+import { IDLE_SCHEMA_ID, type IIdleEvent, type IStatus, type IdleAction } from './types';
+
+export type NoticeType = 'warning' | 'success' | 'error' | 'info';
+
+export interface IIdleNotice {
+  /** Which notification this updates: one per kernel (or the whole server). */
+  key: string;
+  type: NoticeType;
+  message: string;
+  /**
+   * Buttons: "Keep working" and "Save and release GPU" for an idle warning; only the
+   * release for a memory warning (a keep-alive does not bring memory under the cap).
+   */
+  actions: 'keep-or-release' | 'release' | 'none';
+  /** Save open notebooks now (a warning may be followed by a cull). */
+  saveNotebooks: boolean;
+  /** Milliseconds, or false for a sticky notification. */
+  autoClose: number | false;
+}
+
+const ACTIONS: IdleAction[] = ['warning', 'extended', 'culled', 'memory-warning', 'memory-culled'];
+
+/** The event's data if it is a gpuslice idle event, else null. */
+export function asIdleEvent(event: {
+  schema_id?: string;
+  [key: string]: unknown;
+}): IIdleEvent | null {
+  if (event.schema_id !== IDLE_SCHEMA_ID) {
+    return null;
+  }
+  const action = event.action as IdleAction;
+  if (!ACTIONS.includes(action)) {
+    return null;
+  }
+  const text = (value: unknown): string | null =>
+    typeof value === 'string' && value ? value : null;
+  return {
+    action,
+    kernel_id: text(event.kernel_id),
+    deadline: text(event.deadline),
+    reason: text(event.reason),
+    idle_seconds: typeof event.idle_seconds === 'number' ? event.idle_seconds : null
+  };
+}
+
+export function noticeKey(event: Pick<IIdleEvent, 'kernel_id'>): string {
+  return `gpuslice-idle-${event.kernel_id ?? 'server'}`;
+}
+
+export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
+  const key = noticeKey(event);
+  const left = secondsUntil(event.deadline, now);
+  const what = event.kernel_id ? 'this kernel' : 'this server';
+  const because = event.reason ? ` (${event.reason})` : '';
+  switch (event.action) {
+    case 'warning': {
+      const idle = event.idle_seconds !== null ? ` for ${formatDuration(event.idle_seconds)}` : '';
+      const when = left !== null ? `in ${formatDuration(left)}` : 'soon';
+      return {
+        key,
+        type: 'warning',
+        message: `Your GPU has been idle${idle}. To free the GPU for others, ${what} will be shut down ${when}. Open notebooks were saved.`,
+        actions: 'keep-or-release',
+        saveNotebooks: true,
+        autoClose: false
+      };
+    }
+    case 'memory-warning': {
+      const when = left !== null ? ` in ${formatDuration(left)}` : '';
+      return {
+        key,
+        type: 'warning',
+        message: `GPU memory is over this slice's cap${because}; ${what} will be shut down${when} unless it frees memory. Open notebooks were saved.`,
+        actions: 'release',
+        saveNotebooks: true,
+        autoClose: false
+      };
+    }
+    case 'extended': {
+      const until = left !== null ? ` for another ${formatDuration(left)}` : '';
+      return {
+        key,
+        type: 'success',
+        message: `Keeping your GPU${until}.`,
+        actions: 'none',
+        saveNotebooks: false,
+        autoClose: 5000
+      };
+    }
+    case 'culled':
+    case 'memory-culled':
+      return {
+        key,
+        type: 'error',
+        message: `${what === 'this kernel' ? 'The kernel' : 'The server'} was shut down and its GPU released${because || (event.action === 'memory-culled' ? ' (over the memory cap)' : ' (idle)')}. Your saved notebooks are kept.`,
+        actions: 'none',
+        saveNotebooks: false,
+        autoClose: false
+      };
+  }
+}
+
+/**
+ * Warnings the status shows that no event announced to this tab (it was opened, or its
+ * event stream reconnected, after the warning was sent). Each (kernel, deadline) is
+ * returned once: `announced` remembers them, so closing the notification is respected.
+ */
+export function missedWarnings(
+  status: Pick<IStatus, 'kernels' | 'exempt'>,
+  announced: Set<string>
+): IIdleEvent[] {
+  if (status.exempt) {
+    return [];
+  }
+  const missed: IIdleEvent[] = [];
+  for (const kernel of status.kernels) {
+    if (!kernel.warning || kernel.exempt || !kernel.deadline) {
+      continue;
+    }
+    const id = announcementId(kernel.id, kernel.deadline);
+    if (announced.has(id)) {
+      continue;
+    }
+    announced.add(id);
+    missed.push({
+      action: 'warning',
+      kernel_id: kernel.id,
+      deadline: kernel.deadline,
+      reason: null,
+      idle_seconds: kernel.idle_seconds
+    });
+  }
+  return missed;
+}
+
+export function announcementId(kernelId: string | null, deadline: string | null): string {
+  return `${kernelId ?? 'server'}@${deadline ?? ''}`;
+}

@@ -1,0 +1,109 @@
+// gpuslice in JupyterLab: status bar item, idle warnings, "Submit as GPU job", Jobs panel.
+import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { createApi } from './connection';
+import { IdleNotifier } from './idle';
+import { JobsPanel } from './jobspanel';
+import { GpuStatusItem } from './statusbar';
+import { submitJob } from './submit';
+
+export const SUBMIT_COMMAND = 'gpuslice:submit-job';
+export const JOBS_COMMAND = 'gpuslice:show-jobs';
+
+const gpuIcon = new LabIcon({
+  name: 'gpuslice:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" width="16"><g class="jp-icon3" fill="#616161">' +
+    '<path d="M3 7h15v10H3zM5 9v6h11V9zm14 1h2v4h-2zM6 18h2v2H6zm4 0h2v2h-2zm4 0h2v2h-2z"/>' +
+    '<circle cx="10.5" cy="12" r="2"/></g></svg>'
+});
+
+/** The notebook the command acts on: the file browser item right-clicked, else the open one. */
+function targetPath(
+  app: JupyterFrontEnd,
+  args: Record<string, unknown>,
+  tracker: INotebookTracker | null,
+  browser: IDefaultFileBrowser | null
+): string {
+  if (typeof args.path === 'string' && args.path) {
+    return args.path;
+  }
+  if (browser && app.contextMenuHitTest(node => node.classList.contains('jp-DirListing-item'))) {
+    const item = browser.selectedItems().next();
+    if (item && !item.done && item.value) {
+      return item.value.path;
+    }
+  }
+  return tracker?.currentWidget?.context.path ?? '';
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'gpuslice-labextension:plugin',
+  description: 'GPU slice status, idle warnings and batch jobs for gpuslice',
+  autoStart: true,
+  optional: [IStatusBar, ICommandPalette, INotebookTracker, IDefaultFileBrowser],
+  activate: (
+    app: JupyterFrontEnd,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    tracker: INotebookTracker | null,
+    browser: IDefaultFileBrowser | null
+  ) => {
+    const api = createApi(app.serviceManager.serverSettings);
+
+    let status: GpuStatusItem | null = null;
+    const notifier = new IdleNotifier(app, api, () => void status?.refresh());
+    if (statusBar) {
+      status = new GpuStatusItem(api, current => notifier.syncFromStatus(current));
+      statusBar.registerStatusItem('gpuslice:status', {
+        item: status,
+        align: 'left',
+        rank: 5
+      });
+    }
+
+    const openFile = (path: string): void => {
+      void app.commands.execute('docmanager:open', { path });
+    };
+    const panel = new JobsPanel({ api, openFile, events: app.serviceManager.events.stream });
+    panel.title.icon = gpuIcon;
+    app.shell.add(panel, 'left', { rank: 600 });
+
+    app.commands.addCommand(JOBS_COMMAND, {
+      label: 'Show GPU jobs',
+      execute: () => app.shell.activateById(panel.id)
+    });
+    app.commands.addCommand(SUBMIT_COMMAND, {
+      label: 'Submit as GPU job…',
+      caption: 'Run this notebook as a batch job on a GPU slice',
+      icon: gpuIcon,
+      execute: async args => {
+        const path = targetPath(app, args, tracker, browser);
+        if (!path.endsWith('.ipynb')) {
+          Notification.warning('Open or select a notebook (.ipynb) to submit it as a GPU job.', {
+            autoClose: 5000
+          });
+          return;
+        }
+        // The job runs the saved file: save the open copy first so it runs what the user sees.
+        const open = tracker?.find(widget => widget.context.path === path);
+        if (open?.context.model.dirty) {
+          await open.context.save();
+        }
+        await submitJob(api, path, () => {
+          app.shell.activateById(panel.id);
+          void panel.refresh();
+        });
+      }
+    });
+    palette?.addItem({ command: SUBMIT_COMMAND, category: 'GPU' });
+    palette?.addItem({ command: JOBS_COMMAND, category: 'GPU' });
+  }
+};
+
+export default plugin;

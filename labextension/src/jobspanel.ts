@@ -1,0 +1,253 @@
+// The Jobs panel (left sidebar): the user's batch jobs with live state, progress, logs,
+// and actions; notifies when a job it has seen running finishes.
+import { Notification } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+import type { Message } from '@lumino/messaging';
+import type { ISignal } from '@lumino/signaling';
+
+import type { GpusliceApi } from './api';
+import { formatDuration } from './format';
+import {
+  asJobEvent,
+  checkpointAge,
+  isTerminal,
+  lostWork,
+  newlyFinished,
+  outputNotebook,
+  progress,
+  sortJobs,
+  stateBadge,
+  type IJobEvent
+} from './jobview';
+import { refusalMessage } from './refusal';
+import type { IJob } from './types';
+
+const VISIBLE_POLL_MS = 3000;
+// While hidden, poll slowly and only while some job is unfinished, just to notify.
+const HIDDEN_POLL_MS = 30000;
+
+export interface IJobsPanelOptions {
+  api: GpusliceApi;
+  openFile: (path: string) => void;
+  /** The server's event stream (a "job finished" event arrives before the next poll). */
+  events?: ISignal<unknown, { schema_id?: string; [key: string]: unknown }>;
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  node.className = className;
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+export class JobsPanel extends Widget {
+  private jobs: IJob[] = [];
+  private readonly seen = new Map<string, string>();
+  /** Jobs whose end was already announced (by an event or by a poll), to say it once. */
+  private readonly notified = new Set<string>();
+  private readonly logs = new Map<string, string>();
+  private readonly openLogs = new Set<string>();
+  private readonly list = el('div', 'jp-gpuslice-jobs-list');
+  private readonly message = el('div', 'jp-gpuslice-jobs-message');
+  private timer: number | undefined;
+  private loaded = false;
+
+  constructor(private readonly options: IJobsPanelOptions) {
+    super();
+    this.id = 'gpuslice-jobs';
+    this.addClass('jp-gpuslice-jobs');
+    this.title.caption = 'GPU jobs';
+    const header = el('div', 'jp-gpuslice-jobs-header');
+    header.append(el('h2', '', 'GPU jobs'));
+    const refresh = el('button', 'jp-mod-styled jp-gpuslice-refresh', 'Refresh');
+    refresh.onclick = () => void this.refresh();
+    header.append(refresh);
+    this.node.append(header, this.message, this.list);
+    options.events?.connect((_, emission) => {
+      const event = asJobEvent(emission);
+      if (event) {
+        this.announce(event);
+        void this.refresh();
+      }
+    });
+    void this.refresh();
+  }
+
+  /** Fetch the jobs (and open logs) now, render, and schedule the next poll. */
+  async refresh(): Promise<void> {
+    window.clearTimeout(this.timer);
+    try {
+      const jobs = sortJobs(await this.options.api.jobs());
+      this.notifyFinished(jobs);
+      this.jobs = jobs;
+      this.loaded = true;
+      this.message.textContent = '';
+      await Promise.all([...this.openLogs].map(id => this.fetchLog(id)));
+    } catch (error) {
+      this.message.textContent = refusalMessage(error, 'Loading jobs');
+    }
+    if (this.isDisposed) {
+      return;
+    }
+    this.render();
+    this.schedule();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this.refresh();
+  }
+
+  dispose(): void {
+    window.clearTimeout(this.timer);
+    super.dispose();
+  }
+
+  private schedule(): void {
+    const active = this.jobs.some(job => !isTerminal(job.state));
+    if (this.isVisible) {
+      this.timer = window.setTimeout(() => void this.refresh(), VISIBLE_POLL_MS);
+    } else if (active) {
+      this.timer = window.setTimeout(() => void this.refresh(), HIDDEN_POLL_MS);
+    }
+  }
+
+  private notifyFinished(jobs: IJob[]): void {
+    for (const job of newlyFinished(this.seen, jobs)) {
+      this.announce({
+        job_id: String(job.id),
+        name: job.name || String(job.id),
+        state: job.state,
+        output_path: outputNotebook(job),
+        error: job.error
+      });
+    }
+    for (const job of jobs) {
+      this.seen.set(String(job.id), job.state);
+    }
+  }
+
+  private announce(event: IJobEvent): void {
+    if (this.notified.has(event.job_id)) {
+      return;
+    }
+    this.notified.add(event.job_id);
+    const output = outputNotebook({ output_path: event.output_path, state: event.state });
+    const actions = output
+      ? [{ label: 'Open output', callback: () => this.options.openFile(output) }]
+      : [];
+    if (event.state === 'completed') {
+      Notification.success(`GPU job ${event.name} completed.`, { autoClose: 10000, actions });
+    } else {
+      const why = event.error ? `: ${event.error}` : '.';
+      Notification.error(`GPU job ${event.name} ${stateBadge(event.state).label}${why}`, {
+        autoClose: false,
+        actions
+      });
+    }
+  }
+
+  private async fetchLog(id: string): Promise<void> {
+    try {
+      this.logs.set(id, await this.options.api.log(id));
+    } catch (error) {
+      this.logs.set(id, refusalMessage(error, 'Loading the log'));
+    }
+  }
+
+  private async act(doing: string, action: () => Promise<unknown>): Promise<void> {
+    try {
+      await action();
+    } catch (error) {
+      Notification.error(refusalMessage(error, doing), { autoClose: false });
+    }
+    await this.refresh();
+  }
+
+  private render(): void {
+    if (this.loaded && !this.jobs.length) {
+      this.list.replaceChildren(
+        el('p', 'jp-gpuslice-jobs-empty', 'No jobs yet. Use "Submit as GPU job" on a notebook.')
+      );
+      return;
+    }
+    this.list.replaceChildren(...this.jobs.map(job => this.renderJob(job)));
+  }
+
+  private renderJob(job: IJob): HTMLElement {
+    const now = Date.now();
+    const card = el('div', 'jp-gpuslice-job');
+    card.dataset.jobId = String(job.id);
+    card.dataset.state = job.state;
+    const badge = stateBadge(job.state);
+    const head = el('div', 'jp-gpuslice-job-head');
+    head.append(
+      el('span', 'jp-gpuslice-job-name', job.name || String(job.id)),
+      el('span', `jp-gpuslice-badge jp-gpuslice-badge-${badge.tone}`, badge.label)
+    );
+    card.append(head);
+    card.append(el('div', 'jp-gpuslice-job-meta', `${job.profile} · ${job.priority} · #${job.id}`));
+
+    const prog = progress(job);
+    const bar = el('div', 'jp-gpuslice-progress');
+    const fill = el('div', 'jp-gpuslice-progress-fill');
+    fill.style.width = `${Math.round((prog.fraction ?? 0) * 100)}%`;
+    bar.append(fill);
+    card.append(bar, el('div', 'jp-gpuslice-job-progress', prog.text));
+
+    const details = [checkpointAge(job, now), lostWork(job)];
+    if (job.max_runtime) {
+      details.push(`max ${formatDuration(job.max_runtime)}`);
+    }
+    card.append(el('div', 'jp-gpuslice-job-details', details.filter(Boolean).join(' · ')));
+    if (job.waiting_reason && !badge.terminal) {
+      card.append(el('div', 'jp-gpuslice-job-waiting', `waiting: ${job.waiting_reason}`));
+    }
+    if (job.error) {
+      card.append(el('div', 'jp-gpuslice-job-error', job.error));
+    }
+
+    const buttons = el('div', 'jp-gpuslice-job-actions');
+    const button = (label: string, onClick: () => void): void => {
+      const node = el('button', 'jp-mod-styled', label);
+      node.onclick = onClick;
+      buttons.append(node);
+    };
+    const id = String(job.id);
+    button(this.openLogs.has(id) ? 'Hide log' : 'Log', () => {
+      if (!this.openLogs.delete(id)) {
+        this.openLogs.add(id);
+      }
+      void this.refresh();
+    });
+    const output = outputNotebook(job);
+    if (output) {
+      button('Open output', () => this.options.openFile(output));
+    }
+    if (!badge.terminal) {
+      button(
+        'Cancel',
+        () => void this.act('Cancelling the job', () => this.options.api.cancel(job.id))
+      );
+    } else {
+      button(
+        'Resubmit',
+        () => void this.act('Resubmitting the job', () => this.options.api.resubmit(job.id))
+      );
+    }
+    card.append(buttons);
+
+    if (this.openLogs.has(id)) {
+      const log = el('pre', 'jp-gpuslice-job-log', this.logs.get(id) ?? job.log_tail ?? '');
+      card.append(log);
+      requestAnimationFrame(() => (log.scrollTop = log.scrollHeight));
+    }
+    return card;
+  }
+}

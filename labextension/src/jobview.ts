@@ -1,0 +1,131 @@
+// Pure presentation logic for batch jobs: state badges, progress, checkpoint age, lost work,
+// and which jobs just finished (for notifications).
+import { formatDuration, secondsSince } from './format';
+import { JOBS_SCHEMA_ID, type IJob } from './types';
+
+export type BadgeTone = 'waiting' | 'active' | 'warn' | 'good' | 'bad' | 'muted';
+
+export interface IBadge {
+  label: string;
+  tone: BadgeTone;
+  terminal: boolean;
+}
+
+const BADGES: Record<string, IBadge> = {
+  pending: { label: 'pending', tone: 'waiting', terminal: false },
+  queued: { label: 'queued', tone: 'waiting', terminal: false },
+  requeued: { label: 'requeued', tone: 'waiting', terminal: false },
+  starting: { label: 'starting', tone: 'active', terminal: false },
+  running: { label: 'running', tone: 'active', terminal: false },
+  checkpointing: { label: 'checkpointing', tone: 'active', terminal: false },
+  preempting: { label: 'preempting', tone: 'warn', terminal: false },
+  preempted: { label: 'preempted', tone: 'warn', terminal: false },
+  cancelling: { label: 'cancelling', tone: 'warn', terminal: false },
+  completed: { label: 'completed', tone: 'good', terminal: true },
+  failed: { label: 'failed', tone: 'bad', terminal: true },
+  cancelled: { label: 'cancelled', tone: 'muted', terminal: true },
+  canceled: { label: 'cancelled', tone: 'muted', terminal: true },
+  'timed-out': { label: 'timed out', tone: 'bad', terminal: true }
+};
+
+/** The badge for a state; unknown states are shown as they are, as not finished. */
+export function stateBadge(state: string): IBadge {
+  return BADGES[state] ?? { label: state || 'unknown', tone: 'muted', terminal: false };
+}
+
+export function isTerminal(state: string): boolean {
+  return stateBadge(state).terminal;
+}
+
+export interface IProgress {
+  /** 0..1, or null when the total is not known yet. */
+  fraction: number | null;
+  text: string;
+}
+
+export function progress(job: Pick<IJob, 'cells_done' | 'cells_total'>): IProgress {
+  const done = Math.max(0, job.cells_done ?? 0);
+  const total = job.cells_total ?? 0;
+  if (!total || total <= 0) {
+    return { fraction: null, text: done ? `${done} cells done` : 'not started' };
+  }
+  const clamped = Math.min(done, total);
+  return { fraction: clamped / total, text: `${clamped} / ${total} cells` };
+}
+
+export function checkpointAge(job: Pick<IJob, 'last_checkpoint_at'>, now: number): string {
+  const age = secondsSince(job.last_checkpoint_at, now);
+  return age === null ? 'no checkpoint yet' : `checkpoint ${formatDuration(age)} ago`;
+}
+
+export function lostWork(job: Pick<IJob, 'lost_work_seconds' | 'restarts'>): string {
+  const restarts = job.restarts ?? 0;
+  const lost = job.lost_work_seconds ?? 0;
+  if (!restarts && !lost) {
+    return '';
+  }
+  const plural = restarts === 1 ? '' : 's';
+  return `${restarts} restart${plural}, ${formatDuration(lost)} of work lost`;
+}
+
+/**
+ * Jobs that were seen unfinished before and are finished now. Jobs seen for the first time
+ * are not reported: opening the panel must not replay old notifications.
+ */
+export function newlyFinished(previous: Map<string, string>, jobs: IJob[]): IJob[] {
+  return jobs.filter(job => {
+    const before = previous.get(String(job.id));
+    return before !== undefined && !isTerminal(before) && isTerminal(job.state);
+  });
+}
+
+/** Newest first: by submission time, then id for a stable order. */
+export function sortJobs(jobs: IJob[]): IJob[] {
+  return [...jobs].sort((a, b) => {
+    const at = Date.parse(a.submitted_at ?? '') || 0;
+    const bt = Date.parse(b.submitted_at ?? '') || 0;
+    return bt - at || String(b.id).localeCompare(String(a.id), undefined, { numeric: true });
+  });
+}
+
+/**
+ * The notebook "Open output" opens: the output path itself when it is a notebook, else
+ * `output.ipynb` in the job's folder, which holds it once the job has finished.
+ */
+export function outputNotebook(job: Pick<IJob, 'output_path' | 'state'>): string | null {
+  const path = job.output_path?.replace(/\/+$/, '');
+  if (!path) {
+    return null;
+  }
+  if (path.endsWith('.ipynb')) {
+    return path;
+  }
+  return isTerminal(job.state) && job.state !== 'cancelled' ? `${path}/output.ipynb` : null;
+}
+
+export interface IJobEvent {
+  job_id: string;
+  name: string;
+  state: string;
+  output_path: string | null;
+  error: string | null;
+}
+
+/** A "job finished" event from the server, or null for any other event. */
+export function asJobEvent(event: {
+  schema_id?: string;
+  [key: string]: unknown;
+}): IJobEvent | null {
+  if (event.schema_id !== JOBS_SCHEMA_ID || event.job_id === undefined || !event.state) {
+    return null;
+  }
+  const text = (value: unknown): string | null =>
+    typeof value === 'string' && value ? value : null;
+  return {
+    job_id: String(event.job_id),
+    name: text(event.name) ?? String(event.job_id),
+    state: String(event.state),
+    output_path: text(event.output_path),
+    error: text(event.error)
+  };
+}

@@ -1,0 +1,152 @@
+// Parsing and validating what the submit dialog's fields hold, before anything is sent.
+import { PRIORITIES, type ISubmitRequest, type Priority } from './types';
+
+export type Parsed<T> = { ok: true; value: T } | { ok: false; error: string };
+
+const UNIT_SECONDS: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86400 };
+
+/**
+ * A duration typed by a person: "90" (seconds), "90s", "15m", "2h", "1h30m", "1d".
+ * Empty input is `null` (no limit / the server's default).
+ */
+export function parseDuration(text: string, field: string): Parsed<number | null> {
+  const trimmed = text.trim().toLowerCase().replace(/\s+/g, '');
+  if (!trimmed) {
+    return { ok: true, value: null };
+  }
+  if (/^\d+$/.test(trimmed)) {
+    const value = Number(trimmed);
+    return value > 0
+      ? { ok: true, value }
+      : { ok: false, error: `${field} must be more than zero.` };
+  }
+  if (!/^(\d+[smhd])+$/.test(trimmed)) {
+    return {
+      ok: false,
+      error: `${field}: "${text.trim()}" is not a duration; write e.g. 90s, 15m, 2h or 1h30m.`
+    };
+  }
+  let total = 0;
+  for (const match of trimmed.matchAll(/(\d+)([smhd])/g)) {
+    total += Number(match[1]) * UNIT_SECONDS[match[2]];
+  }
+  return total > 0
+    ? { ok: true, value: total }
+    : { ok: false, error: `${field} must be more than zero.` };
+}
+
+const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+function parseValue(raw: string): unknown {
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return raw;
+  }
+}
+
+/**
+ * Notebook parameters, either a JSON object or one `name = value` per line (values that are
+ * valid JSON — numbers, true/false, quoted strings, lists — keep their type; anything else
+ * is a string). Blank lines and lines starting with # are skipped.
+ */
+export function parseParameters(text: string): Parsed<Record<string, unknown>> {
+  const trimmed = text.trim();
+  if (!trimmed) {
+    return { ok: true, value: {} };
+  }
+  if (trimmed.startsWith('{')) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(trimmed);
+    } catch (error) {
+      return { ok: false, error: `Parameters are not valid JSON: ${(error as Error).message}` };
+    }
+    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) {
+      return { ok: false, error: 'Parameters must be a JSON object.' };
+    }
+    const bad = Object.keys(parsed).find(key => !NAME.test(key));
+    if (bad !== undefined) {
+      return { ok: false, error: `"${bad}" is not a valid Python variable name.` };
+    }
+    return { ok: true, value: parsed as Record<string, unknown> };
+  }
+  const value: Record<string, unknown> = {};
+  const lines = trimmed.split(/\r?\n/);
+  for (let index = 0; index < lines.length; index++) {
+    const line = lines[index].trim();
+    if (!line || line.startsWith('#')) {
+      continue;
+    }
+    const eq = line.indexOf('=');
+    if (eq <= 0) {
+      return { ok: false, error: `Line ${index + 1}: write name = value.` };
+    }
+    const name = line.slice(0, eq).trim();
+    if (!NAME.test(name)) {
+      return {
+        ok: false,
+        error: `Line ${index + 1}: "${name}" is not a valid Python variable name.`
+      };
+    }
+    if (name in value) {
+      return { ok: false, error: `Line ${index + 1}: "${name}" is given twice.` };
+    }
+    value[name] = parseValue(line.slice(eq + 1).trim());
+  }
+  return { ok: true, value };
+}
+
+export interface ISubmitForm {
+  path: string;
+  profile: string;
+  priority: string;
+  checkpointInterval: string;
+  maxRuntime: string;
+  parameters: string;
+}
+
+/** All problems with the form at once, or the request body to send. */
+export function buildSubmitRequest(
+  form: ISubmitForm
+): { ok: true; value: ISubmitRequest } | { ok: false; errors: string[] } {
+  const errors: string[] = [];
+  if (!form.path.trim()) {
+    errors.push('Choose a notebook to submit.');
+  } else if (!form.path.endsWith('.ipynb')) {
+    errors.push(`${form.path} is not a notebook (.ipynb).`);
+  }
+  if (!form.profile) {
+    errors.push('Choose a GPU profile.');
+  }
+  if (!PRIORITIES.includes(form.priority as Priority)) {
+    errors.push(`Priority must be one of ${PRIORITIES.join(', ')}.`);
+  }
+  const checkpoint = parseDuration(form.checkpointInterval, 'Checkpoint interval');
+  const runtime = parseDuration(form.maxRuntime, 'Max runtime');
+  const parameters = parseParameters(form.parameters);
+  for (const parsed of [checkpoint, runtime, parameters]) {
+    if (!parsed.ok) {
+      errors.push(parsed.error);
+    }
+  }
+  if (errors.length || !checkpoint.ok || !runtime.ok || !parameters.ok) {
+    return { ok: false, errors };
+  }
+  if (checkpoint.value !== null && runtime.value !== null && checkpoint.value > runtime.value) {
+    return { ok: false, errors: ['The checkpoint interval is longer than the max runtime.'] };
+  }
+  const value: ISubmitRequest = {
+    path: form.path.trim(),
+    profile: form.profile,
+    priority: form.priority as Priority,
+    parameters: parameters.value
+  };
+  if (checkpoint.value !== null) {
+    value.checkpoint_interval = checkpoint.value;
+  }
+  if (runtime.value !== null) {
+    value.max_runtime = runtime.value;
+  }
+  return { ok: true, value };
+}

@@ -1,0 +1,58 @@
+// What a person reads when the server says no: one clear sentence per refusal.
+import { ApiError } from './api';
+import type { IProfile } from './types';
+
+/** A user-facing message for a failed action (`doing` is e.g. "Submitting the job"). */
+export function refusalMessage(error: unknown, doing: string): string {
+  if (!(error instanceof ApiError)) {
+    const text = error instanceof Error ? error.message : String(error);
+    return `${doing} failed: ${text}`;
+  }
+  const said = error.message;
+  switch (error.status) {
+    case 0:
+      return `${doing} failed: the server could not be reached. Check your connection and try again.`;
+    case 400:
+    case 422:
+      return `${doing} was refused: ${said}`;
+    case 401:
+      return `${doing} failed: you are logged out. Reload the page to log in again.`;
+    case 403:
+      return `${doing} is not allowed: ${said}`;
+    case 404:
+      return `${doing} failed: not found (${said}). GPU features may not be enabled on this server.`;
+    case 409:
+      return `${doing} was refused: ${said}`;
+    case 429:
+      return `${doing} was refused (quota reached): ${said}`;
+    case 502:
+    case 503:
+    case 504:
+      return `${doing} failed: the GPU service is unavailable right now (${said}). Try again shortly.`;
+    default:
+      return `${doing} failed (HTTP ${error.status}): ${said}`;
+  }
+}
+
+/** One line for a profile in the submit dialog's list, with its live availability. */
+export function profileLabel(profile: IProfile): string {
+  const name = profile.display_name || profile.name;
+  if (!profile.available) {
+    return `${name} — unavailable${profile.reason ? `: ${profile.reason}` : ''}`;
+  }
+  if (profile.free !== null && profile.total !== null) {
+    return `${name} — ${profile.free} of ${profile.total} free`;
+  }
+  return name;
+}
+
+/**
+ * The profile to preselect: the requested one if still offered, else the first available,
+ * else the first at all (a job may queue for a busy profile).
+ */
+export function defaultProfile(profiles: IProfile[], preferred?: string): string {
+  if (preferred && profiles.some(p => p.name === preferred)) {
+    return preferred;
+  }
+  return (profiles.find(p => p.available) ?? profiles[0])?.name ?? '';
+}

@@ -1,0 +1,185 @@
+// "Submit as GPU job": the dialog (profile with live availability, priority, checkpoint
+// interval, max runtime, parameters) and the submission with a clear message for refusals.
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import type { GpusliceApi } from './api';
+import { buildSubmitRequest, type ISubmitForm } from './params';
+import { defaultProfile, profileLabel, refusalMessage } from './refusal';
+import { PRIORITIES, type IJob, type IProfile } from './types';
+
+const PROFILE_POLL_MS = 5000;
+
+function field(label: string, input: HTMLElement, hint?: string): HTMLLabelElement {
+  const row = document.createElement('label');
+  row.className = 'jp-gpuslice-field';
+  const title = document.createElement('span');
+  title.textContent = label;
+  row.append(title, input);
+  if (hint) {
+    const small = document.createElement('small');
+    small.textContent = hint;
+    row.appendChild(small);
+  }
+  return row;
+}
+
+export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm> {
+  private readonly profile = document.createElement('select');
+  private readonly priority = document.createElement('select');
+  private readonly checkpoint = document.createElement('input');
+  private readonly runtime = document.createElement('input');
+  private readonly parameters = document.createElement('textarea');
+  private readonly notice = document.createElement('div');
+  private timer: number | undefined;
+
+  constructor(
+    private readonly api: GpusliceApi,
+    private readonly initial: ISubmitForm,
+    errors: string[]
+  ) {
+    super();
+    this.addClass('jp-gpuslice-submit');
+    const path = document.createElement('div');
+    path.className = 'jp-gpuslice-submit-path';
+    path.textContent = initial.path;
+    this.profile.name = 'profile';
+    this.priority.name = 'priority';
+    for (const value of PRIORITIES) {
+      this.priority.add(new Option(value, value, false, value === initial.priority));
+    }
+    this.checkpoint.name = 'checkpoint_interval';
+    this.checkpoint.value = initial.checkpointInterval;
+    this.checkpoint.placeholder = 'e.g. 10m';
+    this.runtime.name = 'max_runtime';
+    this.runtime.value = initial.maxRuntime;
+    this.runtime.placeholder = 'e.g. 2h (empty: no limit)';
+    this.parameters.name = 'parameters';
+    this.parameters.rows = 4;
+    this.parameters.value = initial.parameters;
+    this.parameters.placeholder = 'learning_rate = 0.01\nepochs = 5';
+    this.notice.className = 'jp-gpuslice-submit-errors';
+    this.notice.setAttribute('role', 'alert');
+    this.showErrors(errors);
+    this.node.append(
+      path,
+      field('GPU profile', this.profile),
+      field(
+        'Priority',
+        this.priority,
+        'preemptible jobs run on idle slices and may be paused and resumed'
+      ),
+      field('Checkpoint interval', this.checkpoint),
+      field('Max runtime', this.runtime),
+      field('Parameters', this.parameters, 'name = value per line, or a JSON object'),
+      this.notice
+    );
+    // What was wrong with the last try no longer applies once the user changes something.
+    this.node.addEventListener('input', () => this.showErrors([]));
+    this.profile.add(new Option('loading profiles…', ''));
+    void this.loadProfiles();
+    this.timer = window.setInterval(() => void this.loadProfiles(), PROFILE_POLL_MS);
+  }
+
+  getValue(): ISubmitForm {
+    return {
+      path: this.initial.path,
+      profile: this.profile.value,
+      priority: this.priority.value,
+      checkpointInterval: this.checkpoint.value,
+      maxRuntime: this.runtime.value,
+      parameters: this.parameters.value
+    };
+  }
+
+  dispose(): void {
+    window.clearInterval(this.timer);
+    super.dispose();
+  }
+
+  private showErrors(errors: string[]): void {
+    this.notice.replaceChildren(
+      ...errors.map(text => {
+        const line = document.createElement('div');
+        line.textContent = text;
+        return line;
+      })
+    );
+  }
+
+  private async loadProfiles(): Promise<void> {
+    let profiles: IProfile[];
+    let simulated = false;
+    try {
+      const reply = await this.api.profiles();
+      profiles = reply.profiles;
+      simulated = reply.simulated;
+    } catch (error) {
+      this.showErrors([refusalMessage(error, 'Loading GPU profiles')]);
+      return;
+    }
+    if (this.isDisposed) {
+      return;
+    }
+    const chosen = defaultProfile(profiles, this.profile.value || this.initial.profile);
+    this.profile.replaceChildren(
+      ...profiles.map(p => {
+        const option = new Option(profileLabel(p) + (simulated ? ' [simulated]' : ''), p.name);
+        option.title = p.description;
+        option.selected = p.name === chosen;
+        return option;
+      })
+    );
+    if (!profiles.length) {
+      this.showErrors(['No GPU profile is offered to you; ask an administrator.']);
+    }
+  }
+}
+
+export const EMPTY_FORM: Omit<ISubmitForm, 'path'> = {
+  profile: '',
+  priority: 'preemptible',
+  checkpointInterval: '10m',
+  maxRuntime: '',
+  parameters: ''
+};
+
+/**
+ * Ask for the job's settings until they are valid or the user cancels, then submit.
+ * Returns the new job, or null when nothing was submitted.
+ */
+export async function submitJob(
+  api: GpusliceApi,
+  path: string,
+  onSubmitted: (job: IJob) => void
+): Promise<IJob | null> {
+  let form: ISubmitForm = { ...EMPTY_FORM, path };
+  let errors: string[] = [];
+  for (;;) {
+    const result = await showDialog<ISubmitForm>({
+      title: 'Submit as GPU job',
+      body: new SubmitForm(api, form, errors),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })]
+    });
+    if (!result.button.accept || !result.value) {
+      return null;
+    }
+    form = result.value;
+    const built = buildSubmitRequest(form);
+    if (!built.ok) {
+      errors = built.errors;
+      continue;
+    }
+    try {
+      const job = await api.submit(built.value);
+      Notification.success(`Submitted ${job.name || path} as job ${job.id} (${job.state}).`, {
+        autoClose: 5000
+      });
+      onSubmitted(job);
+      return job;
+    } catch (error) {
+      // Keep the dialog's values; the refusal is shown in it (e.g. a quota or a bad profile).
+      errors = [refusalMessage(error, 'Submitting the job')];
+    }
+  }
+}

@@ -1,0 +1,138 @@
+// Shapes of the single-user server's gpuslice routes (see the server extension's handlers).
+// Every field the server may omit or null is typed as such, so the UI handles it.
+
+export interface ISlice {
+  profile: string;
+  kind: string;
+  gpu_milli: number | null;
+  memory_cap_mib: number | null;
+  devices: string[];
+  simulated: boolean;
+  idle_timeout: number | null;
+}
+
+export interface IServerUsage {
+  utilization: number | null;
+  memory_mib: number | null;
+  attribution?: string | null;
+  /** Set when the policy culls the whole server rather than single kernels. */
+  deadline?: string | null;
+}
+
+export interface IKernelActivity {
+  id: string;
+  name: string;
+  execution_state: string;
+  utilization: number | null;
+  memory_mib: number | null;
+  idle_seconds: number | null;
+  deadline: string | null;
+  warning: boolean;
+  exempt: boolean;
+  attribution?: string | null;
+}
+
+export interface IPolicy {
+  action: string;
+  idle_timeout: number | null;
+  warning_lead: number | null;
+  max_extension: number | null;
+}
+
+export interface IStatus {
+  slice: ISlice | null;
+  server: IServerUsage | null;
+  kernels: IKernelActivity[];
+  policy: IPolicy | null;
+  exempt: boolean;
+}
+
+export interface IKeepaliveRequest {
+  kernel_id?: string;
+  seconds?: number;
+}
+
+export interface IKeepaliveReply {
+  kernels: { id: string; deadline: string | null }[];
+  extension_left_seconds: number | null;
+}
+
+export type Priority = 'preemptible' | 'normal' | 'high';
+
+export const PRIORITIES: Priority[] = ['preemptible', 'normal', 'high'];
+
+export interface IProfile {
+  name: string;
+  display_name: string;
+  description: string;
+  free: number | null;
+  total: number | null;
+  available: boolean;
+  reason: string | null;
+}
+
+export interface IProfiles {
+  profiles: IProfile[];
+  simulated: boolean;
+}
+
+export interface ITransition {
+  state?: string;
+  at?: string;
+  reason?: string | null;
+  [key: string]: unknown;
+}
+
+export interface IJob {
+  /** The service's job id (an integer there; kept opaque here). */
+  id: number | string;
+  name: string;
+  user: string;
+  state: string;
+  profile: string;
+  priority: Priority | string;
+  checkpoint_interval: number | null;
+  max_runtime: number | null;
+  parameters: Record<string, unknown>;
+  restarts: number;
+  preemptions?: number;
+  lost_work_seconds: number | null;
+  cells_done: number | null;
+  cells_total: number | null;
+  last_checkpoint_at: string | null;
+  submitted_at: string | null;
+  started_at: string | null;
+  finished_at: string | null;
+  /** Why a queued job is not running yet (e.g. no free slice). */
+  waiting_reason?: string | null;
+  error: string | null;
+  /** The job's folder (or output notebook), relative to the user's notebook root. */
+  output_path: string | null;
+  path?: string | null;
+  log_tail: string | null;
+  transitions: ITransition[];
+}
+
+/** Fields left out take the service's defaults (it refuses nulls). */
+export interface ISubmitRequest {
+  path: string;
+  profile: string;
+  priority: Priority;
+  checkpoint_interval?: number;
+  max_runtime?: number;
+  parameters: Record<string, unknown>;
+}
+
+export const JOBS_SCHEMA_ID = 'https://events.gpuslice.dev/jobs/v1';
+
+export const IDLE_SCHEMA_ID = 'https://events.gpuslice.dev/idle/v1';
+
+export type IdleAction = 'warning' | 'extended' | 'culled' | 'memory-warning' | 'memory-culled';
+
+export interface IIdleEvent {
+  action: IdleAction;
+  kernel_id: string | null;
+  deadline: string | null;
+  reason: string | null;
+  idle_seconds: number | null;
+}

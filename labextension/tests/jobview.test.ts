@@ -1,0 +1,159 @@
+import {
+  asJobEvent,
+  checkpointAge,
+  isTerminal,
+  lostWork,
+  newlyFinished,
+  outputNotebook,
+  progress,
+  sortJobs,
+  stateBadge
+} from '../src/jobview';
+import type { IJob } from '../src/types';
+
+function job(overrides: Partial<IJob>): IJob {
+  return {
+    id: '1',
+    name: 'train.ipynb',
+    user: 'alice',
+    state: 'queued',
+    profile: 'share-250',
+    priority: 'preemptible',
+    checkpoint_interval: 600,
+    max_runtime: null,
+    parameters: {},
+    restarts: 0,
+    lost_work_seconds: 0,
+    cells_done: 0,
+    cells_total: null,
+    last_checkpoint_at: null,
+    submitted_at: '2026-01-01T12:00:00Z',
+    started_at: null,
+    finished_at: null,
+    error: null,
+    output_path: null,
+    log_tail: null,
+    transitions: [],
+    ...overrides
+  };
+}
+
+describe('job presentation', () => {
+  it('maps states to badges; unknown states are shown, not finished', () => {
+    expect(stateBadge('running')).toEqual({ label: 'running', tone: 'active', terminal: false });
+    expect(stateBadge('completed').tone).toBe('good');
+    expect(stateBadge('failed').tone).toBe('bad');
+    expect(stateBadge('preempted').tone).toBe('warn');
+    expect(stateBadge('defrosting')).toEqual({
+      label: 'defrosting',
+      tone: 'muted',
+      terminal: false
+    });
+    expect(isTerminal('cancelled')).toBe(true);
+    expect(isTerminal('requeued')).toBe(false);
+    expect(stateBadge('timed-out')).toEqual({ label: 'timed out', tone: 'bad', terminal: true });
+  });
+
+  it('shows progress in cells, clamped, and unknown totals without a fraction', () => {
+    expect(progress({ cells_done: 3, cells_total: 12 })).toEqual({
+      fraction: 0.25,
+      text: '3 / 12 cells'
+    });
+    expect(progress({ cells_done: 14, cells_total: 12 }).fraction).toBe(1);
+    expect(progress({ cells_done: 0, cells_total: null })).toEqual({
+      fraction: null,
+      text: 'not started'
+    });
+    expect(progress({ cells_done: 2, cells_total: 0 }).text).toBe('2 cells done');
+  });
+
+  it('describes checkpoint age and lost work', () => {
+    const now = Date.parse('2026-01-01T12:10:00Z');
+    expect(checkpointAge({ last_checkpoint_at: '2026-01-01T12:07:30Z' }, now)).toBe(
+      'checkpoint 2m 30s ago'
+    );
+    expect(checkpointAge({ last_checkpoint_at: null }, now)).toBe('no checkpoint yet');
+    expect(lostWork({ restarts: 0, lost_work_seconds: 0 })).toBe('');
+    expect(lostWork({ restarts: 2, lost_work_seconds: 95 })).toBe(
+      '2 restarts, 1m 35s of work lost'
+    );
+    expect(lostWork({ restarts: 1, lost_work_seconds: 0 })).toBe('1 restart, 0s of work lost');
+  });
+
+  it('reports only jobs seen unfinished that are now finished', () => {
+    const previous = new Map([
+      ['a', 'running'],
+      ['b', 'completed'],
+      ['c', 'queued']
+    ]);
+    const now = [
+      job({ id: 'a', state: 'completed' }),
+      job({ id: 'b', state: 'completed' }),
+      job({ id: 'c', state: 'running' }),
+      job({ id: 'd', state: 'failed' })
+    ];
+    expect(newlyFinished(previous, now).map(j => j.id)).toEqual(['a']);
+  });
+
+  it('sorts newest first', () => {
+    const jobs = [
+      job({ id: 'old', submitted_at: '2026-01-01T10:00:00Z' }),
+      job({ id: 'new', submitted_at: '2026-01-01T11:00:00Z' })
+    ];
+    expect(sortJobs(jobs).map(j => j.id)).toEqual(['new', 'old']);
+    expect(jobs[0].id).toBe('old');
+  });
+});
+
+describe('job outputs and events', () => {
+  it("opens output.ipynb in a finished job's folder, or a notebook path as is", () => {
+    expect(outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'completed' })).toBe(
+      'gpu-jobs/train-7/output.ipynb'
+    );
+    expect(outputNotebook({ output_path: 'gpu-jobs/train-7/', state: 'failed' })).toBe(
+      'gpu-jobs/train-7/output.ipynb'
+    );
+    expect(outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'running' })).toBeNull();
+    expect(outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'cancelled' })).toBeNull();
+    expect(outputNotebook({ output_path: 'out/result.ipynb', state: 'running' })).toBe(
+      'out/result.ipynb'
+    );
+    expect(outputNotebook({ output_path: null, state: 'completed' })).toBeNull();
+  });
+
+  it('reads the job-finished event and ignores others', () => {
+    expect(
+      asJobEvent({
+        schema_id: 'https://events.gpuslice.dev/jobs/v1',
+        job_id: 7,
+        name: 'train',
+        state: 'failed',
+        output_path: 'gpu-jobs/train-7',
+        error: 'cell 3 raised'
+      })
+    ).toEqual({
+      job_id: '7',
+      name: 'train',
+      state: 'failed',
+      output_path: 'gpu-jobs/train-7',
+      error: 'cell 3 raised'
+    });
+    expect(
+      asJobEvent({ schema_id: 'https://events.gpuslice.dev/idle/v1', job_id: 7, state: 'x' })
+    ).toBeNull();
+    expect(
+      asJobEvent({ schema_id: 'https://events.gpuslice.dev/jobs/v1', state: 'completed' })
+    ).toBeNull();
+  });
+
+  it('sorts integer ids numerically when submitted together', () => {
+    const at = '2026-01-01T12:00:00Z';
+    const jobs = [job({ id: 9, submitted_at: at }), job({ id: 10, submitted_at: at })];
+    expect(sortJobs(jobs).map(j => j.id)).toEqual([10, 9]);
+  });
+
+  it('reports finished jobs with integer ids', () => {
+    const previous = new Map([['3', 'running']]);
+    expect(newlyFinished(previous, [job({ id: 3, state: 'timed-out' })])).toHaveLength(1);
+  });
+});

@@ -1,0 +1,58 @@
+import { ApiError } from '../src/api';
+import { defaultProfile, profileLabel, refusalMessage } from '../src/refusal';
+import type { IProfile } from '../src/types';
+
+describe('refusalMessage', () => {
+  it('passes on what the server said, framed by status', () => {
+    expect(refusalMessage(new ApiError(400, 'unknown profile "gpu-9"'), 'Submitting the job')).toBe(
+      'Submitting the job was refused: unknown profile "gpu-9"'
+    );
+    expect(refusalMessage(new ApiError(403, 'not your job'), 'Cancelling the job')).toBe(
+      'Cancelling the job is not allowed: not your job'
+    );
+    expect(
+      refusalMessage(new ApiError(429, '2 of 2 GPU jobs running'), 'Submitting the job')
+    ).toContain('quota reached');
+    expect(refusalMessage(new ApiError(503, 'service down'), 'Loading jobs')).toContain(
+      'unavailable'
+    );
+    expect(refusalMessage(new ApiError(0, 'x'), 'Loading jobs')).toContain('could not be reached');
+    expect(refusalMessage(new ApiError(418, 'teapot'), 'X')).toBe('X failed (HTTP 418): teapot');
+    expect(refusalMessage(new Error('boom'), 'X')).toBe('X failed: boom');
+  });
+});
+
+describe('profiles in the submit dialog', () => {
+  const profiles: IProfile[] = [
+    {
+      name: 'gpu-1',
+      display_name: 'Whole GPU',
+      description: '',
+      free: 0,
+      total: 2,
+      available: false,
+      reason: 'all 2 in use'
+    },
+    {
+      name: 'share-250',
+      display_name: 'Quarter GPU',
+      description: '',
+      free: 3,
+      total: 8,
+      available: true,
+      reason: null
+    }
+  ];
+
+  it('labels live availability and why a profile is unavailable', () => {
+    expect(profileLabel(profiles[0])).toBe('Whole GPU — unavailable: all 2 in use');
+    expect(profileLabel(profiles[1])).toBe('Quarter GPU — 3 of 8 free');
+  });
+
+  it('preselects the requested profile, else the first available', () => {
+    expect(defaultProfile(profiles, 'gpu-1')).toBe('gpu-1');
+    expect(defaultProfile(profiles, 'gone')).toBe('share-250');
+    expect(defaultProfile(profiles)).toBe('share-250');
+    expect(defaultProfile([])).toBe('');
+  });
+});

@@ -1,0 +1,139 @@
+"""Helpers for driving JupyterLab in Debian's Chromium (Playwright cannot download its own
+browser here, so it launches /usr/bin/chromium through ``executable_path``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.engines import need
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPO = Path(__file__).resolve().parents[2]
+LABEXT_IN_VENV = Path(sys.prefix) / "share/jupyter/labextensions/gpuslice-labextension"
+
+
+def need_browser_and_labextension() -> Any:
+    """The Playwright sync API, once Chromium and the built labextension are in place."""
+    need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
+    need(
+        (LABEXT_IN_VENV / "package.json").exists(),
+        f"the labextension installed in {LABEXT_IN_VENV} (make labextension)",
+    )
+    return pytest.importorskip("playwright.sync_api")
+
+
+def screenshot_path(tmp_path: Path, name: str) -> Path:
+    """Where a screenshot goes: ``$GPUSLICE_SCREENSHOTS`` (e.g. docs/images), else tmp_path,
+    so ordinary test runs do not rewrite the committed images."""
+    folder = Path(os.environ.get("GPUSLICE_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+def write_notebook(path: Path, sources: list[str], parameters_cell: bool = False) -> None:
+    """A notebook of code cells; the first one tagged ``parameters`` when asked (papermill
+    style, where a batch job's parameters are injected)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells: list[dict[str, Any]] = [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": f"cell-{i}",
+            "metadata": {"tags": ["parameters"]} if parameters_cell and i == 0 else {},
+            "outputs": [],
+            "source": source,
+        }
+        for i, source in enumerate(sources)
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "cells": cells,
+                "metadata": {"kernelspec": KERNELSPEC},
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
+
+
+def login(page: Any, hub_url: str, user: str) -> None:
+    page.goto(f"{hub_url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "test-password")
+    page.click("#login_submit")
+    page.wait_for_url("**/hub/**")
+
+
+def write_lab_settings(folder: Path) -> Path:
+    """User settings for the spawned JupyterLab: no prompt about Jupyter news (it would
+    cover the notifications under test and appear in the screenshots)."""
+    target = folder / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"fetchNews": "false"}))
+    return folder
+
+
+def hub_config_for_lab(workdir_args: list[str]) -> str:
+    """extra_hub_config that passes ``workdir_args`` to every single-user server."""
+    return f"c.Spawner.args = list(c.Spawner.args) + {workdir_args!r}\n"
+
+
+@contextmanager
+def chromium(sync_api: Any, tmp_path: Path) -> Iterator[Any]:
+    """A page in Debian's Chromium with a fresh profile, closed afterwards."""
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        try:
+            page = context.new_page()
+            page.set_default_timeout(120_000)
+            yield page
+        finally:
+            context.close()
+
+
+def spawn_in_browser(page: Any, hub: Any, user: str, profile: str) -> None:
+    """Log in and start the server through the spawn form with ``profile`` chosen."""
+    login(page, hub.url, user)
+    page.goto(f"{hub.url}/hub/spawn")
+    page.locator(f'[data-profile="{profile}"] input').check()
+    page.locator("form#spawn_form input[type=submit], form#spawn_form button").first.click()
+    hub.wait_ready(user, timeout=120)
+
+
+def settled(locator: Any, timeout: float = 10) -> None:
+    """Wait until an element stops moving (a toast slides in), so screenshots are whole."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        box = locator.bounding_box()
+        if box is not None and box == last:
+            return
+        last = box
+        locator.page.wait_for_timeout(150)  # one animation frame batch between two readings
+    raise TimeoutError(f"{locator} kept moving for {timeout}s")

@@ -1,0 +1,166 @@
+"""Batch jobs from JupyterLab, end to end: a real hub, gpuslice service (local job backend),
+single-user server with its jobs proxy, and Debian's Chromium. The command is found where
+users look for it; the dialog shows live availability, refuses bad input itself and shows the
+service's refusals; the submitted job runs, the Jobs panel follows it to ``completed``, and its
+output notebook (with the parameters injected) opens.
+
+Screenshots for the docs: ``GPUSLICE_SCREENSHOTS=docs/images .venv/bin/pytest <this file>``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.hub import wait_for
+
+from .lab import (
+    chromium,
+    hub_config_for_lab,
+    need_browser_and_labextension,
+    screenshot_path,
+    settled,
+    spawn_in_browser,
+    write_lab_settings,
+    write_notebook,
+)
+
+pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.timeout(420)]
+
+PROFILES = [
+    {
+        "name": "share-250",
+        "display_name": "Quarter GPU, time-sliced",
+        "kind": "share",
+        "gpu_milli": 250,
+        "gpu_memory_mib": 20480,
+    },
+    {
+        "name": "mig-3g.40gb",
+        "display_name": "Medium MIG slice (3g.40gb)",
+        "kind": "mig",
+        "mig_profile": "3g.40gb",
+        "groups": ["physics"],
+    },
+]
+
+
+def test_submit_the_open_notebook_and_follow_it_to_its_output(
+    hub_factory: Any, tmp_path: Path
+) -> None:
+    sync_api = need_browser_and_labextension()
+    settings = write_lab_settings(tmp_path / "lab-settings")
+    hub = hub_factory(
+        spawner="gpuslice-simple",
+        profiles=PROFILES,
+        extra_hub_config=hub_config_for_lab(
+            [
+                f"--LabApp.user_settings_dir={settings}",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            ]
+        ),
+    )
+    hub.add_user("ann")
+    home = Path(hub.config["workdir"]) / "home" / "ann"
+    write_notebook(
+        home / "train.ipynb",
+        ["epochs = 1\n", "print('trained for', epochs, 'epochs')\n"],
+        parameters_cell=True,
+    )
+
+    with chromium(sync_api, tmp_path) as page:
+        spawn_in_browser(page, hub, "ann", "share-250")
+        page.goto(f"{hub.url}/user/ann/lab/tree/train.ipynb")
+        page.locator(".jp-gpuslice-status").wait_for(state="visible")
+
+        # The command is in the file browser's context menu for notebooks...
+        page.locator('.jp-DirListing-item[data-file-type="notebook"]').first.click(button="right")
+        page.locator(".lm-Menu-itemLabel", has_text="Submit as GPU job…").wait_for()
+        page.keyboard.press("Escape")
+        # ... in the command palette ...
+        page.keyboard.press("Control+Shift+C")
+        page.locator(".lm-CommandPalette-input").fill("Submit as GPU job")
+        page.locator(".lm-CommandPalette-item", has_text="Submit as GPU job").wait_for()
+        page.keyboard.press("Escape")
+        # ... and in the notebook toolbar, which is what we click.
+        page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpuslice-submit"]').click()
+
+        dialog = page.locator(".jp-Dialog")
+        dialog.get_by_text("Submit as GPU job").first.wait_for()
+        assert "train.ipynb" in dialog.locator(".jp-gpuslice-submit-path").inner_text()
+        page.wait_for_function(
+            "() => document.querySelector('.jp-Dialog select[name=profile]')?.options.length === 2"
+        )
+        profile = dialog.locator("select[name=profile]")
+        options = profile.locator("option").all_inner_texts()
+        assert options[0].startswith("Quarter GPU, time-sliced — "), options
+        assert " free" in options[0], options
+        assert "unavailable: not allowed for your groups" in options[1], options
+        assert profile.input_value() == "share-250"  # the first available one
+
+        # Bad input is refused in the dialog itself, every problem named, nothing sent.
+        dialog.locator("input[name=max_runtime]").fill("soon")
+        dialog.locator("textarea[name=parameters]").fill("1x = 2")
+        dialog.get_by_role("button", name="Submit").click()
+        errors = page.locator(".jp-gpuslice-submit-errors")
+        errors.get_by_text("is not a duration").wait_for()
+        assert "not a valid Python variable name" in errors.inner_text()
+
+        # The service's own refusal is shown in the dialog, which keeps what was typed.
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator("input[name=max_runtime]").fill("")
+        dialog.locator("input[name=checkpoint_interval]").fill("2d")
+        dialog.locator("textarea[name=parameters]").fill("epochs = 3")
+        dialog.get_by_role("button", name="Submit").click()
+        page.locator(".jp-gpuslice-submit-errors").get_by_text(
+            "Submitting the job was refused: field 'checkpoint_interval' must be 1 to 86400"
+        ).wait_for()
+        dialog = page.locator(".jp-Dialog")
+        assert dialog.locator("textarea[name=parameters]").input_value() == "epochs = 3"
+
+        dialog.locator("input[name=checkpoint_interval]").fill("30s")
+        dialog.locator("input[name=max_runtime]").fill("10m")
+        dialog.locator("select[name=priority]").select_option("normal")
+        settled(dialog.locator(".jp-Dialog-content"))
+        dialog.locator(".jp-Dialog-content").screenshot(
+            path=str(screenshot_path(tmp_path, "lab-submit-dialog.png"))
+        )
+        dialog.get_by_role("button", name="Submit").click()
+
+        # The Jobs panel opens and follows the job to completed.
+        card = page.locator(".jp-gpuslice-job").first
+        card.wait_for()
+        assert "share-250 · normal" in card.inner_text()
+        page.wait_for_function(
+            "() => document.querySelector('.jp-gpuslice-job')?.dataset.state === 'completed'",
+            timeout=180_000,
+        )
+         # Every cell ran (the runner adds one with the injected parameters).
+        assert re.search(r"\b(\d+) / \1 cells", card.inner_text()), card.inner_text()
+        job_id = card.get_attribute("data-job-id")
+        output = home / "gpu-jobs" / f"train-{job_id}" / "output.ipynb"
+        wait_for(output.exists, timeout=60, what="the job's output copied into ann's folder")
+        assert "trained for 3 epochs" in output.read_text()
+
+        card.get_by_role("button", name="Log").click()
+        card.locator(".jp-gpuslice-job-log").wait_for()
+        wait_for(
+            lambda: card.locator(".jp-gpuslice-job-log").inner_text().strip(),
+            timeout=30,
+            what="the job's log in the panel",
+        )
+        done = page.locator(".Toastify__toast", has_text="GPU job train completed.")
+        done.wait_for(timeout=60_000)
+        settled(done)
+        page.screenshot(path=str(screenshot_path(tmp_path, "lab-jobs-panel.png")))
+
+        card.get_by_role("button", name="Open output").click()
+        tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="output.ipynb")
+        tab.wait_for()
+        page.locator(".jp-OutputArea-output", has_text="trained for 3 epochs").wait_for()
+        assert card.get_by_role("button", name="Resubmit").is_visible()
+    hub.hub_api("DELETE", "/users/ann/server")
+    hub.wait_gone("ann")

@@ -1,0 +1,186 @@
+"""JupyterLab with the gpuslice labextension, in a real browser against a real hub, service
+and single-user server: log in, spawn with a slice, see the status bar item, get an idle
+warning (with the open notebook saved), click "Keep working" and see the deadline move; or
+click "Save and release GPU" and see the server stop and the slice go back.
+
+To refresh the screenshots in docs/images::
+
+    GPUSLICE_SCREENSHOTS=docs/images .venv/bin/pytest tests/browser/test_lab.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.harness.hub import wait_for
+
+from .lab import (
+    chromium,
+    hub_config_for_lab,
+    need_browser_and_labextension,
+    screenshot_path,
+    settled,
+    spawn_in_browser,
+    write_lab_settings,
+    write_notebook,
+)
+
+pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.timeout(420)]
+
+PROFILES = [
+    {
+        "name": "share-250",
+        "display_name": "Quarter GPU, time-sliced",
+        "kind": "share",
+        "gpu_milli": 250,
+        "gpu_memory_mib": 20480,
+        "idle_timeout": 3600,
+    },
+    {"name": "gpu-1", "display_name": "Whole A100 80GB", "kind": "gpu", "count": 1},
+]
+
+# A short idle policy so the warning comes within seconds: warned after ~IDLE - LEAD
+# seconds of idleness, culled LEAD seconds later (time enough to click).
+IDLE_TIMEOUT = 45
+WARNING_LEAD = 35
+SERVER_ARGS = [
+    f"--GPUSliceExtension.idle_timeout={IDLE_TIMEOUT}",
+    f"--GPUSliceExtension.warning_lead={WARNING_LEAD}",
+    "--GPUSliceExtension.sample_interval=1",
+    "--GPUSliceExtension.idle_window=1",
+    "--GPUSliceExtension.policy_from_service=False",
+    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+]
+STATUS_TEXT = "document.querySelector('.jp-gpuslice-status')?.textContent"
+
+
+def gpu_status(hub: Any, user: str, token: str) -> dict[str, Any]:
+    """The server extension's status, read with the user's own API token."""
+    r = requests.get(
+        f"{hub.url}/user/{user}/gpuslice/api/status",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    r.raise_for_status()
+    return r.json()  # type: ignore[no-any-return]
+
+
+def start(hub_factory: Any, tmp_path: Path) -> tuple[Any, str, Path]:
+    """A hub whose servers run the short idle policy, user ann, and her notebook."""
+    settings = write_lab_settings(tmp_path / "lab-settings")
+    hub = hub_factory(
+        spawner="gpuslice-simple",
+        profiles=PROFILES,
+        extra_hub_config=hub_config_for_lab(
+            [*SERVER_ARGS, f"--LabApp.user_settings_dir={settings}"]
+        ),
+    )
+    token = hub.add_user("ann")
+    notebook = Path(hub.config["workdir"]) / "home" / "ann" / "analysis.ipynb"
+    write_notebook(notebook, ["import math\n", "print(math.pi)\n"])
+    return hub, token, notebook
+
+
+def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_path: Path) -> None:
+    sync_api = need_browser_and_labextension()
+    hub, token, notebook = start(hub_factory, tmp_path)
+
+    with chromium(sync_api, tmp_path) as page:
+        spawn_in_browser(page, hub, "ann", "share-250")
+
+        page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
+        status = page.locator(".jp-gpuslice-status")
+        status.wait_for(state="visible")
+        page.wait_for_function(f"() => {STATUS_TEXT}.includes('share-250')")
+        text = status.inner_text()
+        assert "GPU share-250" in text and "(sim)" in text, text
+        assert "SIMULATED" in (status.get_attribute("title") or "")
+        page.locator("#jp-main-statusbar").screenshot(
+            path=str(screenshot_path(tmp_path, "lab-statusbar.png"))
+        )
+
+        # The kernel starts with the notebook; edit a cell without running it.
+        page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+        page.keyboard.press("End")
+        page.keyboard.type("  # edited before the warning")
+        wait_for(
+            lambda: gpu_status(hub, "ann", token)["kernels"],
+            timeout=60,
+            what="the notebook's kernel",
+        )
+        assert "edited before" not in notebook.read_text()
+
+        # Idle: the server warns; the lab shows a sticky notification and saves the notebook.
+        toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
+        toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
+        keep = toast.get_by_role("button", name="Keep working")
+        assert keep.is_visible()
+        assert toast.get_by_role("button", name="Save and release GPU").is_visible()
+        wait_for(
+            lambda: "edited before the warning" in notebook.read_text(),
+            timeout=20,
+            what="the open notebook saved when the warning arrived",
+        )
+        page.wait_for_function(f"() => {STATUS_TEXT}.includes('idle ')")
+        assert "jp-gpuslice-status-warning" in (status.get_attribute("class") or "")
+        settled(toast)
+        page.screenshot(path=str(screenshot_path(tmp_path, "lab-idle-warning.png")))
+
+        before = gpu_status(hub, "ann", token)
+        (kernel,) = before["kernels"]
+        assert kernel["warning"] is True
+        keep.click()
+        page.locator(".Toastify__toast", has_text="Keeping your GPU").wait_for(
+            state="visible", timeout=30_000
+        )
+        after = wait_for(
+            lambda: (
+                (s := gpu_status(hub, "ann", token))["kernels"]
+                and s["kernels"][0]["deadline"] > kernel["deadline"]
+                and s
+            ),
+            timeout=20,
+            what="the idle deadline moved by the keep-alive",
+        )
+        assert after["kernels"][0]["id"] == kernel["id"]  # the kernel was not culled
+        # The warning goes (Toastify removes it after its exit animation).
+        wait_for(
+            lambda: not page.locator(".Toastify__toast", has_text="Your GPU has been idle").count(),
+            timeout=10,
+            what="the warning to go once the user kept working",
+        )
+        page.screenshot(path=str(screenshot_path(tmp_path, "lab-kept-working.png")))
+    hub.hub_api("DELETE", "/users/ann/server")
+    hub.wait_gone("ann")
+
+
+def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path) -> None:
+    sync_api = need_browser_and_labextension()
+    hub, _token, notebook = start(hub_factory, tmp_path)
+    with chromium(sync_api, tmp_path) as page:
+        spawn_in_browser(page, hub, "ann", "share-250")
+        held = hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()
+        assert [a["profile"] for a in held["allocations"]] == ["share-250"]
+
+        page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
+        page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+        page.keyboard.press("End")
+        page.keyboard.type("  # unsaved work")
+
+        toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
+        toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
+        toast.get_by_role("button", name="Save and release GPU").click()
+        page.locator(".Toastify__toast", has_text="GPU released").wait_for(timeout=30_000)
+        assert "unsaved work" in notebook.read_text()
+        hub.wait_gone("ann", timeout=60)
+    wait_for(
+        lambda: (
+            not hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()["allocations"]
+        ),
+        timeout=30,
+        what="ann's slice released",
+    )

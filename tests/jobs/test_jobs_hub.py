@@ -1,0 +1,290 @@
+"""Batch jobs through a real JupyterHub + the gpuslice service, local backend.
+
+One simulated GPU and a whole-GPU profile: a batch job and an interactive server compete
+for the same slice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from tests.harness.hub import wait_for
+from tests.jobs.notebooks import TRAIN_CELLS, notebook
+
+pytestmark = pytest.mark.hub
+
+ONE_GPU = [
+    {
+        "name": "node-a",
+        "cpu_milli": 32000,
+        "memory_mib": 256000,
+        "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 1}],
+    }
+]
+PROFILES = [{"name": "gpu-1", "kind": "gpu", "count": 1, "preempt_batch": True}]
+RESULT_CELL = "print('RESULT', json.dumps({'w': w.tolist(), 'first_step': first_step}))"
+
+
+@pytest.fixture(scope="module")
+def jobs_hub(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(
+        tmp_path_factory.mktemp("jobs-hub"),
+        hosts=ONE_GPU,
+        profiles=PROFILES,
+        spawner="gpuslice-simple",
+    )
+    yield hub
+    hub.stop()
+
+
+def nb_json(cells: list[str]) -> dict:
+    return json.loads(nbformat.writes(notebook(cells)))
+
+
+def submit(hub, token, cells=TRAIN_CELLS, **body):
+    body = {"path": "train.ipynb", "profile": "gpu-1", "notebook": nb_json(cells), **body}
+    return hub.api("POST", "/api/jobs", token, json=body)
+
+
+def job(hub, token, job_id):
+    r = hub.api("GET", f"/api/jobs/{job_id}", token)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_state(hub, token, job_id, states, timeout=120):
+    states = {states} if isinstance(states, str) else set(states)
+    try:
+        return wait_for(
+            lambda: (j := job(hub, token, job_id))["state"] in states and j,
+            timeout,
+            f"job {job_id} to reach {states}",
+        )
+    except TimeoutError:
+        print(json.dumps(job(hub, token, job_id), indent=1))
+        print(hub.log()[-5000:])
+        raise
+
+
+def job_dir(hub, job_id) -> Path:
+    return hub.workdir / "gpuslice-jobs" / str(job_id)
+
+
+def expected_w(steps: int, lr: float) -> list[float]:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(256, 8))
+    y = X @ np.arange(8.0) + rng.normal(scale=0.1, size=256)
+    w = np.zeros(8)
+    for _ in range(steps):
+        w = w - lr * X.T @ (X @ w - y) / len(X)
+    return w.tolist()
+
+
+def output_result(hub, token, job_id) -> dict:
+    r = hub.api("GET", f"/api/jobs/{job_id}/output", token)
+    assert r.status_code == 200, r.text
+    nb = nbformat.reads(r.text, as_version=4)
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    return json.loads(text.split("RESULT", 1)[1])
+
+
+def test_bad_submissions_and_who_sees_what(jobs_hub):
+    hub = jobs_hub
+    alice, bob = hub.add_user("alice"), hub.add_user("bob")
+    admin = hub.add_user("admin", admin=True)
+    cases = [
+        ({"profile": "nope"}, 404, "unknown profile"),
+        ({"priority": "urgent"}, 400, "field 'priority'"),
+        ({"parameters": {"1x": 2}}, 400, "not a Python identifier"),
+        ({"parameters": {"x": object.__name__}, "slices": 0}, 400, "field 'slices'"),
+        ({"checkpoint_interval": 0}, 400, "checkpoint_interval"),
+        ({"notebook": {"cells": "nope"}}, 400, "not a valid notebook"),
+        ({"colour": "red"}, 400, "unknown field 'colour'"),
+    ]
+    for extra, status, needle in cases:
+        r = submit(hub, alice, **extra)
+        assert r.status_code == status and needle in r.json()["message"], (extra, r.text)
+    r = submit(hub, alice, cells=["raise RuntimeError('broken on purpose')"], name="broken")
+    assert r.status_code == 201, r.text
+    j = r.json()
+    assert j["state"] == "queued" and j["user"] == "alice" and j["priority"] == "preemptible"
+    assert j["output_path"] == f"gpu-jobs/broken-{j['id']}"
+    assert j["transitions"][0]["state"] == "queued"
+
+    assert hub.api("GET", f"/api/jobs/{j['id']}", bob).status_code == 404
+    assert hub.api("DELETE", f"/api/jobs/{j['id']}", bob).status_code == 404
+    assert [x["id"] for x in hub.api("GET", "/api/jobs", bob).json()["jobs"]] == []
+    assert hub.api("GET", "/api/jobs?user=alice", bob).status_code == 403
+    assert j["id"] in [x["id"] for x in hub.api("GET", "/api/jobs", admin).json()["jobs"]]
+    assert hub.api("POST", f"/api/jobs/{j['id']}/preempt", alice).status_code == 403
+
+    # a failing cell: failed with the error, not requeued
+    done = wait_state(hub, alice, j["id"], "failed")
+    assert "RuntimeError: broken on purpose" in done["error"]
+    assert done["restarts"] == 0
+    assert [t["state"] for t in done["transitions"]] == ["queued", "starting", "failed"] or [
+        t["state"] for t in done["transitions"]
+    ] == ["queued", "starting", "running", "failed"]
+    log = hub.api("GET", f"/api/jobs/{j['id']}/log", alice).json()["log"]
+    assert "broken on purpose" in log
+    assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
+
+
+def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jobs_hub):
+    hub = jobs_hub
+    alice, _bob = hub.add_user("alice"), hub.add_user("bob")
+    steps, lr = 400, 0.05
+    r = submit(
+        hub,
+        alice,
+        cells=[*TRAIN_CELLS[:3], RESULT_CELL],
+        parameters={"steps": steps, "lr": lr, "delay": 0.01},
+        checkpoint_interval=1,
+    )
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    wait_state(hub, alice, job_id, "running")
+    ckpt = job_dir(hub, job_id) / "checkpoints" / "default.ckpt"
+    wait_for(ckpt.exists, 60, "the training loop's first checkpoint")
+
+    # bob wants the only GPU: the service preempts alice's job, the spawn waits for it
+    r = hub.spawn("bob", {"profile": "gpu-1"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("bob", timeout=120)
+    j = job(hub, alice, job_id)
+    assert j["state"] == "queued", j
+    states = [t["state"] for t in j["transitions"]]
+    assert states[-3:] == ["preempting", "preempted", "queued"]
+    assert "interactive server of bob" in j["transitions"][-3]["reason"]
+    assert j["restarts"] == 1 and j["lost_work_seconds"] < 5
+    # the spawner was told to wait (202) while the job checkpointed
+    assert "202 POST /services/gpuslice/api/allocations" in hub.log()
+
+    # bob leaves: the job gets the GPU back and continues from its saved step
+    hub.hub_api("DELETE", "/users/bob/server")
+    hub.wait_gone("bob")
+    done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=180)
+    assert done["state"] == "completed", done
+    result = output_result(hub, alice, job_id)
+    assert 0 < result["first_step"] < steps
+    np.testing.assert_array_equal(result["w"], expected_w(steps, lr))
+    assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
+
+
+def test_sigkilled_runner_is_requeued_and_finishes(jobs_hub):
+    hub = jobs_hub
+    alice = hub.add_user("alice")
+    r = submit(
+        hub,
+        alice,
+        cells=[*TRAIN_CELLS[:3], RESULT_CELL],
+        parameters={"steps": 300, "delay": 0.01},
+        checkpoint_interval=1,
+    )
+    job_id = r.json()["id"]
+    wait_state(hub, alice, job_id, "running")
+    d = job_dir(hub, job_id)
+    wait_for((d / "checkpoints" / "default.ckpt").exists, 60, "a checkpoint")
+    pid = json.loads((d / "state.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    j = wait_state(hub, alice, job_id, "queued", timeout=30)
+    assert "runner exited unexpectedly" in j["transitions"][-1]["reason"]
+    assert j["restarts"] == 1
+    done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=180)
+    assert done["state"] == "completed", done
+    result = output_result(hub, alice, job_id)
+    assert result["first_step"] > 0
+    np.testing.assert_array_equal(result["w"], expected_w(300, 0.05))
+
+
+LONG_LOOP = [
+    "import time\nimport gpuslice.checkpoint\nckpt = gpuslice.checkpoint.open()\nckpt.restore()",
+    "for step in ckpt.steps(3000):\n    time.sleep(0.01)\n    ckpt.save(step=step)",
+]
+NO_CHECKPOINT_LOOP = ["import time\nfor _ in range(3000):\n    time.sleep(0.01)"]
+
+
+def test_high_priority_job_preempts_preemptible_never_normal(jobs_hub):
+    hub = jobs_hub
+    alice, bob, _carol = hub.add_user("alice"), hub.add_user("bob"), hub.add_user("carol")
+    low = submit(hub, alice, cells=LONG_LOOP, checkpoint_interval=1).json()["id"]
+    wait_state(hub, alice, low, "running")
+    high = submit(hub, bob, cells=["x = 1"], priority="high").json()["id"]
+    wait_state(hub, bob, high, "completed", timeout=120)
+    j = job(hub, alice, low)
+    preempting = [t for t in j["transitions"] if t["state"] == "preempting"]
+    assert preempting and f"job {high} (high) needs its slice" in preempting[0]["reason"]
+    assert j["state"] in ("queued", "starting", "running") and j["restarts"] == 1
+    assert hub.api("DELETE", f"/api/jobs/{low}", alice).json()["state"] == "cancelled"
+
+    normal = submit(hub, alice, cells=NO_CHECKPOINT_LOOP, priority="normal").json()["id"]
+    wait_state(hub, alice, normal, "running")
+    urgent = submit(hub, bob, cells=["x = 1"], priority="high").json()["id"]
+    r = hub.spawn("carol", {"profile": "gpu-1"})
+    if r.status_code == 202:
+        events = hub.progress_events("carol")
+        assert events[-1].get("failed"), events
+        message = events[-1]["message"]
+    else:
+        message = r.json()["message"]
+    assert "No gpu-1 free" in message
+    j = wait_for(
+        lambda: (x := job(hub, bob, urgent))["waiting_reason"] and x, 30, "a waiting reason"
+    )
+    assert j["state"] == "queued" and "No gpu-1 free" in j["waiting_reason"]
+    assert job(hub, alice, normal)["state"] == "running"
+    assert "preempting" not in [t["state"] for t in job(hub, alice, normal)["transitions"]]
+    hub.api("DELETE", f"/api/jobs/{normal}", alice)
+    wait_state(hub, bob, urgent, "completed", timeout=120)
+
+
+def test_service_restart_mid_run_loses_no_job(jobs_hub):
+    hub = jobs_hub
+    alice = hub.add_user("alice")
+    job_id = submit(
+        hub,
+        alice,
+        cells=[*LONG_LOOP[:1], LONG_LOOP[1].replace("3000", "600")],
+        checkpoint_interval=1,
+    ).json()["id"]
+    wait_state(hub, alice, job_id, "running")
+    pid = hub.service_pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: hub.service_pid() != pid, 60, "the hub to restart the service")
+    done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=120)
+    assert done["state"] == "completed", done
+    assert done["restarts"] == 0  # the runner outlived the service and was found again
+    assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
+
+
+def test_max_runtime_and_all_or_nothing_slices(jobs_hub):
+    hub = jobs_hub
+    alice = hub.add_user("alice")
+    # two slices on a one-GPU cluster: never started, and never holds half of what it needs
+    wide = submit(hub, alice, cells=["x = 1"], slices=2).json()["id"]
+    j = wait_for(
+        lambda: (x := job(hub, alice, wide))["waiting_reason"] and x, 30, "a waiting reason"
+    )
+    assert j["state"] == "queued" and "No 2 gpu-1 slices free at once" in j["waiting_reason"]
+    assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
+    assert hub.api("DELETE", f"/api/jobs/{wide}", alice).json()["state"] == "cancelled"
+    assert hub.api("DELETE", f"/api/jobs/{wide}", alice).status_code == 409
+
+    slow = submit(hub, alice, cells=NO_CHECKPOINT_LOOP, max_runtime=3).json()["id"]
+    done = wait_state(hub, alice, slow, ("timed-out", "completed", "failed"), timeout=60)
+    assert done["state"] == "timed-out", done
+    assert "max runtime" in done["transitions"][-1]["reason"]
+    wait_for(
+        lambda: hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == [],
+        10,
+        "the slice to be released",
+    )

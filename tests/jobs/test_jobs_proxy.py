@@ -1,0 +1,101 @@
+"""Job submission through a real single-user server (the gpuslice server extension),
+behind a real JupyterHub: path checks, the job folder, outputs copied back, resubmit."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import nbformat
+import pytest
+import requests
+
+from tests.harness.hub import wait_for
+from tests.jobs.notebooks import notebook
+
+pytestmark = pytest.mark.hub
+
+
+@pytest.fixture(scope="module")
+def proxy_hub(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(tmp_path_factory.mktemp("proxy-hub"), spawner="gpuslice-simple")
+    yield hub
+    hub.stop()
+
+
+def server_api(hub, token, method, path, **kw):
+    return requests.request(
+        method,
+        f"{hub.url}/user/alice/gpuslice/api/{path}",
+        headers={"Authorization": f"token {token}"},
+        timeout=60,
+        **kw,
+    )
+
+
+def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp_path):
+    hub = proxy_hub
+    alice = hub.add_user("alice")
+    home = hub.workdir / "home" / "alice"
+    home.mkdir(parents=True, exist_ok=True)
+    nb = notebook(["x = 6", "print('answer', x * 7)"])
+    (home / "work").mkdir(exist_ok=True)
+    nbformat.write(nb, home / "work" / "answer.ipynb")
+    outside = tmp_path / "secret.ipynb"
+    nbformat.write(nb, outside)
+    os.symlink(outside, home / "link.ipynb")
+    r = hub.spawn("alice", {"profile": "share-250"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("alice")
+    try:
+        refusals = [
+            ({"path": "../secret.ipynb", "profile": "mig-1g.10gb"}, 403),
+            ({"path": "link.ipynb", "profile": "mig-1g.10gb"}, 403),
+            ({"path": "work/missing.ipynb", "profile": "mig-1g.10gb"}, 404),
+            ({"path": "work", "profile": "mig-1g.10gb"}, 400),
+            ({"path": "work/answer.ipynb", "profile": "mig-1g.10gb", "evil": 1}, 400),
+            ({"path": "work/answer.ipynb", "profile": "no-such"}, 404),
+        ]
+        for body, status in refusals:
+            r = server_api(hub, alice, "POST", "jobs", json=body)
+            assert r.status_code == status, (body, r.text)
+
+        r = server_api(
+            hub, alice, "POST", "jobs", json={"path": "work/answer.ipynb", "profile": "mig-1g.10gb"}
+        )
+        assert r.status_code == 201, r.text
+        job = r.json()
+        assert job["user"] == "alice" and job["path"] == "work/answer.ipynb"
+        folder = home / job["output_path"]
+        assert job["output_path"] == f"gpu-jobs/answer-{job['id']}"
+        assert (folder / "answer.ipynb").is_file()  # the snapshot that was submitted
+
+        def finished():
+            j = server_api(hub, alice, "GET", f"jobs/{job['id']}").json()
+            return j["state"] in ("completed", "failed") and j
+
+        done = wait_for(finished, 120, "the job to finish")
+        assert done["state"] == "completed", done
+        out = nbformat.read(folder / "output.ipynb", as_version=4)
+        assert "answer 42" in out.cells[-1].outputs[0]["text"]
+        assert (folder / "output.html").stat().st_size > 1000
+        assert "completed" in (folder / "job.log").read_text()
+
+        listed = server_api(hub, alice, "GET", "jobs").json()["jobs"]
+        assert [j["id"] for j in listed] == [job["id"]]
+        log = server_api(hub, alice, "GET", f"jobs/{job['id']}/log").json()["log"]
+        assert "completed" in log
+
+        again = server_api(hub, alice, "POST", f"jobs/{job['id']}/resubmit")
+        assert again.status_code == 201, again.text
+        assert again.json()["id"] != job["id"] and again.json()["profile"] == "mig-1g.10gb"
+        r = server_api(hub, alice, "DELETE", f"jobs/{again.json()['id']}")
+        assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+
+        profiles = server_api(hub, alice, "GET", "profiles").json()
+        assert "mig-1g.10gb" in json.dumps(profiles)
+    finally:
+        hub.hub_api("DELETE", "/users/alice/server")
+        hub.wait_gone("alice")

@@ -1,0 +1,124 @@
+"""The runner with real kernels: cell-by-cell execution, preemption, resume, failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+
+from tests.harness.hub import wait_for
+from tests.jobs.notebooks import make_job_dir
+
+EXIT_PREEMPTED = 75
+
+
+def start_runner(job_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuslice.run", str(job_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def state(job_dir: Path) -> dict:
+    try:
+        return json.loads((job_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_to_end(job_dir: Path, timeout: float = 120) -> int:
+    proc = start_runner(job_dir)
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode is not None, out
+    return proc.returncode
+
+
+def test_uninterrupted_run_writes_outputs_and_injects_parameters(tmp_path: Path):
+    jd = make_job_dir(tmp_path / "job", parameters={"steps": 50, "lr": 0.05})
+    assert run_to_end(jd) == 0, (jd / "job.log").read_text()
+    st = state(jd)
+    assert st["status"] == "completed" and st["cells_done"] == st["cells_total"] == 5
+    result = json.loads((jd / "result.json").read_text())
+    assert result["first_step"] == 0
+    out = nbformat.read(jd / "output.ipynb", as_version=4)
+    assert out.cells[1].metadata["tags"] == ["injected-parameters"]
+    assert "steps = 50" in out.cells[1].source
+    assert any("loss" in o.get("text", "") for o in out.cells[-1].outputs)
+    assert (jd / "output.html").stat().st_size > 1000
+
+
+def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: Path):
+    params = {"steps": 300, "delay": 0.01}
+    ref = make_job_dir(tmp_path / "ref", parameters={"steps": 300})
+    assert run_to_end(ref) == 0
+    expected = json.loads((ref / "result.json").read_text())
+
+    jd = make_job_dir(tmp_path / "job", parameters=params, interval=0.3)
+    proc = start_runner(jd)
+    # wait until the training loop has written at least one checkpoint of its own
+    wait_for(lambda: (jd / "checkpoints" / "default.ckpt").exists(), 60, "a step checkpoint")
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, (jd / "job.log").read_text()
+    st = state(jd)
+    assert st["status"] == "preempted"
+    assert st["cells_done"] == 3  # the parameters, injected-parameters and data cells
+    assert st["lost_work_seconds"] < 1.0  # saved at the step after the signal
+
+    assert run_to_end(jd) == 0, (jd / "job.log").read_text()
+    result = json.loads((jd / "result.json").read_text())
+    assert 0 < result["first_step"] < 300
+    np.testing.assert_array_equal(result["w"], expected["w"])
+    log = (jd / "job.log").read_text()
+    assert "resumed from the namespace snapshot after cell" in log
+    assert state(jd)["attempt"] == 2
+
+
+def test_failing_cell_fails_the_job_with_the_error(tmp_path: Path):
+    jd = make_job_dir(tmp_path / "job", cells=["x = 1", "raise ValueError('bad data')", "y = 2"])
+    assert run_to_end(jd) == 1
+    st = state(jd)
+    assert st["status"] == "failed"
+    assert "ValueError: bad data" in st["error"] and st["cells_done"] == 1
+
+
+def test_preempted_at_cell_boundary_snapshots_and_lists_unsaved(tmp_path: Path):
+    cells = [
+        "import threading\nlock = threading.Lock()\nfh = open('scratch.txt', 'w')\n"
+        "def double(v):\n    return 2 * v\ncounter = 20",
+        # a long cell without gpuslice.checkpoint: the signal waits for its end
+        "import time\nfor _ in range(200):\n    time.sleep(0.01)\ncounter += 1",
+        "open('result.txt', 'w').write(str(double(counter)))",
+    ]
+    jd = make_job_dir(tmp_path / "job", cells=cells, interval=3600)
+    proc = start_runner(jd)
+    wait_for(lambda: state(jd).get("current_cell") == 1, 60, "the long cell to start")
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED
+    assert state(jd)["cells_done"] == 2
+    log = (jd / "job.log").read_text()
+    assert "not saved: lock" in log and "not saved: fh" in log
+
+    assert run_to_end(jd) == 0, (jd / "job.log").read_text()
+    # counter was restored (21), double() re-created from its source
+    assert (jd / "result.txt").read_text() == "42"
+
+
+def test_signal_while_the_kernel_starts_is_a_preemption_not_a_failure(tmp_path: Path):
+    jd = make_job_dir(tmp_path / "job", cells=["x = 1", "y = 2"])
+    proc = start_runner(jd)
+    wait_for(lambda: state(jd).get("status") == "running", 60, "the runner to start")
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, (jd / "job.log").read_text()
+    assert state(jd)["status"] == "preempted"
+    assert run_to_end(jd) == 0

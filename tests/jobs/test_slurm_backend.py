@@ -1,0 +1,135 @@
+"""The Slurm backend on a real single-node Slurm: a job preempted by a higher-priority
+partition (PreemptMode=REQUEUE) checkpoints, is requeued by Slurm, and resumes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script
+from tests.harness.hub import wait_for
+from tests.jobs.notebooks import TRAIN_CELLS, make_job_dir
+from tests.jobs.test_jobs_hub import expected_w
+
+HOLD = 'while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 0.1; done\n'
+
+
+def test_batch_script_has_requeue_signal_gres_and_append():
+    script = batch_script(
+        7,
+        "/jobs/7",
+        "/venv/bin/python",
+        gres="shard:2",
+        partition="preemptible",
+        time_limit_minutes=90,
+        env={"CUDA_VISIBLE_DEVICES": "GPU-1", "GPUSLICE_JOB_ID": "7"},
+    )
+    lines = script.splitlines()
+    for expected in (
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --signal=B:USR1@60",
+        "#SBATCH --gres=shard:2",
+        "#SBATCH --partition=preemptible",
+        "#SBATCH --time=90",
+        'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-GPU-1}"',
+        "export GPUSLICE_JOB_ID=7",
+    ):
+        assert expected in lines
+    assert lines[-1] == "exec /venv/bin/python -m gpuslice.run /jobs/7"
+
+
+def runner_state(d: Path) -> dict:
+    try:
+        return json.loads((d / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slurm
+def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm, tmp_path):
+    d = make_job_dir(tmp_path / "job", parameters={"steps": 400, "delay": 0.02}, interval=1.0)
+    (d / "result.json").unlink(missing_ok=True)
+    backend = SlurmBackend(
+        sys.executable, partition="preemptible", gres="gpu:1g.10gb:1", env=slurm.env
+    )
+    ref = backend.start(1, str(d), {"GPUSLICE_JOB_ID": "1"})
+    slurm.wait_state(ref["slurm_job_id"], "RUNNING", timeout=60)
+    wait_for((d / "checkpoints" / "default.ckpt").exists, 90, "the loop's first checkpoint")
+
+    winner = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
+    slurm.wait_state(winner, "RUNNING", timeout=60)
+    info = slurm.job_info(ref["slurm_job_id"])
+    assert info["JobState"] in {"PENDING", "REQUEUED"} and int(info["Restarts"]) == 1
+    # the runner got Slurm's SIGTERM, checkpointed and exited 75 within KillWait
+    st = wait_for(
+        lambda: runner_state(d).get("status") == "preempted" and runner_state(d),
+        30,
+        "the runner to record its preemption",
+    )
+    assert st["lost_work_seconds"] < 2
+    assert backend.poll(ref).alive  # still Slurm's job, waiting to run again
+
+    (slurm.root / "jobs" / f"{winner}.release").touch()
+    slurm.wait_state(winner, "COMPLETED", timeout=30)
+    backend.release_requeued(ref)
+    slurm.wait_state(ref["slurm_job_id"], "COMPLETED", timeout=180)
+    status = backend.poll(ref)
+    assert not status.alive and status.exit_code == 0
+    result = json.loads((d / "result.json").read_text())
+    assert 0 < result["first_step"] < 400
+    np.testing.assert_array_equal(result["w"], expected_w(400, 0.05))
+    out = (d / "slurm.out").read_text()
+    assert out.count("DUE TO PREEMPTION") == 1  # appended to, not overwritten, on restart
+    log = (d / "job.log").read_text()
+    assert "attempt 2" in log and "resumed from the namespace snapshot" in log
+
+
+@pytest.mark.slurm
+@pytest.mark.hub
+def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_factory):
+    from tests.jobs.test_jobs_hub import RESULT_CELL, output_result, submit, wait_state
+
+    env = {k: v for k, v in slurm.env.items() if k.startswith("SLURM") or k == "PATH"}
+    hub = hub_factory(
+        extra_service_config=(
+            f"import os\nos.environ.update({env!r})\n"
+            "c.GPUSliceService.job_backend = 'slurm'\n"
+            "c.JobManager.slurm_partitions = {'preemptible': 'preemptible'}\n"
+            "c.JobManager.slurm_gres = {'mig-1g.10gb': 'gpu:1g.10gb:1'}\n"
+        )
+    )
+    alice = hub.add_user("alice")
+    r = submit(
+        hub,
+        alice,
+        cells=[*TRAIN_CELLS[:3], RESULT_CELL],
+        profile="mig-1g.10gb",
+        parameters={"steps": 400, "delay": 0.02},
+        checkpoint_interval=1,
+    )
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    wait_state(hub, alice, job_id, "running", timeout=90)
+    d = hub.workdir / "gpuslice-jobs" / str(job_id)
+    wait_for((d / "checkpoints" / "default.ckpt").exists, 90, "the loop's first checkpoint")
+
+    winner = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
+    slurm.wait_state(winner, "RUNNING", timeout=60)
+
+    def requeued():
+        j = wait_state(hub, alice, job_id, ("queued", "starting", "running"), timeout=5)
+        return "preempted" in [t["state"] for t in j["transitions"]] and j
+
+    j = wait_for(requeued, 60, "the service to see Slurm's requeue")
+    assert j["restarts"] == 1 and j["preemptions"] == 1
+    (slurm.root / "jobs" / f"{winner}.release").touch()
+    done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=180)
+    assert done["state"] == "completed", done
+    result = output_result(hub, alice, job_id)
+    assert 0 < result["first_step"] < 400
+    np.testing.assert_array_equal(result["w"], expected_w(400, 0.05))

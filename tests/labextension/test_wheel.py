@@ -1,0 +1,108 @@
+"""The wheel ships the prebuilt labextension: installed into a fresh venv on a PATH without
+Node.js, JupyterLab lists it as enabled and OK (and the server extension too, once it exists).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.harness.engines import need
+
+REPO = Path(__file__).resolve().parents[2]
+LABEXT_OUT = REPO / "server_ext" / "gpuslice" / "labextension"
+SHARE = "share/jupyter/labextensions/gpuslice-labextension"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def without_node_path() -> str:
+    """The current PATH minus every folder that holds node or npm."""
+    keep = [
+        folder
+        for folder in os.environ.get("PATH", "").split(os.pathsep)
+        if folder
+        and not any(os.access(os.path.join(folder, exe), os.X_OK) for exe in ("node", "npm"))
+    ]
+    return os.pathsep.join(keep)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (LABEXT_OUT / "package.json").exists():
+        # The build hook would have to run npm; without it the wheel cannot carry the UI.
+        need(shutil.which("npm") is not None, "npm (to build the labextension)")
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+        check=True,
+        timeout=900,
+    )
+    (built,) = out.glob("gpuslice-*.whl")
+    return built
+
+
+def test_wheel_carries_the_prebuilt_labextension_once(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    data = [n for n in names if f".data/data/{SHARE}/" in n]
+    assert any(n.endswith(f"{SHARE}/package.json") for n in data)
+    assert any(n.endswith(f"{SHARE}/install.json") for n in data)
+    assert any(re.search(r"/static/remoteEntry\.[0-9a-f]+\.js$", n) for n in data)
+    assert any(n.endswith(f"{SHARE}/schemas/gpuslice-labextension/plugin.json") for n in data)
+    # Not a second copy inside the Python package.
+    assert not [n for n in names if n.startswith("gpuslice/labextension/")]
+
+
+def test_installed_without_node_the_extension_is_enabled_and_ok(
+    wheel: Path, tmp_path: Path
+) -> None:
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(wheel), "jupyterlab>=4,<5"],
+        check=True,
+        timeout=900,
+    )
+    path = os.pathsep.join([str(env_dir / "bin"), without_node_path()])
+    assert shutil.which("node", path=path) is None
+    assert shutil.which("npm", path=path) is None
+    env = {
+        "PATH": path,
+        "HOME": str(tmp_path / "home"),
+        # Only the new venv's config and data: nothing from this checkout's .venv or ~/.jupyter.
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "home" / ".jupyter"),
+        "JUPYTER_DATA_DIR": str(tmp_path / "home" / "data"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+
+    def jupyter(*args: str) -> str:
+        result = subprocess.run(
+            [str(env_dir / "bin" / "jupyter"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return ANSI.sub("", result.stdout + result.stderr)
+
+    labs = jupyter("labextension", "list")
+    line = next((ln for ln in labs.splitlines() if "gpuslice-labextension" in ln), None)
+    assert line is not None, labs
+    assert re.search(r"gpuslice-labextension v\S+ enabled OK \(python, gpuslice\)", line), line
+    assert str(env_dir / "share" / "jupyter" / "labextensions") in labs
+
+    if (REPO / "server_ext" / "gpuslice" / "extension").is_dir():
+        servers = jupyter("server", "extension", "list")
+        assert re.search(r"^\s*gpuslice enabled\s*$", servers, re.M), servers
+        assert re.search(r"^\s*gpuslice \S+ OK\s*$", servers, re.M), servers
