@@ -184,14 +184,14 @@ class JobWatcher:
                 jobs = (await self.service.call("GET", "api/jobs?limit=200"))["jobs"]
                 for job in jobs:
                     if await sync_outputs(self.service, self.root, job):
-                        self._emit(job)
+                        self.emit(job)
                 if not any(j["state"] not in TERMINAL for j in jobs):
                     return  # started again by the next submission or listing
             except (web.HTTPError, OSError, KeyError, ValueError):
                 pass  # the service may be restarting: try again next round
             await asyncio.sleep(self.interval)
 
-    def _emit(self, job: dict[str, Any]) -> None:
+    def emit(self, job: dict[str, Any]) -> None:
         if self.event_logger is None:
             return
         self.event_logger.emit(
@@ -284,7 +284,8 @@ class JobHandler(JobsProxyHandler):
     @authorized
     async def get(self, job_id: str) -> None:
         job = await self.service.call("GET", f"api/jobs/{job_id}")
-        await sync_outputs(self.service, self.root, job)
+        if await sync_outputs(self.service, self.root, job):
+            self.watcher().emit(job)
         self.finish(json.dumps(job))
 
     @web.authenticated

@@ -137,3 +137,21 @@ def settled(locator: Any, timeout: float = 10) -> None:
         last = box
         locator.page.wait_for_timeout(150)  # one animation frame batch between two readings
     raise TimeoutError(f"{locator} kept moving for {timeout}s")
+
+
+def type_into_first_cell(page: Any, text: str) -> None:
+    """Append ``text`` to the first cell's source (unsaved), and make sure it landed: a click
+    while JupyterLab is still laying out the notebook can leave the editor without focus."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+    for _ in range(3):
+        editor.click()
+        page.keyboard.press("End")
+        page.keyboard.type(text)
+        try:
+            editor.get_by_text(text.strip()).wait_for(timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"could not type {text!r} into the first cell")

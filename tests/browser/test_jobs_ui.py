@@ -138,7 +138,7 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
             "() => document.querySelector('.jp-gpuslice-job')?.dataset.state === 'completed'",
             timeout=180_000,
         )
-         # Every cell ran (the runner adds one with the injected parameters).
+        # Every cell ran (the runner adds one with the injected parameters).
         assert re.search(r"\b(\d+) / \1 cells", card.inner_text()), card.inner_text()
         job_id = card.get_attribute("data-job-id")
         output = home / "gpu-jobs" / f"train-{job_id}" / "output.ipynb"

@@ -25,6 +25,7 @@ from .lab import (
     screenshot_path,
     settled,
     spawn_in_browser,
+    type_into_first_cell,
     write_lab_settings,
     write_notebook,
 )
@@ -45,8 +46,8 @@ PROFILES = [
 
 # A short idle policy so the warning comes within seconds: warned after ~IDLE - LEAD
 # seconds of idleness, culled LEAD seconds later (time enough to click).
-IDLE_TIMEOUT = 45
-WARNING_LEAD = 35
+IDLE_TIMEOUT = 50
+WARNING_LEAD = 30
 SERVER_ARGS = [
     f"--GPUSliceExtension.idle_timeout={IDLE_TIMEOUT}",
     f"--GPUSliceExtension.warning_lead={WARNING_LEAD}",
@@ -104,9 +105,7 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         )
 
         # The kernel starts with the notebook; edit a cell without running it.
-        page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
-        page.keyboard.press("End")
-        page.keyboard.type("  # edited before the warning")
+        type_into_first_cell(page, "  # edited before the warning")
         wait_for(
             lambda: gpu_status(hub, "ann", token)["kernels"],
             timeout=60,
@@ -167,9 +166,7 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         assert [a["profile"] for a in held["allocations"]] == ["share-250"]
 
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
-        page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
-        page.keyboard.press("End")
-        page.keyboard.type("  # unsaved work")
+        type_into_first_cell(page, "  # unsaved work")
 
         toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)

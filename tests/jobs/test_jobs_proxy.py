@@ -3,12 +3,15 @@ behind a real JupyterHub: path checks, the job folder, outputs copied back, resu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
 import nbformat
 import pytest
 import requests
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 from tests.harness.hub import wait_for
 from tests.jobs.notebooks import notebook
@@ -76,12 +79,17 @@ def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp
             j = server_api(hub, alice, "GET", f"jobs/{job['id']}").json()
             return j["state"] in ("completed", "failed") and j
 
+        events = start_listening(hub, alice)
         done = wait_for(finished, 120, "the job to finish")
         assert done["state"] == "completed", done
         out = nbformat.read(folder / "output.ipynb", as_version=4)
         assert "answer 42" in out.cells[-1].outputs[0]["text"]
         assert (folder / "output.html").stat().st_size > 1000
         assert "completed" in (folder / "job.log").read_text()
+
+        event = events.result(timeout=30)
+        assert event["job_id"] == job["id"] and event["state"] == "completed"
+        assert event["output_path"] == job["output_path"]
 
         listed = server_api(hub, alice, "GET", "jobs").json()["jobs"]
         assert [j["id"] for j in listed] == [job["id"]]
@@ -99,3 +107,41 @@ def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp
     finally:
         hub.hub_api("DELETE", "/users/alice/server")
         hub.wait_gone("alice")
+
+
+def start_listening(hub, token):
+    """Subscribe to the server's event bus (as JupyterLab does) in a background thread;
+    the future resolves with the first gpuslice job event."""
+    import concurrent.futures
+    import threading
+
+    result: concurrent.futures.Future = concurrent.futures.Future()
+    ready = threading.Event()
+
+    async def listen() -> None:
+        url = hub.url.replace("http", "ws", 1) + "/user/alice/api/events/subscribe"
+        req = HTTPRequest(url, headers={"Authorization": f"token {token}"})
+        conn = await websocket_connect(req)
+        ready.set()
+        while True:
+            msg = await conn.read_message()
+            if msg is None:
+                result.set_exception(RuntimeError("event stream closed"))
+                return
+            data = json.loads(msg)
+            if "jobs/v1" in str(data.get("schema_id") or data.get("__schema__")):
+                result.set_result(data)
+                conn.close()
+                return
+
+    def run() -> None:
+        try:
+            asyncio.run(asyncio.wait_for(listen(), 180))
+        except Exception as e:
+            if not result.done():
+                result.set_exception(e)
+            ready.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert ready.wait(30), "could not subscribe to the server's events"
+    return result

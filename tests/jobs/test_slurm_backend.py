@@ -128,7 +128,8 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
     j = wait_for(requeued, 60, "the service to see Slurm's requeue")
     assert j["restarts"] == 1 and j["preemptions"] == 1
     (slurm.root / "jobs" / f"{winner}.release").touch()
-    done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=180)
+    # not held back by slurmctld's post-requeue BeginTime (~2 minutes)
+    done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=60)
     assert done["state"] == "completed", done
     result = output_result(hub, alice, job_id)
     assert 0 < result["first_step"] < 400

@@ -120,7 +120,7 @@ class SlurmBackend:
         if previous and previous.get("slurm_job_id") and self.poll(previous).alive:
             # Slurm requeued it itself (preempted by a higher-priority partition)
             self.release_requeued(previous)
-            return previous
+            return {**previous, "resume": True}
         script = batch_script(
             job_id,
             job_dir,
@@ -143,9 +143,12 @@ class SlurmBackend:
             info = self.state(ref)
         except RuntimeError:
             # gone from slurmctld's memory (MinJobAge): the runner's own record tells
-            status = _runner_status(str(ref.get("job_dir", "")))
+            status = _runner_status(str(ref.get("job_dir", ""))) or ""
             return RunStatus(False, {"completed": 0, "failed": 1, "preempted": 75}.get(status))
         if info.get("JobState") in ALIVE:
+            if ref.get("resume") and info.get("Reason") == "BeginTime":
+                # the requeue may land after our first release: release it again
+                self.release_requeued(ref)
             return RunStatus(True)
         code = info.get("ExitCode", "0:0").split(":")[0]
         return RunStatus(False, int(code) if code.isdigit() else None)

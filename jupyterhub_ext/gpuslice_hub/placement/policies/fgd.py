@@ -131,6 +131,8 @@ class FGD:
             request.gpu_memory_mib,
             request.count,
             request.models,
+            # the memory-aware measure depends on the memory the request takes
+            request.memory_mib if self.memory else 0,
         )
         cache = state.cache.get(key)
         if cache is None:
