@@ -71,7 +71,7 @@ def count_fits(request: Request, hosts: Sequence[HostState], policy: Policy, cap
     scratch = copy.deepcopy(list(hosts))
     n = 0
     while n < cap:
-        result = place(request, scratch, policy)
+        result = place(request, scratch, policy, learn=False)
         if not isinstance(result, Placement):
             break
         apply(scratch, request, result)

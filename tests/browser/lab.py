@@ -113,8 +113,25 @@ def chromium(sync_api: Any, tmp_path: Path) -> Iterator[Any]:
             page = context.new_page()
             page.set_default_timeout(120_000)
             yield page
+        except BaseException:
+            show_failure(page, tmp_path)
+            raise
         finally:
             context.close()
+
+
+def show_failure(page: Any, tmp_path: Path) -> None:
+    """What the user would have seen when a browser test failed: a screenshot, and the text
+    of open dialogs and notifications (printed, so pytest shows it with the failure)."""
+    try:
+        shot = tmp_path / "failure.png"
+        page.screenshot(path=str(shot))
+        print(f"screenshot at failure: {shot}")
+        for selector in (".jp-Dialog", ".Toastify__toast"):
+            for text in page.locator(selector).all_inner_texts():
+                print(f"{selector}: {text!r}")
+    except Exception as e:  # the page may be gone; the original failure matters more
+        print(f"no screenshot at failure: {e}")
 
 
 def spawn_in_browser(page: Any, hub: Any, user: str, profile: str) -> None:

@@ -35,7 +35,8 @@ def pick_victim(
         freed = set(job.allocation_ids or [])
         remaining = [a for a in active if a.id not in freed]
         if isinstance(
-            place(request, build_hosts(hosts, gpus, remaining), ledger.policy), Placement
+            place(request, build_hosts(hosts, gpus, remaining), ledger.policy, learn=False),
+            Placement,
         ):
             return job
     return None
