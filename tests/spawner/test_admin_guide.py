@@ -119,7 +119,7 @@ def test_service_config_passes_validation_and_every_profile_fits(launcher: str, 
     assert app.parsed_profiles
     if app.gpu_backend == "nvml":
         assert not app.hosts
-        pytest.skip("nvml: the GPUs come from the driver; nothing more to check here")
+        return  # nvml: the GPUs come from the driver, so there is no declared inventory to check
     app.db_url = f"sqlite:///{tmp_path}/ledger.sqlite"  # not the example's production database
     app.open_ledger()
     assert app.ledger is not None
