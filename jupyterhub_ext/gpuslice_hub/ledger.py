@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -49,6 +49,10 @@ from .snapshot import (
 )
 
 log = logging.getLogger("gpuslice.ledger")
+
+ALLOCATIONS = cast(Table, AllocationRow.__table__)
+CLAIMS = cast(Table, ClaimRow.__table__)
+EVENTS = cast(Table, EventRow.__table__)
 
 PURPOSES = ("interactive", "batch")
 REFUSALS = ("forbidden_profile", "over_quota", "no_capacity")
@@ -223,17 +227,23 @@ class Ledger:
         try:
             with self.db.writing() as s:
                 if purpose == "interactive":
-                    held = s.scalars(
-                        select(AllocationRow).where(
-                            AllocationRow.active,
-                            AllocationRow.purpose == "interactive",
-                            AllocationRow.user == caller.user,
-                            AllocationRow.server_name == server_name,
+                    held = (
+                        s.connection()
+                        .execute(
+                            select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
+                                ALLOCATIONS.c.active,
+                                ALLOCATIONS.c.purpose == "interactive",
+                                ALLOCATIONS.c.user == caller.user,
+                                ALLOCATIONS.c.server_name == server_name,
+                            )
                         )
-                    ).first()
+                        .first()
+                    )
                     if held is not None:
                         if held.profile == profile.name:
-                            return allocation_json(held, self._gpus(s)), False
+                            view = load_allocation(s, held.id)
+                            assert view is not None
+                            return allocation_json(view, self._gpus(s)), False
                         raise RequestError(
                             409,
                             f"server {server_name or '(default)'} of {caller.user} already holds "
@@ -297,8 +307,10 @@ class Ledger:
             "released_at": None,
             "release_reason": None,
         }
-        stmt = insert(AllocationRow).values(**values).returning(AllocationRow.id)
-        alloc_id = s.execute(stmt).scalar_one()
+        # Core statements on the session's connection: the ORM layer adds nothing here.
+        conn = s.connection()
+        stmt = insert(ALLOCATIONS).values(**values).returning(ALLOCATIONS.c.id)
+        alloc_id = conn.execute(stmt).scalar_one()
         claims: list[dict[str, Any]] = [
             {
                 "allocation_id": alloc_id,
@@ -312,7 +324,7 @@ class Ledger:
             }
             for a in placement.assignments
         ]
-        s.execute(insert(ClaimRow), claims)
+        conn.execute(insert(CLAIMS), claims)
         detail: dict[str, Any] = {
             "host": placement.host,
             "server_name": server_name,
@@ -366,12 +378,13 @@ class Ledger:
 
     def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:
         now = utcnow()
-        s.execute(
-            update(AllocationRow)
-            .where(AllocationRow.id == view.id)
+        conn = s.connection()
+        conn.execute(
+            update(ALLOCATIONS)
+            .where(ALLOCATIONS.c.id == view.id)
             .values(active=False, released_at=now, release_reason=reason[:255])
         )
-        s.execute(update(ClaimRow).where(ClaimRow.allocation_id == view.id).values(active=False))
+        conn.execute(update(CLAIMS).where(CLAIMS.c.allocation_id == view.id).values(active=False))
         view.active, view.released_at, view.release_reason = False, now, reason[:255]
         for c in view.claims:
             c.active = False
@@ -529,7 +542,8 @@ class Ledger:
             "reason": reason,
             "detail": detail or {},
         }
-        return int(s.execute(insert(EventRow).values(**values).returning(EventRow.id)).scalar_one())
+        stmt = insert(EVENTS).values(**values).returning(EVENTS.c.id)
+        return int(s.connection().execute(stmt).scalar_one())
 
 
 def _holdings(active: Iterable[AllocationView]) -> list[Holding]:

@@ -97,22 +97,23 @@ class AllocationView:
 
 def bump_generation(s: Session) -> None:
     """Call inside any transaction that changes hosts, GPUs or MIG instances."""
-    s.execute(
+    s.connection().execute(
         update(LedgerLock).where(LedgerLock.id == 1).values(generation=LedgerLock.generation + 1)
     )
 
 
 def current_generation(s: Session) -> int:
-    return int(s.scalar(select(LedgerLock.generation).where(LedgerLock.id == 1)) or 0)
+    stmt = select(LedgerLock.generation).where(LedgerLock.id == 1)
+    return int(s.connection().execute(stmt).scalar() or 0)
 
 
 def load_inventory(s: Session, generation: int) -> InventoryView:
     hosts = tuple(
         HostView(r.name, r.cpu_milli, r.memory_mib, r.present)
-        for r in s.execute(select(HostRow.__table__)).all()
+        for r in s.connection().execute(select(HostRow.__table__)).all()
     )
     migs: dict[str, list[MigView]] = defaultdict(list)
-    for r in s.execute(select(MigRow.__table__).order_by(MigRow.uuid)).all():
+    for r in s.connection().execute(select(MigRow.__table__).order_by(MigRow.uuid)).all():
         migs[r.gpu_uuid].append(
             MigView(r.uuid, r.gpu_uuid, r.profile, r.memory_mib, r.milli, r.present)
         )
@@ -128,7 +129,7 @@ def load_inventory(s: Session, generation: int) -> InventoryView:
             r.drained,
             tuple(migs.get(r.uuid, ())),
         )
-        for r in s.execute(select(GPURow.__table__)).all()
+        for r in s.connection().execute(select(GPURow.__table__)).all()
     )
     return InventoryView(generation, hosts, gpus, {g.uuid: g for g in gpus})
 
@@ -136,9 +137,11 @@ def load_inventory(s: Session, generation: int) -> InventoryView:
 def load_active(s: Session) -> list[AllocationView]:
     allocs = {
         r.id: AllocationView(**r._asdict())
-        for r in s.execute(select(AllocationRow.__table__).where(AllocationRow.active)).all()
+        for r in s.connection()
+        .execute(select(AllocationRow.__table__).where(AllocationRow.active))
+        .all()
     }
-    for r in s.execute(select(ClaimRow.__table__).where(ClaimRow.active)).all():
+    for r in s.connection().execute(select(ClaimRow.__table__).where(ClaimRow.active)).all():
         alloc = allocs.get(r.allocation_id)
         if alloc is not None:
             alloc.claims.append(ClaimView(**r._asdict()))
@@ -146,7 +149,11 @@ def load_active(s: Session) -> list[AllocationView]:
 
 
 def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
-    row = s.execute(select(AllocationRow.__table__).where(AllocationRow.id == alloc_id)).first()
+    row = (
+        s.connection()
+        .execute(select(AllocationRow.__table__).where(AllocationRow.id == alloc_id))
+        .first()
+    )
     if row is None:
         return None
     view = AllocationView(**row._asdict())

@@ -45,20 +45,25 @@ class Database:
     read_engine: Engine
     write_engine: Engine
 
+    def __post_init__(self) -> None:
+        # Made once: each sessionmaker() call builds a Session subclass and its event
+        # dispatch, which cost more than the queries of a whole allocation.
+        self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self.write_engine, expire_on_commit=False)
+
     @property
     def is_sqlite(self) -> bool:
         return self.url.startswith("sqlite")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Session]:
-        with sessionmaker(self.read_engine, expire_on_commit=False)() as session:
+        with self._read_sessions() as session:
             yield session
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[Session]:
         """A transaction holding the ledger lock; commits on success, rolls back on error."""
-        maker = sessionmaker(self.write_engine, expire_on_commit=False)
-        with maker() as session, session.begin():
+        with self._write_sessions() as session, session.begin():
             if not self.is_sqlite:
                 session.execute(select(LedgerLock).where(LedgerLock.id == 1).with_for_update())
             yield session
