@@ -141,6 +141,30 @@ def spawn_in_browser(page: Any, hub: Any, user: str, profile: str) -> None:
     page.locator(f'[data-profile="{profile}"] input').check()
     page.locator("form#spawn_form input[type=submit], form#spawn_form button").first.click()
     hub.wait_ready(user, timeout=120)
+    # The spawn-pending page redirects to the server once it is up; let that land first, or
+    # it interrupts the test's own navigation.
+    page.wait_for_url(f"**/user/{user}/**", timeout=120_000)
+    page.wait_for_load_state()
+
+
+def find_in_palette(page: Any, label: str) -> None:
+    """Open the command palette and find ``label`` in it. Opening it is retried: the modal
+    palette closes when it loses focus, which a busy page can make it do at once."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    palette = page.locator(".lm-CommandPalette-input")
+    for _ in range(3):
+        page.locator(".lm-MenuBar-itemLabel", has_text="View").click()
+        page.locator(".lm-Menu-itemLabel", has_text="Activate Command Palette").click()
+        try:
+            palette.fill(label, timeout=10_000)
+            page.locator(".lm-CommandPalette-item", has_text=label).wait_for(timeout=10_000)
+        except PlaywrightTimeout:
+            page.keyboard.press("Escape")
+            continue
+        page.keyboard.press("Escape")
+        return
+    raise AssertionError(f"{label!r} not found in the command palette")
 
 
 def settled(locator: Any, timeout: float = 10) -> None:

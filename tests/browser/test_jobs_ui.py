@@ -19,6 +19,7 @@ from tests.harness.hub import wait_for
 
 from .lab import (
     chromium,
+    find_in_palette,
     hub_config_for_lab,
     need_browser_and_labextension,
     screenshot_path,
@@ -80,11 +81,9 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         page.locator('.jp-DirListing-item[data-file-type="notebook"]').first.click(button="right")
         page.locator(".lm-Menu-itemLabel", has_text="Submit as GPU job…").wait_for()
         page.keyboard.press("Escape")
+        page.locator(".lm-Menu").wait_for(state="hidden")
         # ... in the command palette ...
-        page.keyboard.press("Control+Shift+C")
-        page.locator(".lm-CommandPalette-input").fill("Submit as GPU job")
-        page.locator(".lm-CommandPalette-item", has_text="Submit as GPU job").wait_for()
-        page.keyboard.press("Escape")
+        find_in_palette(page, "Submit as GPU job")
         # ... and in the notebook toolbar, which is what we click.
         page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpuslice-submit"]').click()
 
