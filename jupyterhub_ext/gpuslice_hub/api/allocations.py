@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 from ..errors import RequestError
-from ..ledger import Caller
-from .base import BaseHandler, Identity, api_authenticated, int_arg
+from .base import BaseHandler, api_authenticated, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
 CREATE_FIELDS = {"profile", "server_name", "user", "groups", "purpose", "priority", "preemptible"}
@@ -51,7 +50,7 @@ class AllocationsHandler(BaseHandler):
         preemptible = body.get("preemptible", False)
         if not isinstance(preemptible, bool):
             raise RequestError(400, "field 'preemptible' must be true or false")
-        caller = await self._caller(ident, body)
+        caller = await self.resolve_caller(ident, body, "allocate")
         alloc, created = self.ledger.allocate(
             caller, profile, server_name, purpose, priority, preemptible
         )
@@ -59,30 +58,6 @@ class AllocationsHandler(BaseHandler):
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout
         alloc["simulated"] = bool(self.service.inventory and self.service.inventory.simulated)
         self.write_json(alloc, 201 if created else 200)
-
-    async def _caller(self, ident: Identity, body: dict) -> Caller:
-        user = body.get("user")
-        if user is None or (user == ident.name and ident.kind == "user"):
-            if ident.kind != "user":
-                raise RequestError(400, "field 'user' is required when a service allocates")
-            if "groups" in body:
-                raise RequestError(403, "only the hub-side spawner may state a user's groups")
-            return Caller(ident.name, ident.groups, ident.name)
-        if not isinstance(user, str) or not user:
-            raise RequestError(400, "field 'user' must be a user name")
-        if not ident.is_admin:
-            raise RequestError(403, f"{ident.name} may not allocate for {user}")
-        groups = body.get("groups")
-        if groups is not None and not ident.is_trusted:
-            raise RequestError(403, "only the hub-side spawner may state a user's groups")
-        if groups is None:
-            looked_up = await self.service.hub_api.user_groups(user)
-            if looked_up is None:
-                raise RequestError(404, f"no such user {user!r} on the hub")
-            groups = list(looked_up)
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise RequestError(400, "field 'groups' must be a list of group names")
-        return Caller(user, tuple(groups), ident.name)
 
 
 class AllocationHandler(BaseHandler):

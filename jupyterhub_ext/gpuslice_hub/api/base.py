@@ -12,6 +12,7 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from ..errors import RequestError
+from ..ledger import Caller
 
 if TYPE_CHECKING:
     from ..app import GPUSliceService
@@ -51,6 +52,36 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             is_admin=is_admin or trusted,
             is_trusted=trusted,
         )
+
+    async def resolve_caller(self, ident: Identity, body: dict[str, Any], action: str) -> Caller:
+        """Who a request acts for: the caller, or (admins and the spawner) ``body["user"]``.
+
+        ``action`` completes the refusal messages, e.g. "allocate" or "submit jobs".
+        Only the hub-side spawner (the service's own token) may state a user's groups;
+        for anyone else they are looked up on the hub.
+        """
+        user = body.get("user")
+        if user is None or (user == ident.name and ident.kind == "user"):
+            if ident.kind != "user":
+                raise RequestError(400, f"field 'user' is required when a service asks to {action}")
+            if "groups" in body:
+                raise RequestError(403, "only the hub-side spawner may state a user's groups")
+            return Caller(ident.name, ident.groups, ident.name)
+        if not isinstance(user, str) or not user:
+            raise RequestError(400, "field 'user' must be a user name")
+        if not ident.is_admin:
+            raise RequestError(403, f"{ident.name} may not {action} for {user}")
+        groups = body.get("groups")
+        if groups is not None and not ident.is_trusted:
+            raise RequestError(403, "only the hub-side spawner may state a user's groups")
+        if groups is None:
+            looked_up = await self.service.hub_api.user_groups(user)
+            if looked_up is None:
+                raise RequestError(404, f"no such user {user!r} on the hub")
+            groups = list(looked_up)
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise RequestError(400, "field 'groups' must be a list of group names")
+        return Caller(user, tuple(groups), ident.name)
 
     def check_user_access(self, ident: Identity, owner: str) -> None:
         if not ident.is_admin and ident.name != owner:

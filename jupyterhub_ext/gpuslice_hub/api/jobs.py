@@ -7,7 +7,6 @@ from typing import Any
 from ..errors import RequestError
 from ..jobs.manager import SUBMIT_FIELDS, JobManager
 from ..jobs.states import ALLOWED, TERMINAL
-from ..ledger import Caller
 from .base import BaseHandler, Identity, api_authenticated, int_arg
 
 STATES = {s for s in ALLOWED if s} | set(TERMINAL)
@@ -51,30 +50,8 @@ class JobsHandler(JobsBase):
     async def post(self) -> None:
         ident = self.identity()
         body = self.json_body(SUBMIT_FIELDS)
-        caller = await self._caller(ident, body)
+        caller = await self.resolve_caller(ident, body, "submit jobs")
         self.write_json(self.jobs.submit(caller, body), 201)
-
-    async def _caller(self, ident: Identity, body: dict[str, Any]) -> Caller:
-        user = body.get("user")
-        if user is None or user == ident.name:
-            if ident.kind != "user":
-                raise RequestError(400, "field 'user' is required when a service submits")
-            if "groups" in body:
-                raise RequestError(403, "only the hub-side service may state a user's groups")
-            return Caller(ident.name, ident.groups, ident.name)
-        if not isinstance(user, str) or not ident.is_admin:
-            raise RequestError(403, f"{ident.name} may not submit jobs for {user}")
-        groups = body.get("groups")
-        if groups is not None and not ident.is_trusted:
-            raise RequestError(403, "only the hub-side service may state a user's groups")
-        if groups is None:
-            looked_up = await self.service.hub_api.user_groups(user)
-            if looked_up is None:
-                raise RequestError(404, f"no such user {user!r} on the hub")
-            groups = list(looked_up)
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise RequestError(400, "field 'groups' must be a list of group names")
-        return Caller(user, tuple(groups), ident.name)
 
 
 class JobHandler(JobsBase):
