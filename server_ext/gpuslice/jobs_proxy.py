@@ -27,6 +27,8 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from gpuslice.jsonbody import BodyError, parse_json_object
+
 JOBS_FOLDER = "gpu-jobs"
 TERMINAL = {"completed", "failed", "cancelled", "timed-out"}
 SUBMIT_FIELDS = {
@@ -232,17 +234,9 @@ class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
 
     def body(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.request.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise web.HTTPError(400, f"request body is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise web.HTTPError(400, "request body must be a JSON object")
-        unknown = set(data) - SUBMIT_FIELDS
-        if unknown:
-            raise web.HTTPError(
-                400, f"unknown field {sorted(unknown)[0]!r}; allowed: {sorted(SUBMIT_FIELDS)}"
-            )
-        return data
+            return parse_json_object(self.request.body, SUBMIT_FIELDS)
+        except BodyError as e:
+            raise web.HTTPError(400, str(e)) from e
 
     async def submit(self, body: dict[str, Any], source: Path, rel: str) -> dict[str, Any]:
         try:

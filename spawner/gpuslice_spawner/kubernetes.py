@@ -29,13 +29,6 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
     ``KubeSpawner.profile_list``: the ``profile`` spawn option is gpuslice's.
     """
 
-    server_service_url = Unicode(
-        "",
-        help="URL of the gpuslice service as the single-user servers reach it (their "
-        "$GPUSLICE_SERVICE_URL, for idle reports), e.g. 'http://proxy-public/services/gpuslice/'. "
-        "Empty: service_url, which is often a loopback address only the hub can reach.",
-    ).tag(config=True)
-
     share_mode = Enum(
         ["time-slicing-renamed", "time-slicing", "hami"],
         default_value="time-slicing-renamed",
@@ -133,6 +126,4 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
         # The device plugin picks the device inside the pod and sets the visible devices
         # itself; the grant's uuid would name a device the container cannot see.
         env.pop("CUDA_VISIBLE_DEVICES", None)
-        if self.grant and self.server_service_url:
-            env["GPUSLICE_SERVICE_URL"] = self.server_service_url
         return env

@@ -32,14 +32,6 @@ class GPUSliceSlurmSpawner(GPUSliceMixin, SlurmSpawner):
     the granted host with ``--nodelist``.
     """
 
-    server_service_url = Unicode(
-        "",
-        help="URL of the gpuslice service as the single-user servers reach it (their "
-        "$GPUSLICE_SERVICE_URL, for idle reports), e.g. "
-        "'https://hub.example.org/services/gpuslice/'. "
-        "Empty: service_url, which is often a loopback address only the hub can reach.",
-    ).tag(config=True)
-
     batch_script = Unicode(
         BATCH_SCRIPT_TEMPLATE,
         help="batchspawner's job script template, plus the line @GPUSLICE_SBATCH@ where the "
@@ -145,6 +137,4 @@ class GPUSliceSlurmSpawner(GPUSliceMixin, SlurmSpawner):
         # slurmd picks the device and sets CUDA_VISIBLE_DEVICES in the job itself; the
         # grant's uuid names the device gpuslice counted, not necessarily that one.
         env.pop("CUDA_VISIBLE_DEVICES", None)
-        if self.grant and self.server_service_url:
-            env["GPUSLICE_SERVICE_URL"] = self.server_service_url
         return env

@@ -49,6 +49,14 @@ class GPUSliceMixin(Spawner):
     def _default_service_token(self) -> str:
         return os.environ.get("GPUSLICE_SERVICE_TOKEN", "")
 
+    server_service_url = Unicode(
+        "",
+        help="URL of the gpuslice service as the single-user servers reach it (their "
+        "$GPUSLICE_SERVICE_URL, for idle reports and job submission), e.g. "
+        "'https://hub.example.org/services/gpuslice/'. Empty: service_url, which is often a "
+        "loopback address only the hub can reach (fine for local processes).",
+    ).tag(config=True)
+
     service_timeout = Float(
         30.0, help="Seconds to wait for the gpuslice service before the spawn fails."
     ).tag(config=True)
@@ -242,7 +250,13 @@ class GPUSliceMixin(Spawner):
     def get_env(self) -> dict[str, str]:
         env = super().get_env()  # type: ignore[misc]
         if self.grant:
-            env.update(slice_env(self.grant, self.service_url, self.mps_pipe_directory))
+            env.update(
+                slice_env(
+                    self.grant,
+                    self.server_service_url or self.service_url,
+                    self.mps_pipe_directory,
+                )
+            )
         return env
 
     def get_state(self) -> dict[str, Any]:

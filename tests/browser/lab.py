@@ -13,9 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.harness.engines import need
+from tests.harness.engines import need, need_module
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -36,7 +34,7 @@ def need_browser_and_labextension() -> Any:
         (LABEXT_IN_VENV / "package.json").exists(),
         f"the labextension installed in {LABEXT_IN_VENV} (make labextension)",
     )
-    return pytest.importorskip("playwright.sync_api")
+    return need_module("playwright.sync_api")
 
 
 def screenshot_path(tmp_path: Path, name: str) -> Path:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -93,6 +92,7 @@ class Env:
             self.events.append(dict(data))
 
         app.event_logger.add_listener(schema_id=SCHEMA_ID, listener=listener)
+        self.event_logger = app.event_logger
 
     def run(self, coro):
         return self.loop.run_until_complete(coro)
@@ -121,7 +121,8 @@ class Env:
             out += [(self.clock.t - start, d) for d in self.run(self.monitor.tick())]
             self.clock.t += STEP
         self.run(self.monitor.drain())
-        self.run(asyncio.sleep(0.05))  # let event listeners run
+        # listeners run as tasks; wait for exactly those, not for an arbitrary delay
+        self.run(self.event_logger.gather_listeners())
         return out
 
     def tick_until_decision(self, poll: bool = False) -> list[tuple[float, object]]:

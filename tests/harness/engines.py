@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 import pytest
 
@@ -17,3 +19,12 @@ def need(ok: bool, what: str) -> None:
     if IN_CI:
         pytest.fail(message + " (CI=true: every engine must be installed by .ci/run)")
     pytest.skip(message)
+
+
+def need_module(name: str) -> ModuleType:
+    """Import ``name`` for a test; like ``pytest.importorskip``, but failing in CI."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        need(False, f"the Python package {name} (pip install -e '.[test]')")
+        raise  # unreachable: need() skipped or failed the test

@@ -18,7 +18,9 @@ from unittest import mock
 
 import pytest
 
-kubespawner_module = pytest.importorskip("kubespawner.spawner")
+from tests.harness.engines import need_module
+
+kubespawner_module = need_module("kubespawner.spawner")
 
 from kubernetes_asyncio.client import ApiClient  # noqa: E402
 

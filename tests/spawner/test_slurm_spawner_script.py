@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("batchspawner")
+from tests.harness.engines import need_module
 
-from gpuslice_spawner.slurm import GPUSliceSlurmSpawner
+need_module("batchspawner")
+
+from gpuslice_spawner.slurm import GPUSliceSlurmSpawner  # noqa: E402
 
 MIG = {
     "id": 5,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.engines import need
+from tests.harness.engines import need, need_module
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -64,7 +64,7 @@ PROFILES = [
 
 def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
     need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = need_module("playwright.sync_api")
     hub = hub_factory(spawner="gpuslice-simple", profiles=PROFILES)
     # colleagues hold both 1g.10gb instances and one whole GPU
     for user, profile in (("bob", "mig-1g.10gb"), ("cat", "mig-1g.10gb"), ("dan", "gpu-1")):

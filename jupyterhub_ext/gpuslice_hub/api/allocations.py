@@ -15,11 +15,7 @@ class AllocationsHandler(BaseHandler):
     @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
-        user = self.get_argument("user", None)
-        if not ident.is_admin:
-            if user not in (None, ident.name):
-                raise RequestError(403, f"{ident.name} may not list {user}'s allocations")
-            user = ident.name
+        user = self.listed_user(ident, "allocations")
         state = self.get_argument("state", "active")
         if state not in ("active", "all"):
             raise RequestError(400, "query argument state must be 'active' or 'all'")

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from gpuslice.jsonbody import BodyError, parse_json_object
+
 from ..errors import RequestError
 from ..ledger import Caller
 
@@ -83,23 +85,24 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             raise RequestError(400, "field 'groups' must be a list of group names")
         return Caller(user, tuple(groups), ident.name)
 
+    def listed_user(self, ident: Identity, what: str) -> str | None:
+        """The ``?user=`` a listing is for: anyone for admins (None: all), else oneself."""
+        user = self.get_argument("user", None)
+        if ident.is_admin:
+            return user
+        if user not in (None, ident.name):
+            raise RequestError(403, f"{ident.name} may not list {user}'s {what}")
+        return ident.name
+
     def check_user_access(self, ident: Identity, owner: str) -> None:
         if not ident.is_admin and ident.name != owner:
             raise RequestError(403, f"{ident.name} may not see or change {owner}'s allocations")
 
     def json_body(self, allowed: set[str]) -> dict[str, Any]:
         try:
-            body = json.loads(self.request.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(400, f"request body is not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise RequestError(400, "request body must be a JSON object")
-        unknown = set(body) - allowed
-        if unknown:
-            raise RequestError(
-                400, f"unknown field {sorted(unknown)[0]!r}; allowed: {sorted(allowed)}"
-            )
-        return body
+            return parse_json_object(self.request.body, allowed)
+        except BodyError as e:
+            raise RequestError(400, str(e)) from e
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)

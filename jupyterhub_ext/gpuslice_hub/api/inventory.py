@@ -81,11 +81,7 @@ class EventsHandler(BaseHandler):
     @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
-        user = self.get_argument("user", None)
-        if not ident.is_admin:
-            if user not in (None, ident.name):
-                raise RequestError(403, f"{ident.name} may not see {user}'s events")
-            user = ident.name
+        user = self.listed_user(ident, "events")
         since = int_arg(self, "since", 0, 0, 2**62)
         limit = int_arg(self, "limit", 200, 1, 5000)
         self.write_json({"events": self.ledger.events(user=user, since_id=since, limit=limit)})

@@ -34,11 +34,7 @@ class JobsHandler(JobsBase):
     @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
-        user = self.get_argument("user", None)
-        if not ident.is_admin:
-            if user not in (None, ident.name):
-                raise RequestError(403, f"{ident.name} may not list {user}'s jobs")
-            user = ident.name
+        user = self.listed_user(ident, "jobs")
         raw = self.get_argument("state", "")
         states = {s for s in raw.split(",") if s} or None
         if states and not states <= STATES:

@@ -10,6 +10,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
+from gpuslice.jsonbody import BodyError, parse_json_object
+
 from .monitor import Monitor
 from .reclaim import ExtensionRefused
 from .service import ServiceError
@@ -26,17 +28,9 @@ class GPUSliceHandler(ExtensionHandlerMixin, APIHandler):
 
     def body(self, allowed: set[str]) -> dict[str, Any]:
         try:
-            data = json.loads(self.request.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise web.HTTPError(400, f"request body is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise web.HTTPError(400, "request body must be a JSON object")
-        unknown = set(data) - allowed
-        if unknown:
-            raise web.HTTPError(
-                400, f"unknown field {sorted(unknown)[0]!r}; allowed: {sorted(allowed)}"
-            )
-        return data
+            return parse_json_object(self.request.body, allowed)
+        except BodyError as e:
+            raise web.HTTPError(400, str(e)) from e
 
 
 class StatusHandler(GPUSliceHandler):
