@@ -50,10 +50,19 @@ SIM_PROFILES = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: all sockets stay bound until every port is picked, so the
+    kernel cannot hand the same port out twice (closing one and binding the next can)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def chp_path() -> str | None:
@@ -266,12 +275,13 @@ def start_hub(
     chp = chp_path()
     need(chp is not None, "configurable-http-proxy (npm install)")
     workdir.mkdir(parents=True, exist_ok=True)
+    hub_port, hub_internal_port, proxy_api_port, service_port = free_ports(4)
     cfg = reuse or {
         "workdir": str(workdir),
-        "hub_port": free_port(),
-        "hub_internal_port": free_port(),
-        "proxy_api_port": free_port(),
-        "service_port": free_port(),
+        "hub_port": hub_port,
+        "hub_internal_port": hub_internal_port,
+        "proxy_api_port": proxy_api_port,
+        "service_port": service_port,
         "chp": chp,
         "db_url": db_url or f"sqlite:///{workdir}/gpuslice.sqlite",
         "profiles": profiles if profiles is not None else SIM_PROFILES,

@@ -62,6 +62,7 @@ import psutil
 import pytest
 
 from tests.harness.engines import need
+from tests.harness.hub import free_ports
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "munged")
 # A marker in every daemon's (and therefore every job's) environment, so teardown can
@@ -204,12 +205,6 @@ _PAIR = re.compile(r"(\S+?)=(.*?)(?=\s+[^\s=]+=|\s*$)")
 def parse_scontrol_line(line: str) -> dict[str, str]:
     """Parse one ``scontrol -o`` record; values may contain '=' and (Command) spaces."""
     return {key: value for key, value in _PAIR.findall(line)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _node_hardware() -> tuple[str, dict[str, str]]:
@@ -381,7 +376,7 @@ def start_cluster(root: Path) -> SlurmCluster:
         Partition("interactive", priority_tier=10, default=True),
         Partition("preemptible", priority_tier=1),
     ]
-    ports = (_free_port(), _free_port())
+    ports = tuple(free_ports(2))
     _write_configs(root, node, partitions, gpus, ports)
 
     # Slurm variables of the caller (pytest run inside a job, or a developer's SBATCH_*
