@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -28,13 +29,16 @@ from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.model import Inventory
 
 from . import __version__
-from .api.admin import DrainHandler
+from .admin.sampler import start_sampler
+from .api.admin import admin_handlers
+from .api.admin_views import AdminOverviewHandler, AdminUsageHandler
 from .api.allocations import AllocationHandler, AllocationsHandler
 from .api.inventory import EventsHandler, HealthHandler, InventoryHandler, ProfilesHandler
 from .api.jobs import job_handlers
 from .api.metrics import MetricsHandler
-from .api.pages import HomeHandler
+from .api.pages import AdminPageHandler, HomeHandler
 from .api.reclaim import IdlePolicyHandler, ReclaimHandler
+from .api.usage_reports import UsageReportHandler
 from .db.engine import Database, open_database
 from .db.models import utcnow
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
@@ -44,11 +48,13 @@ from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
 from .ledger import Ledger
 from .metrics import make_registry
+from .overrides import AdminSettings
 from .placement import get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
 
 ADMIN_SCOPE = "custom:gpuslice:admin"
+PACKAGE = Path(__file__).resolve().parent
 
 
 class GPUSliceService(Application):
@@ -153,6 +159,17 @@ class GPUSliceService(Application):
         "(its server may still be starting).",
     ).tag(config=True)
 
+    usage_sample_interval = Float(
+        300.0,
+        help="Seconds between usage samples of the whole pool (capacity, allocation, "
+        "utilization, fragmentation, queue) for the admin panel's plot (0: off).",
+    ).tag(config=True)
+
+    usage_retention_days = Float(
+        90.0,
+        help="Days of usage samples to keep; older ones are deleted about once a day.",
+    ).tag(config=True)
+
     ip = Unicode(help="Address to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(
         config=True
     )
@@ -171,6 +188,7 @@ class GPUSliceService(Application):
     log_level = 20  # type: ignore[assignment]
 
     ledger = Instance(Ledger, allow_none=True)
+    admin_settings: AdminSettings | None = None
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
     jobs: JobManager | None = None
@@ -248,6 +266,7 @@ class GPUSliceService(Application):
             self.policy,
             on_refusal=lambda profile, code: self.refusals.labels(profile, code).inc(),
         )
+        self.admin_settings = AdminSettings(self.db)
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
@@ -264,7 +283,11 @@ class GPUSliceService(Application):
             (url_path_join(api, r"allocations/(\d+)/reclaim"), ReclaimHandler),
             (url_path_join(api, "idle-policy"), IdlePolicyHandler),
             (url_path_join(api, "events"), EventsHandler),
-            (url_path_join(api, r"gpus/([^/]+)/drain"), DrainHandler),
+            (url_path_join(api, r"allocations/(\d+)/usage"), UsageReportHandler),
+            *admin_handlers(api),
+            (url_path_join(api, "admin/overview"), AdminOverviewHandler),
+            (url_path_join(api, "admin/usage"), AdminUsageHandler),
+            (url_path_join(prefix, "admin"), AdminPageHandler),
             (url_path_join(prefix, "metrics"), MetricsHandler),
             *job_handlers(api),
         ]
@@ -273,6 +296,9 @@ class GPUSliceService(Application):
             gpuslice=self,
             hub_auth=hub_auth,
             cookie_secret=os.urandom(32),
+            static_path=str(PACKAGE / "static"),
+            template_path=str(PACKAGE / "templates"),
+            static_url_prefix=url_path_join(prefix, "static/"),
             log_function=self._log_request,
         )
 
@@ -324,6 +350,9 @@ class GPUSliceService(Application):
         )
         if self.reconcile_interval > 0 and self.hub_api.configured:
             self._reconciler = asyncio.ensure_future(self._reconcile_loop())
+        self._sampler = start_sampler(
+            self.ledger, self.usage_sample_interval, self.usage_retention_days, self.log
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -331,6 +360,9 @@ class GPUSliceService(Application):
         await stop.wait()
         self.log.info("gpuslice service stopping")
         server.stop()
+        for task in (getattr(self, "_reconciler", None), self._sampler):
+            if task is not None:
+                task.cancel()
         if self.db is not None:
             self.db.dispose()
 

@@ -93,6 +93,8 @@ def write_configs() -> tuple[str, Any]:
         "profiles": profiles_for(inventory),
         "quotas": {"default_user": {"max_slices": 2}},
         "db_url": f"sqlite:///{DEMO_DIR / 'gpuslice.sqlite'}",
+        # a point a minute, so the admin panel's plot fills while you try it out
+        "usage_sample_interval": 60,
     }
     (DEMO_DIR / "gpuslice_config.json").write_text(json.dumps(service_cfg, indent=2))
     (DEMO_DIR / "gpuslice_config.py").write_text(
@@ -150,8 +152,8 @@ def banner(backend: str, inventory: Any) -> str:
         "",
         "Open  http://127.0.0.1:8000",
         f"Log in as any user name (e.g. alice) with the password: {PASSWORD}",
-        "Log in as 'admin' for the admin view of the gpuslice service:",
-        "      http://127.0.0.1:8000/services/gpuslice/",
+        "Log in as 'admin' for the gpuslice admin panel (inventory, jobs, quotas):",
+        "      http://127.0.0.1:8000/services/gpuslice/admin",
         f"Config and state: {DEMO_DIR}",
         "Stop with Ctrl-C.",
         "=" * 72,

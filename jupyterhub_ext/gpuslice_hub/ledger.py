@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from gpuslice.model import Inventory
 
 from .clusterview import build_hosts, count_fits
+from .db.admin_models import QuotaOverrideRow, UsageReportRow
 from .db.engine import Database
 from .db.models import (
     AllocationRow,
@@ -31,6 +32,7 @@ from .db.models import (
     utcnow,
 )
 from .errors import RequestError
+from .overrides import apply_overrides
 from .placement import HostState, Placement, place
 from .placement.engine import Policy
 from .profiles import Profile
@@ -87,6 +89,7 @@ class Ledger:
             lambda caller, profile, server_name: None
         )
         self.inventory_cache = InventoryCache()
+        self._quota_cache: tuple[int, Quotas] | None = None
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -256,7 +259,9 @@ class Ledger:
                 want = Usage(
                     profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, inv)
                 )
-                charge = self.quotas.check(caller.user, caller.groups, want, _holdings(active))
+                charge = self.effective_quotas(s).check(
+                    caller.user, caller.groups, want, _holdings(active)
+                )
                 if not isinstance(charge, Charge):
                     raise RequestError(429, charge, code="over_quota")
                 hosts = build_hosts(inv.hosts, inv.gpus, active)
@@ -437,7 +442,11 @@ class Ledger:
             return [allocation_json(r, gpus) for r in s.scalars(q)]
 
     def events(
-        self, user: str | None = None, since_id: int = 0, limit: int = 200
+        self,
+        user: str | None = None,
+        since_id: int = 0,
+        limit: int = 200,
+        kinds: Iterable[str] | None = None,
     ) -> list[dict[str, Any]]:
         with self.db.reading() as s:
             q = (
@@ -448,6 +457,8 @@ class Ledger:
             )
             if user is not None:
                 q = q.where(EventRow.user == user)
+            if kinds is not None:
+                q = q.where(EventRow.kind.in_(list(kinds)))
             return [event_json(e) for e in s.scalars(q)]
 
     def record_event(
@@ -514,7 +525,7 @@ class Ledger:
                     )
                 else:
                     want = Usage(p.quota_weight, p.request().total_gpu_milli or _mig_milli(p, inv))
-                    charge = self.quotas.check(user, groups, want, holdings)
+                    charge = self.effective_quotas(s).check(user, groups, want, holdings)
                     if not isinstance(charge, Charge):
                         reason = charge
                 entry.update(
@@ -522,6 +533,45 @@ class Ledger:
                 )
                 out.append(entry)
             return out
+
+    def effective_quotas(self, s: Session) -> Quotas:
+        """The configured quotas with the admins' runtime overrides applied.
+
+        Overrides change the ledger generation, so they are read again only when it moves.
+        """
+        generation = self.inventory_cache.get(s).generation
+        if self._quota_cache is None or self._quota_cache[0] != generation:
+            rows = s.connection().execute(select(QuotaOverrideRow.__table__)).all()
+            self._quota_cache = (generation, apply_overrides(self.quotas, rows))
+        return self._quota_cache[1]
+
+    def record_usage(
+        self,
+        alloc_id: int,
+        utilization: float | None,
+        memory_mib: float | None,
+        idle_seconds: float,
+        interval_seconds: float,
+    ) -> datetime:
+        """Keep the latest utilization the holder of an active allocation measured."""
+        now = utcnow()
+        values = {
+            "reported_at": now,
+            "utilization": utilization,
+            "memory_mib": memory_mib,
+            "idle_seconds": idle_seconds,
+            "interval_seconds": interval_seconds,
+        }
+        reports = cast(Table, UsageReportRow.__table__)
+        with self.db.writing() as s:
+            conn = s.connection()
+            # Under the ledger lock, so update-else-insert cannot race another report.
+            done = conn.execute(
+                update(reports).where(reports.c.allocation_id == alloc_id).values(**values)
+            )
+            if not done.rowcount:
+                conn.execute(insert(reports).values(allocation_id=alloc_id, **values))
+        return now
 
     # -- helpers -----------------------------------------------------------------------
 

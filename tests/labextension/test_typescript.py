@@ -51,3 +51,24 @@ def test_eslint_clean(npm: str) -> None:
 
 def test_prettier_clean(npm: str) -> None:
     check(run("npx", "--no-install", "prettier", "--check", "."))
+
+
+# The hub service's admin panel script is plain JavaScript served as is; the same tools check
+# it, run from the repository root (ESLint only lints files under the directory it runs in).
+ADMIN_STATIC = "jupyterhub_ext/gpuslice_hub/static"
+
+
+def run_at_root(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = str(LABEXT / "node_modules" / ".bin" / tool)
+    return subprocess.run(
+        [binary, *args], cwd=LABEXT.parent, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_admin_panel_script_eslint_clean(npm: str) -> None:
+    check(run_at_root("eslint", "-c", "labextension/eslint.admin.config.mjs", ADMIN_STATIC))
+
+
+def test_admin_panel_static_prettier_clean(npm: str) -> None:
+    config = "labextension/.prettierrc.json"
+    check(run_at_root("prettier", "--config", config, "--check", ADMIN_STATIC))

@@ -42,6 +42,8 @@ def app_routes() -> list[tuple[re.Pattern[str], set[str]]]:
     routes = []
     for rule in app.wildcard_router.rules:
         handler = rule.target
+        if issubclass(handler, web.StaticFileHandler):
+            continue  # the admin panel's script and stylesheet, not an API
         methods = {
             m
             for m in METHODS

@@ -60,7 +60,11 @@ class JobHandler(JobsBase):
     async def delete(self, job_id: str) -> None:
         ident = self.identity()
         self.owned(ident, job_id)
-        self.write_json(self.jobs.cancel(int(job_id), ident.name))
+        body = self.json_body({"reason"}) if self.request.body else {}
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            raise RequestError(400, "field 'reason' must be a string")
+        self.write_json(self.jobs.cancel(int(job_id), ident.name, reason[:255]))
 
 
 class JobLogHandler(JobsBase):
@@ -97,7 +101,11 @@ class JobPreemptHandler(JobsBase):
         if not ident.is_admin:
             raise RequestError(403, "preempting a job needs the gpuslice admin scope")
         self.owned(ident, job_id)
-        reason = self.get_argument("reason", f"preempted by {ident.name}")[:255]
+        body = self.json_body({"reason"}) if self.request.body else {}
+        reason = body.get("reason") or self.get_argument("reason", "") or "preempted by an admin"
+        if not isinstance(reason, str):
+            raise RequestError(400, "field 'reason' must be a string")
+        reason = reason[:255]
         self.write_json(self.jobs.preempt(int(job_id), ident.name, reason), 202)
 
 

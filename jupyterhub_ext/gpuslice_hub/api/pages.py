@@ -1,4 +1,5 @@
-"""The service's page behind the hub: a first look at who holds what (HubOAuth login)."""
+"""The service's pages behind the hub (HubOAuth login): a first look at who holds what, and
+the admin panel, whose script reads the REST API with the page's XSRF token."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class HomeHandler(BaseHandler):
         if inv and inv.simulated:
             banner = '<p class="sim">Simulated GPUs: no real GPU is in use.</p>'
         scope = "all allocations" if ident.is_admin else "your allocations"
+        panel = ""
+        if ident.is_admin:
+            panel = f'<p><a href="{escape(self.service.service_prefix)}admin">Admin panel</a></p>'
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(
             f"""<!doctype html><html><head><meta charset="utf-8"><title>gpuslice</title>
@@ -40,9 +44,33 @@ class HomeHandler(BaseHandler):
 td,th{{border:1px solid #ccc;padding:4px 8px}}.sim{{background:#fff3cd;padding:6px}}</style>
 </head><body><h1>gpuslice</h1>{banner}
 <p>Signed in as {escape(ident.name)}{" (admin)" if ident.is_admin else ""}.
-Backend: {escape(inv.backend if inv else "?")}.</p>
+Backend: {escape(inv.backend if inv else "?")}.</p>{panel}
 <h2>Profiles</h2><ul>{"".join(profiles)}</ul>
 <h2>Active allocations ({scope})</h2>
 <table><tr><th>id</th><th>user</th><th>server</th><th>profile</th><th>host</th><th>slice</th>
 <th>since</th></tr>{"".join(rows)}</table></body></html>"""
+        )
+
+
+class AdminPageHandler(BaseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        ident = self.identity()
+        if not ident.is_admin:
+            self.set_status(403)
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.finish(
+                "<!doctype html><title>gpuslice: not an admin</title>"
+                f"<p>The gpuslice admin panel needs the <code>{escape(self.service.admin_scope)}"
+                f"</code> scope; {escape(ident.name)} does not have it.</p>"
+            )
+            return
+        inv = self.service.inventory
+        self.render(
+            "admin.html",
+            user=ident.name,
+            prefix=self.service.service_prefix,
+            backend=inv.backend if inv else "?",
+            simulated=bool(inv and inv.simulated),
+            admin_scope=self.service.admin_scope,
         )

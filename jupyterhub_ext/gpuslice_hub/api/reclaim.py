@@ -3,6 +3,7 @@ whose slice its extension found idle (or whose owner pressed "release")."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
@@ -29,6 +30,12 @@ class IdlePolicyHandler(BaseHandler):
         policy = self.service.idle_policy_config.resolve(
             user, groups, profile, parsed.idle_timeout if parsed else None
         )
+        store = self.service.admin_settings
+        exemption = store.exemption(user) if store is not None and not policy.exempt else None
+        if exemption is not None:
+            until = f" until {exemption['expires_at']}" if exemption["expires_at"] else ""
+            why = f"exempted by {exemption['set_by']}{until}: {exemption['reason']}"
+            policy = replace(policy, exempt=True, exempt_reason=why)
         self.write_json({"user": user, "profile": profile, "policy": policy.to_json()})
 
     def _allocation(self, raw: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import utcnow
 from ..errors import RequestError
 from ..ledger import Caller, Ledger
+from ..overrides import record_admin_event
 from ..profiles import Profile
 from .backends.base import Backend
 from .jobdirs import create_job_dir, read_notebook, read_text
@@ -255,7 +256,7 @@ class JobManager(LoggingConfigurable):
 
     # -- cancel and preempt --------------------------------------------------------------
 
-    def cancel(self, job_id: int, actor: str) -> dict[str, Any]:
+    def cancel(self, job_id: int, actor: str, reason: str = "") -> dict[str, Any]:
         with self.db.writing() as s:
             job = s.get(JobRow, job_id)
             if job is None:
@@ -264,7 +265,10 @@ class JobManager(LoggingConfigurable):
                 raise RequestError(409, f"job {job_id} is already {job.state}")
             ref, allocs = dict(job.backend_ref or {}), list(job.allocation_ids or [])
             was_active = job.state in ACTIVE
-            transition(s, job, "cancelled", f"cancelled by {actor}")
+            detail = {"job_id": job_id, "name": job.name, "state": job.state}
+            record_admin_event(s, "job-cancel-requested", job.user, actor, reason, detail)
+            why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
+            transition(s, job, "cancelled", why)
             job.allocation_ids = []
         if was_active:
             self.backend.kill(ref)
@@ -281,6 +285,8 @@ class JobManager(LoggingConfigurable):
                 return job_json(job)
             if job.state not in ("starting", "running"):
                 raise RequestError(409, f"job {job_id} is {job.state}, not running")
+            detail = {"job_id": job_id, "name": job.name, "state": job.state}
+            record_admin_event(s, "job-preempt-requested", job.user, actor, reason, detail)
             transition(s, job, "preempting", f"{reason} (by {actor})")
             job.preempt_deadline = utcnow() + timedelta(seconds=self.preempt_grace)
             job.preemptions += 1

@@ -37,6 +37,8 @@ class Scheduler:
         self.jobs = jobs
         self.simulated = simulated
         self.log = jobs.log
+        # job id -> the runner's last utilization_at passed on to the ledger
+        self._usage_seen: dict[int, str] = {}
 
     async def run_forever(self) -> None:
         while True:
@@ -70,8 +72,24 @@ class Scheduler:
             return
         if status.alive:
             self._progress(job, runner, now)
+            self._report_usage(job, runner)
             return
+        self._usage_seen.pop(job.id, None)
         self._finished(job, status, runner, now)
+
+    def _report_usage(self, job: JobRow, runner: dict[str, Any]) -> None:
+        """Pass the runner's newest utilization figure to the ledger (admin panel), once."""
+        at = runner.get("utilization_at")
+        if not at or self._usage_seen.get(job.id) == at or job.state not in ("running",):
+            return
+        self._usage_seen[job.id] = str(at)
+        util, memory = runner.get("utilization"), runner.get("memory_mib")
+        util = min(100.0, max(0.0, float(util))) if isinstance(util, int | float) else None
+        memory = max(0.0, float(memory)) if isinstance(memory, int | float) else None
+        interval = runner.get("utilization_interval")
+        interval = float(interval) if isinstance(interval, int | float) else 0.0
+        for alloc_id in job.allocation_ids or []:
+            self.jobs.ledger.record_usage(int(alloc_id), util, memory, 0.0, interval)
 
     def _progress(self, job: JobRow, runner: dict[str, Any], now: datetime) -> None:
         over_time = self._runtime(job, now) > job.max_runtime

@@ -3,6 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine
 
+from gpuslice_hub.db import admin_models, jobs_models  # noqa: F401  (their tables)
 from gpuslice_hub.db.models import Base
 
 config = context.config

@@ -10,7 +10,19 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union, default, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Enum,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    Union,
+    default,
+    validate,
+)
 from traitlets import Callable as CallableTrait
 
 from ..activity import (
@@ -185,6 +197,15 @@ class GPUSliceExtension(ExtensionApp):
         "jupyterhub-idle-culler does not cull a server that trains silently.",
     ).tag(config=True)
 
+    usage_report_interval = Float(
+        60.0,
+        help="Seconds between two reports of this server's GPU use to the gpuslice service "
+        "(POST api/allocations/<id>/usage: mean utilization over the interval, peak memory, "
+        "idle time), which the admin panel plots against the allocation; 0 turns them off. "
+        "Only a server started with a gpuslice allocation reports; reports are sent in the "
+        "background and never delay sampling or culls.",
+    ).tag(config=True)
+
     service_url = Unicode(help="The gpuslice service (default: $GPUSLICE_SERVICE_URL).").tag(
         config=True
     )
@@ -193,10 +214,10 @@ class GPUSliceExtension(ExtensionApp):
     def _default_service_url(self) -> str:
         return os.environ.get("GPUSLICE_SERVICE_URL", "")
 
-    @validate("warning_lead")
-    def _check_lead(self, proposal: Any) -> float:
+    @validate("warning_lead", "usage_report_interval")
+    def _check_not_negative(self, proposal: Any) -> float:
         if proposal["value"] < 0:
-            raise ValueError("warning_lead must be >= 0")
+            raise TraitError(f"{proposal['trait'].name} must be >= 0")
         return float(proposal["value"])
 
     monitor: Monitor | None = None
@@ -269,6 +290,7 @@ class GPUSliceExtension(ExtensionApp):
             notifier=load_notifier(self.notifier),
             notify_without_tab_after=self.notify_without_tab_after,
             keep_hub_activity=self.keep_hub_activity,
+            usage_interval=self.usage_report_interval,
             logger=self.log,
         )
         self.settings["gpuslice_monitor"] = self.monitor

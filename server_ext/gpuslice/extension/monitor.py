@@ -21,6 +21,7 @@ from .notifier import Notifier, notify
 from .policy import IdlePolicy
 from .reclaim import Reclaimer
 from .service import ServiceClient, ServiceError
+from .usage_reporter import UsageReporter
 
 MiB = 1024 * 1024
 log = logging.getLogger("gpuslice.extension")
@@ -54,6 +55,7 @@ class Monitor:
         notifier: Notifier | None = None,
         notify_without_tab_after: float = 120.0,
         keep_hub_activity: bool = True,
+        usage_interval: float = 0.0,
         clock: Callable[[], float] = time.time,
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
     ) -> None:
@@ -81,6 +83,7 @@ class Monitor:
         self.reclaim_retry = 300.0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuslice-sampler")
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.usage = UsageReporter(service, usage_interval, self.log)
 
     @property
     def policy(self) -> IdlePolicy:
@@ -148,6 +151,11 @@ class Monitor:
             if isinstance(last, datetime):
                 last_execution[kid] = last.timestamp()
         self.states = self.trackers.update(report, executing, last_execution, now=now)
+        try:
+            self.usage.observe(now, report, self.states)
+        except Exception:
+            # Reporting is for the admin panel; idle decisions must go on without it.
+            self.log.exception("gpuslice: could not account GPU usage")
         threshold = self.trackers.threshold
         active = {
             key: executing.get(key, False) or _busy(act, threshold)
@@ -245,6 +253,7 @@ class Monitor:
         """Wait for reports and notifications in flight (tests, shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.usage.drain()
 
     def tab_open(self, now: float) -> bool:
         """A JupyterLab tab polls the status; none recently means nobody would see it."""

@@ -1,5 +1,6 @@
 """Calls from the single-user server to the gpuslice service, with the server's own token
-(``access:services!service=gpuslice``): the idle policy, events, and reclaiming the slice."""
+(``access:services!service=gpuslice``): the idle policy, events, usage reports, and
+reclaiming the slice."""
 
 from __future__ import annotations
 
@@ -85,4 +86,23 @@ class ServiceClient:
         if idle_seconds is not None:
             body["idle_seconds"] = idle_seconds
         reply = await self._call("POST", f"api/allocations/{self.allocation_id}/reclaim", body)
+        return dict(reply or {})
+
+    async def usage(
+        self,
+        utilization: float | None,
+        memory_mib: float | None,
+        idle_seconds: float,
+        interval_seconds: float,
+    ) -> dict[str, Any]:
+        """One usage report for the admin panel's utilization-against-allocation view."""
+        if not self.allocation_id:
+            raise ServiceError("this server has no gpuslice allocation to report usage for")
+        body = {
+            "utilization": utilization,
+            "memory_mib": memory_mib,
+            "idle_seconds": idle_seconds,
+            "interval_seconds": interval_seconds,
+        }
+        reply = await self._call("POST", f"api/allocations/{self.allocation_id}/usage", body)
         return dict(reply or {})

@@ -24,6 +24,7 @@ from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from .jobdir import EXIT_FAILED, EXIT_PREEMPTED, JobDir, write_json_atomic
 from .params import inject
+from .usage import JobUsage, default_usage_interval
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 SETUP = (
@@ -32,8 +33,10 @@ SETUP = (
 
 
 class Runner:
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, usage_interval: float | None = None) -> None:
         self.jd = JobDir(job_dir)
+        interval = default_usage_interval() if usage_interval is None else usage_interval
+        self.usage = JobUsage(self.jd, interval)
         self.spec = self.jd.spec()
         self.interval = float(self.spec.get("checkpoint_interval", 600))
         self.preempt_at: float | None = None
@@ -178,6 +181,7 @@ class Runner:
             await self.client.async_start_new_kernel(cwd=str(self.jd.root))
             await self.client.async_start_new_kernel_client()
             self.jd.write_state(kernel_pid=self._kernel_pid())
+            self.usage.start(self._kernel_pid())
             start = 0
             if self.is_python:
                 await self._eval(SETUP + "\n__gpuslice_r = '0'", "__gpuslice_r")
@@ -191,6 +195,7 @@ class Runner:
                 self.jd.log("not a Python kernel: rerunning from the top")
             return await self._cells(nb, code_cells, start)
         finally:
+            await self.usage.stop()
             if self.client.kc is not None:
                 self.client.kc.stop_channels()
             with contextlib.suppress(Exception):
@@ -252,5 +257,5 @@ class Runner:
             self.jd.log(f"HTML export failed: {e}")
 
 
-async def run_job(job_dir: Path) -> int:
-    return await Runner(job_dir).run()
+async def run_job(job_dir: Path, usage_interval: float | None = None) -> int:
+    return await Runner(job_dir, usage_interval).run()

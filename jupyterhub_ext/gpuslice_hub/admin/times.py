@@ -1,0 +1,10 @@
+"""Timestamps as the admin views compare them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+
+def utc(ts: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every timestamp the ledger stores is UTC."""
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)

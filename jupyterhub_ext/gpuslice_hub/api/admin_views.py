@@ -1,0 +1,64 @@
+"""The admin panel's read side: the pool right now, and usage over time (admin scope only)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from ..admin.accounting import group_usage
+from ..admin.overview import overview
+from ..admin.usage import series
+from ..db.models import utcnow
+from ..errors import RequestError
+from ..serialize import iso
+from .base import BaseHandler, api_authenticated, int_arg
+
+MAX_DAYS = 90
+MAX_POINTS = 2000
+DEFAULT_POINTS = 500
+
+
+def require_admin(handler: BaseHandler, what: str) -> None:
+    if not handler.identity().is_admin:
+        raise RequestError(403, f"{what} needs the {handler.service.admin_scope} scope")
+
+
+class AdminOverviewHandler(BaseHandler):
+    """``GET api/admin/overview``: hosts, GPUs, slices and their holders, pool totals."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        require_admin(self, "the admin overview")
+        inv = self.service.inventory
+        backend = inv.backend if inv else None
+        simulated = bool(inv and inv.simulated)
+        # in a worker thread: on a large cluster this takes tens of milliseconds that
+        # spawns waiting on the event loop should not
+        view = await asyncio.to_thread(overview, self.ledger, utcnow(), backend, simulated)
+        self.write_json(view)
+
+
+class AdminUsageHandler(BaseHandler):
+    """``GET api/admin/usage?days=7&points=500``: the usage samples of the last ``days``
+    (averaged down to at most ``points``), and per-group GPU-hours over 7 and 30 days."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        require_admin(self, "usage figures")
+        days = int_arg(self, "days", 7, 1, MAX_DAYS)
+        points = int_arg(self, "points", DEFAULT_POINTS, 1, MAX_POINTS)
+        now = utcnow()
+        since = now - timedelta(days=days)
+        # Seconds between two points: the sampling interval, unless averaging made it longer.
+        step = max(float(self.service.usage_sample_interval), days * 86400 / points)
+        samples = await asyncio.to_thread(series, self.ledger, since, now, points)
+        groups = await asyncio.to_thread(group_usage, self.ledger, now)
+        self.write_json(
+            {
+                "from": iso(since),
+                "to": iso(now),
+                "interval_seconds": step,
+                "series": samples,
+                "groups": groups,
+            }
+        )

@@ -1,0 +1,43 @@
+"""``POST api/allocations/<id>/usage``: a server's measured GPU use, for the admin panel's
+utilization figures. Sent by the owner's server extension every ``usage_report_interval``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RequestError
+from ..serialize import iso
+from .base import BaseHandler, api_authenticated
+
+
+def _number(body: dict[str, Any], key: str, hi: float, nullable: bool) -> float | None:
+    value = body.get(key)
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= hi:
+        allowed = " or null" if nullable else ""
+        raise RequestError(400, f"field {key!r} must be a number from 0 to {hi:g}{allowed}")
+    return float(value)
+
+
+class UsageReportHandler(BaseHandler):
+    @api_authenticated
+    async def post(self, alloc_id: str) -> None:
+        ident = self.identity()
+        body = self.json_body({"utilization", "memory_mib", "idle_seconds", "interval_seconds"})
+        if "utilization" not in body:
+            raise RequestError(400, "field 'utilization' is required (null when unknown)")
+        utilization = _number(body, "utilization", 100, nullable=True)
+        memory = _number(body, "memory_mib", 1e9, nullable=True)
+        body.setdefault("idle_seconds", 0)
+        body.setdefault("interval_seconds", 0)
+        idle = _number(body, "idle_seconds", 1e9, nullable=False) or 0.0
+        interval = _number(body, "interval_seconds", 1e7, nullable=False) or 0.0
+        alloc = self.ledger.get(int(alloc_id))
+        if alloc is None:
+            raise RequestError(404, f"no allocation {alloc_id}")
+        self.check_user_access(ident, alloc["user"])
+        if alloc["state"] != "active":
+            raise RequestError(409, f"allocation {alloc_id} is already released")
+        at = self.ledger.record_usage(alloc["id"], utilization, memory, idle, interval)
+        self.write_json({"allocation_id": alloc["id"], "recorded_at": iso(at)})

@@ -1,0 +1,827 @@
+// The gpuslice admin panel: reads the service's REST API with the page's XSRF token (cookie
+// auth through HubOAuth) and renders each section on its own, so one failing endpoint
+// leaves the rest of the panel working. No build step: this file is served as is.
+'use strict';
+
+(function () {
+  const meta = name => document.querySelector(`meta[name="${name}"]`).content;
+  const API = meta('gpuslice-api');
+  const XSRF = meta('gpuslice-xsrf');
+  const REFRESH_MS = 5000;
+  const state = { days: 7, showFinished: false, overview: null };
+
+  // -- plumbing -------------------------------------------------------------------------
+
+  async function api(method, path, body) {
+    const init = {
+      method,
+      credentials: 'same-origin',
+      headers: { 'X-XSRFToken': XSRF, Accept: 'application/json' }
+    };
+    if (body !== undefined) {
+      init.headers['Content-Type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(API + path, init);
+    if (resp.status === 204) return null;
+    let data = null;
+    try {
+      data = await resp.json();
+    } catch {
+      data = null;
+    }
+    if (!resp.ok) {
+      const why = (data && data.message) || resp.statusText;
+      throw new Error(`${why} (HTTP ${resp.status} from ${method} ${path.split('?')[0]})`);
+    }
+    return data;
+  }
+
+  // Elements are built with textContent only: user names and reasons are never HTML.
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else if (k === 'className') el.className = v;
+      else if (k === 'dataset') Object.assign(el.dataset, v);
+      else el.setAttribute(k, v === true ? '' : v);
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  function showError(id, err) {
+    const el = document.getElementById(id);
+    if (!el) return;
+    el.hidden = !err;
+    el.textContent = err ? String(err.message || err) : '';
+  }
+
+  const gpus = milli =>
+    milli === null || milli === undefined ? '–' : (milli / 1000).toFixed(2).replace(/\.?0+$/, '');
+  const pct = v => (v === null || v === undefined ? '–' : `${Math.round(v)}%`);
+
+  function ago(iso) {
+    if (!iso) return '–';
+    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    return duration(s) + ' ago';
+  }
+
+  function duration(s) {
+    if (s === null || s === undefined) return '–';
+    if (s < 90) return `${Math.round(s)} s`;
+    if (s < 5400) return `${Math.round(s / 60)} min`;
+    if (s < 172800) return `${(s / 3600).toFixed(1)} h`;
+    return `${(s / 86400).toFixed(1)} d`;
+  }
+
+  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+  const when = iso => (iso ? new Date(iso).toLocaleString() : '–');
+
+  // A confirmation dialog that asks for the reason every admin action records.
+  function confirmAction(title, text, run) {
+    const dialog = document.getElementById('gs-confirm');
+    const reason = document.getElementById('gs-confirm-reason');
+    document.getElementById('gs-confirm-title').textContent = title;
+    document.getElementById('gs-confirm-text').textContent = text;
+    showError('gs-confirm-error', null);
+    reason.value = '';
+    const ok = document.getElementById('gs-confirm-ok');
+    const onClick = async ev => {
+      ev.preventDefault();
+      if (!reason.value.trim()) {
+        showError('gs-confirm-error', 'Say why: the reason is recorded with the action.');
+        return;
+      }
+      ok.disabled = true;
+      try {
+        await run(reason.value.trim());
+        dialog.close();
+        await refresh();
+      } catch (err) {
+        showError('gs-confirm-error', err);
+      } finally {
+        ok.disabled = false;
+      }
+    };
+    ok.onclick = onClick;
+    dialog.showModal();
+    reason.focus();
+  }
+
+  // -- summary --------------------------------------------------------------------------
+
+  function renderSummary(ov) {
+    const t = ov.totals;
+    const r = ov.reclaimed_gpu_hours;
+    const card = (label, value, note, key) =>
+      h(
+        'div',
+        { className: 'gs-card', dataset: { key } },
+        h('div', { className: 'gs-card-value' }, value),
+        h('div', { className: 'gs-card-label' }, label),
+        note ? h('div', { className: 'gs-card-note' }, note) : null
+      );
+    const used = t.used_milli === null ? '–' : `${gpus(t.used_milli)} GPUs`;
+    document
+      .getElementById('gs-summary')
+      .replaceChildren(
+        card(
+          'capacity',
+          `${gpus(t.capacity_milli)} GPUs`,
+          `${t.gpus} GPUs, ${t.drained_gpus} drained`,
+          'capacity'
+        ),
+        card(
+          'allocated',
+          `${gpus(t.allocated_milli)} GPUs`,
+          `${t.active_allocations} allocations`,
+          'allocated'
+        ),
+        card(
+          'utilized',
+          used,
+          t.used_milli === null
+            ? 'no usage reports yet'
+            : `reports cover ${gpus(t.reported_milli)} GPUs`,
+          'used'
+        ),
+        card(
+          'free',
+          `${gpus(t.free_milli)} GPUs`,
+          `${gpus(t.fragmented_milli)} fragmented`,
+          'free'
+        ),
+        card('jobs', `${t.running_jobs} running`, `${t.queued_jobs} queued`, 'jobs'),
+        card(
+          'reclaimed',
+          `${r.last_7d.toFixed(1)} GPU-h`,
+          `7 days; ${r.last_30d.toFixed(1)} in 30, ${r.total.toFixed(1)} in all`,
+          'reclaimed'
+        )
+      );
+  }
+
+  // -- inventory ------------------------------------------------------------------------
+
+  function holderText(slice) {
+    const who = slice.holder;
+    if (!who) return h('span', { className: 'gs-free' }, 'free');
+    const what =
+      who.purpose === 'batch' ? `job ${who.job_id ?? '?'}` : who.server_name || 'default server';
+    const util = who.reported_at ? `${pct(who.utilization)} busy` : 'no report';
+    const idle =
+      who.reported_at && who.idle_seconds > 0 ? `, idle ${duration(who.idle_seconds)}` : '';
+    return h(
+      'span',
+      {
+        className: 'gs-holder',
+        title: `allocation ${who.allocation_id}, since ${when(who.since)}`
+      },
+      h('b', {}, who.user),
+      ` ${what} · ${who.profile} · since ${ago(who.since)} · ${util}${idle}`
+    );
+  }
+
+  function sliceLabel(s) {
+    if (s.kind === 'mig') return `MIG ${s.mig_profile}`;
+    if (s.kind === 'gpu') return 'whole GPU';
+    return `share ${gpus(s.milli)} GPU, ${Math.round(s.memory_mib / 1024)} GiB`;
+  }
+
+  function renderInventory(ov) {
+    const hosts = ov.hosts.map(host =>
+      h(
+        'div',
+        { className: 'gs-host', dataset: { host: host.name } },
+        h(
+          'h3',
+          {},
+          host.name,
+          host.present ? '' : ' (gone)',
+          h(
+            'small',
+            {},
+            ` CPU ${gpus(host.cpu_milli_free)} of ${gpus(host.cpu_milli)} free · memory ${Math.round(host.memory_mib_free / 1024)} of ${Math.round(host.memory_mib / 1024)} GiB free`
+          )
+        ),
+        h(
+          'table',
+          { className: 'gs-table gs-gpus' },
+          h(
+            'thead',
+            {},
+            h(
+              'tr',
+              {},
+              ['GPU', 'model', 'allocated', 'free', 'slices', ''].map(c => h('th', {}, c))
+            )
+          ),
+          h(
+            'tbody',
+            {},
+            host.gpus.map(g =>
+              h(
+                'tr',
+                { dataset: { gpu: g.uuid }, className: g.drained ? 'gs-drained' : '' },
+                h(
+                  'td',
+                  {},
+                  `#${g.index}`,
+                  g.drained ? h('span', { className: 'gs-badge' }, 'drained') : null,
+                  g.present ? null : h('span', { className: 'gs-badge' }, 'gone')
+                ),
+                h(
+                  'td',
+                  {},
+                  g.model,
+                  h(
+                    'small',
+                    {},
+                    ` ${Math.round(g.memory_mib / 1024)} GiB${g.mig_mode === 'enabled' ? ', MIG' : ''}`
+                  )
+                ),
+                h('td', {}, gpus(g.allocated_milli)),
+                h(
+                  'td',
+                  {},
+                  gpus(g.free_milli),
+                  g.fragmented_milli
+                    ? h('small', {}, ` (${gpus(g.fragmented_milli)} fragmented)`)
+                    : null
+                ),
+                h(
+                  'td',
+                  {},
+                  h(
+                    'ul',
+                    { className: 'gs-slices' },
+                    g.slices.map(s =>
+                      h(
+                        'li',
+                        { dataset: { allocation: s.holder ? s.holder.allocation_id : '' } },
+                        h('span', { className: 'gs-slice' }, sliceLabel(s)),
+                        ' ',
+                        holderText(s)
+                      )
+                    ),
+                    g.slices.length === 0
+                      ? h('li', {}, h('span', { className: 'gs-free' }, 'no slices held'))
+                      : null
+                  )
+                ),
+                h(
+                  'td',
+                  {},
+                  h(
+                    'button',
+                    {
+                      type: 'button',
+                      className: 'gs-drain',
+                      onclick: () =>
+                        confirmAction(
+                          g.drained
+                            ? `Undrain GPU #${g.index} of ${host.name}`
+                            : `Drain GPU #${g.index} of ${host.name}`,
+                          g.drained
+                            ? 'New slices may be placed on this GPU again.'
+                            : 'No new slices will be placed on this GPU; its current holders keep theirs.',
+                          reason =>
+                            api('POST', `gpus/${encodeURIComponent(g.uuid)}/drain`, {
+                              drained: !g.drained,
+                              reason
+                            })
+                        )
+                    },
+                    g.drained ? 'Undrain' : 'Drain'
+                  )
+                )
+              )
+            )
+          )
+        )
+      )
+    );
+    document.getElementById('gs-hosts').replaceChildren(...hosts);
+  }
+
+  // -- usage plot -----------------------------------------------------------------------
+
+  function renderPlot(usage) {
+    const box = document.getElementById('gs-plot');
+    const pts = usage.series;
+    if (!pts.length) {
+      box.replaceChildren(
+        h(
+          'p',
+          { className: 'gs-help' },
+          'No samples yet: the service records one every few minutes.'
+        )
+      );
+      return;
+    }
+    const W = 900,
+      H = 260,
+      L = 48,
+      R = 12,
+      T = 12,
+      B = 28;
+    // A young pool has samples for only part of the window: plot from the first one.
+    const t0 = Math.max(Date.parse(usage.from), Date.parse(pts[0].ts)),
+      t1 = Math.max(Date.parse(usage.to), t0 + 1000);
+    const ymax =
+      Math.max(
+        1,
+        ...pts.map(p => Math.max(p.capacity_milli, p.allocated_milli, p.used_milli || 0))
+      ) * 1.08;
+    const x = iso => L + ((Date.parse(iso) - t0) / (t1 - t0)) * (W - L - R);
+    const y = m => T + (1 - m / ymax) * (H - T - B);
+    const NS = 'http://www.w3.org/2000/svg';
+    const s = (tag, attrs) => {
+      const el = document.createElementNS(NS, tag);
+      for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+      return el;
+    };
+    const line = key => {
+      let d = '';
+      let pen = false;
+      for (const p of pts) {
+        const v = p[key];
+        if (v === null || v === undefined) {
+          pen = false;
+          continue;
+        }
+        d += `${pen ? 'L' : 'M'}${x(p.ts).toFixed(1)},${y(v).toFixed(1)}`;
+        pen = true;
+      }
+      return d;
+    };
+    const svg = s('svg', {
+      viewBox: `0 0 ${W} ${H}`,
+      role: 'img',
+      'aria-label': 'GPUs allocated and utilized over time'
+    });
+    for (let i = 0; i <= 4; i++) {
+      const m = (ymax / 4) * i;
+      svg.append(s('line', { x1: L, x2: W - R, y1: y(m), y2: y(m), class: 'gs-grid' }));
+      const label = s('text', { x: L - 6, y: y(m) + 4, class: 'gs-axis', 'text-anchor': 'end' });
+      label.textContent = gpus(m);
+      svg.append(label);
+    }
+    for (let i = 0; i <= 4; i++) {
+      const t = t0 + ((t1 - t0) / 4) * i;
+      const label = s('text', {
+        x: L + ((W - L - R) / 4) * i,
+        y: H - 8,
+        class: 'gs-axis',
+        'text-anchor': i === 0 ? 'start' : i === 4 ? 'end' : 'middle'
+      });
+      label.textContent = new Date(t).toLocaleString([], {
+        month: 'short',
+        day: 'numeric',
+        hour: '2-digit',
+        minute: '2-digit'
+      });
+      svg.append(label);
+    }
+    const first = pts[0],
+      last = pts[pts.length - 1];
+    const area =
+      `M${x(first.ts)},${y(0)}` +
+      line('allocated_milli').replace(/^M/, 'L') +
+      `L${x(last.ts)},${y(0)}Z`;
+    svg.append(s('path', { d: area, class: 'gs-allocated' }));
+    svg.append(s('path', { d: line('capacity_milli'), class: 'gs-capacity' }));
+    svg.append(s('path', { d: line('used_milli'), class: 'gs-used' }));
+    const legend = h(
+      'p',
+      { className: 'gs-legend' },
+      h(
+        'span',
+        { className: 'gs-key gs-key-capacity' },
+        `capacity ${gpus(last.capacity_milli)} GPUs`
+      ),
+      h(
+        'span',
+        { className: 'gs-key gs-key-allocated' },
+        `allocated ${gpus(last.allocated_milli)}`
+      ),
+      h('span', { className: 'gs-key gs-key-used' }, `utilized ${gpus(last.used_milli)}`),
+      ` · ${pts.length} samples · queued jobs now: ${last.queued_jobs}`
+    );
+    box.replaceChildren(svg, legend);
+  }
+
+  function renderGroups(usage) {
+    const rows = usage.groups.map(g =>
+      h(
+        'tr',
+        { dataset: { group: g.group } },
+        h('td', {}, g.group),
+        h('td', {}, g.gpu_hours_7d.toFixed(2)),
+        h('td', {}, g.gpu_hours_30d.toFixed(2)),
+        h(
+          'td',
+          {},
+          `${g.interactive_gpu_hours_30d.toFixed(2)} / ${g.batch_gpu_hours_30d.toFixed(2)}`
+        ),
+        h('td', {}, g.allocations_30d),
+        h('td', {}, g.reclaimed_gpu_hours_30d.toFixed(2))
+      )
+    );
+    if (!rows.length) {
+      rows.push(h('tr', {}, h('td', { colspan: 6 }, 'No allocations in the last 30 days.')));
+    }
+    document.querySelector('#gs-groups-table tbody').replaceChildren(...rows);
+  }
+
+  // -- jobs -----------------------------------------------------------------------------
+
+  const RUNNING = new Set(['starting', 'running']);
+  const FINISHED = new Set(['completed', 'failed', 'cancelled']);
+
+  function jobHistory(job) {
+    return h(
+      'tr',
+      { className: 'gs-history', dataset: { historyFor: job.id } },
+      h(
+        'td',
+        { colspan: 10 },
+        h(
+          'ol',
+          {},
+          job.transitions.map(t =>
+            h(
+              'li',
+              { className: t.state === 'preempting' ? 'gs-preempt' : '' },
+              `${when(t.at)}: ${t.from || '–'} → ${t.state}`,
+              t.reason ? ` (${t.reason})` : ''
+            )
+          )
+        ),
+        job.waiting_reason ? h('p', {}, `Waiting: ${job.waiting_reason}`) : null,
+        job.error ? h('p', { className: 'gs-error' }, job.error) : null
+      )
+    );
+  }
+
+  const expanded = new Set();
+
+  function renderJobs(jobs) {
+    const rows = [];
+    for (const job of jobs) {
+      if (!state.showFinished && FINISHED.has(job.state)) continue;
+      const actions = [];
+      if (RUNNING.has(job.state)) {
+        actions.push(
+          h(
+            'button',
+            {
+              type: 'button',
+              className: 'gs-preempt-btn',
+              onclick: () =>
+                confirmAction(
+                  `Preempt job ${job.id} (${job.name}) of ${job.user}`,
+                  'The job checkpoints, gives its slice back and is requeued; it resumes from the checkpoint.',
+                  reason => api('POST', `jobs/${job.id}/preempt`, { reason })
+                )
+            },
+            'Preempt'
+          )
+        );
+      }
+      if (!FINISHED.has(job.state)) {
+        actions.push(
+          h(
+            'button',
+            {
+              type: 'button',
+              className: 'gs-cancel-btn',
+              onclick: () =>
+                confirmAction(
+                  `Cancel job ${job.id} (${job.name}) of ${job.user}`,
+                  'The job is stopped for good; its slices go back to the pool.',
+                  reason => api('DELETE', `jobs/${job.id}`, { reason })
+                )
+            },
+            'Cancel'
+          )
+        );
+      }
+      const toggle = () => {
+        if (expanded.has(job.id)) expanded.delete(job.id);
+        else expanded.add(job.id);
+        renderJobs(jobs);
+      };
+      rows.push(
+        h(
+          'tr',
+          { dataset: { jobId: job.id, state: job.state } },
+          h(
+            'td',
+            {},
+            h(
+              'button',
+              {
+                type: 'button',
+                className: 'gs-link',
+                onclick: toggle,
+                'aria-expanded': expanded.has(job.id) ? 'true' : 'false'
+              },
+              `${job.id} ${job.name}`
+            )
+          ),
+          h('td', {}, job.user),
+          h('td', {}, `${job.profile}${job.slices > 1 ? ` ×${job.slices}` : ''} · ${job.priority}`),
+          h('td', {}, h('span', { className: `gs-state gs-state-${job.state}` }, job.state)),
+          h('td', {}, job.cells_total ? `${job.cells_done} / ${job.cells_total} cells` : '–'),
+          h('td', {}, job.restarts),
+          h('td', {}, job.preemptions),
+          h('td', {}, duration(job.lost_work_seconds)),
+          h('td', {}, ago(job.submitted_at)),
+          h('td', { className: 'gs-actions' }, actions)
+        )
+      );
+      if (expanded.has(job.id)) rows.push(jobHistory(job));
+    }
+    if (!rows.length) {
+      rows.push(
+        h(
+          'tr',
+          {},
+          h('td', { colspan: 10 }, state.showFinished ? 'No jobs.' : 'No queued or running jobs.')
+        )
+      );
+    }
+    document.querySelector('#gs-jobs-table tbody').replaceChildren(...rows);
+  }
+
+  // -- quotas and exemptions --------------------------------------------------------------
+
+  function limitText(limit) {
+    if (!limit) return 'no limit';
+    const parts = [];
+    if (limit.max_slices !== null && limit.max_slices !== undefined) {
+      parts.push(plural(limit.max_slices, 'slice'));
+    }
+    if (limit.max_milli !== null && limit.max_milli !== undefined) {
+      parts.push(`${gpus(limit.max_milli)} GPUs`);
+    }
+    if (limit.borrow_from && limit.borrow_from.length) {
+      parts.push(`borrows from ${limit.borrow_from.join(', ')}`);
+    }
+    return parts.length ? parts.join(', ') : 'no limit';
+  }
+
+  function renderQuotas(q) {
+    const overrides = new Map(q.overrides.map(o => [`${o.subject}:${o.name}`, o]));
+    const subjects = [['default_user', '', 'every user (default)']];
+    for (const u of new Set([...Object.keys(q.effective.users), ...Object.keys(q.in_use.users)])) {
+      subjects.push(['user', u, `user ${u}`]);
+    }
+    for (const g of Object.keys(q.effective.groups)) subjects.push(['group', g, `group ${g}`]);
+    const rows = subjects.map(([subject, name, label]) => {
+      const cfg =
+        subject === 'default_user' ? q.config.default_user : q.config[`${subject}s`][name];
+      const now =
+        subject === 'default_user' ? q.effective.default_user : q.effective[`${subject}s`][name];
+      const used =
+        subject === 'user'
+          ? q.in_use.users[name]
+          : subject === 'group'
+            ? q.in_use.groups[name]
+            : null;
+      const o = overrides.get(`${subject}:${name}`);
+      const path =
+        subject === 'default_user'
+          ? 'admin/quotas/default_user'
+          : `admin/quotas/${subject}/${encodeURIComponent(name)}`;
+      return h(
+        'tr',
+        { dataset: { subject, name } },
+        h('td', {}, label),
+        h('td', {}, limitText(cfg)),
+        h('td', {}, limitText(now), o ? h('span', { className: 'gs-badge' }, 'changed') : null),
+        h('td', {}, used ? `${plural(used.slices, 'slice')}, ${gpus(used.milli)} GPUs` : '–'),
+        h('td', {}, o ? `${o.set_by}, ${ago(o.set_at)}: ${o.reason}` : '–'),
+        h(
+          'td',
+          {},
+          o
+            ? h(
+                'button',
+                {
+                  type: 'button',
+                  onclick: () =>
+                    confirmAction(
+                      `Reset the quota of ${label}`,
+                      'Back to the configured limit.',
+                      reason => api('DELETE', path, { reason })
+                    )
+                },
+                'Reset'
+              )
+            : null
+        )
+      );
+    });
+    document.querySelector('#gs-quotas-table tbody').replaceChildren(...rows);
+  }
+
+  function renderExemptions(ex) {
+    const items = ex.exemptions.map(e =>
+      h(
+        'li',
+        { dataset: { user: e.user } },
+        h('b', {}, e.user),
+        ` — ${e.reason} (by ${e.set_by}, ${ago(e.set_at)}${e.expires_at ? `, until ${when(e.expires_at)}` : ''}) `,
+        h(
+          'button',
+          {
+            type: 'button',
+            onclick: () =>
+              confirmAction(
+                `End the idle exemption of ${e.user}`,
+                'Their idle sessions are culled again under the normal policy.',
+                reason =>
+                  api('DELETE', `admin/exemptions/${encodeURIComponent(e.user)}`, { reason })
+              )
+          },
+          'End'
+        )
+      )
+    );
+    const c = ex.config;
+    const fromConfig = [
+      ...c.users.map(u => `user ${u}`),
+      ...c.groups.map(g => `group ${g}`),
+      ...c.profiles.map(p => `profile ${p}`)
+    ];
+    if (fromConfig.length) {
+      items.push(
+        h('li', { className: 'gs-help' }, `From the config file: ${fromConfig.join(', ')}`)
+      );
+    }
+    if (!items.length) items.push(h('li', { className: 'gs-help' }, 'Nobody is exempt.'));
+    document.getElementById('gs-exemption-list').replaceChildren(...items);
+  }
+
+  function renderActions(data) {
+    const rows = data.actions.map(a => {
+      const d = a.detail || {};
+      const target =
+        d.job_id !== undefined
+          ? `job ${d.job_id}${a.user ? ` of ${a.user}` : ''}`
+          : d.gpu
+            ? `GPU ${d.gpu}`
+            : d.subject
+              ? `${d.subject} ${d.name || ''}`.trim()
+              : a.user || '';
+      return h(
+        'tr',
+        { dataset: { kind: a.kind } },
+        h('td', {}, when(a.ts)),
+        h('td', {}, a.actor || '–'),
+        h('td', {}, a.kind),
+        h('td', {}, target),
+        h('td', {}, a.reason || '')
+      );
+    });
+    if (!rows.length) rows.push(h('tr', {}, h('td', { colspan: 5 }, 'No admin actions yet.')));
+    document.querySelector('#gs-actions-table tbody').replaceChildren(...rows);
+  }
+
+  // -- forms ----------------------------------------------------------------------------
+
+  function number(form, name, scale) {
+    const raw = form.elements[name].value.trim();
+    if (raw === '') return null;
+    const v = Number(raw);
+    if (!Number.isFinite(v) || v < 0) {
+      throw new Error(`${name.replace('_', ' ')} must be a number ≥ 0 (empty: no limit)`);
+    }
+    return scale ? Math.round(v * scale) : v;
+  }
+
+  function wireForms() {
+    const quota = document.getElementById('gs-quota-form');
+    const quotaError = quota.querySelector('.gs-error');
+    quota.elements.subject.addEventListener('change', () => {
+      quota.elements.name.disabled = quota.elements.subject.value === 'default_user';
+    });
+    quota.addEventListener('submit', async ev => {
+      ev.preventDefault();
+      quotaError.hidden = true;
+      try {
+        const subject = quota.elements.subject.value;
+        const name = quota.elements.name.value.trim();
+        if (subject !== 'default_user' && !name) throw new Error(`Name the ${subject}.`);
+        const body = {
+          max_slices: number(quota, 'max_slices'),
+          max_milli: number(quota, 'max_gpus', 1000),
+          reason: quota.elements.reason.value.trim()
+        };
+        const path =
+          subject === 'default_user'
+            ? 'admin/quotas/default_user'
+            : `admin/quotas/${subject}/${encodeURIComponent(name)}`;
+        await api('PUT', path, body);
+        quota.reset();
+        await refresh();
+      } catch (err) {
+        quotaError.hidden = false;
+        quotaError.textContent = err.message;
+      }
+    });
+    const exempt = document.getElementById('gs-exempt-form');
+    const exemptError = exempt.querySelector('.gs-error');
+    exempt.addEventListener('submit', async ev => {
+      ev.preventDefault();
+      exemptError.hidden = true;
+      try {
+        const user = exempt.elements.user.value.trim();
+        const hours = number(exempt, 'hours');
+        const body = { reason: exempt.elements.reason.value.trim() };
+        if (hours !== null) body.hours = hours;
+        await api('PUT', `admin/exemptions/${encodeURIComponent(user)}`, body);
+        exempt.reset();
+        await refresh();
+      } catch (err) {
+        exemptError.hidden = false;
+        exemptError.textContent = err.message;
+      }
+    });
+    for (const b of document.querySelectorAll('.gs-window button')) {
+      b.addEventListener('click', () => {
+        state.days = Number(b.dataset.days);
+        for (const o of document.querySelectorAll('.gs-window button')) {
+          o.classList.toggle('gs-on', o === b);
+        }
+        loadUsage();
+      });
+    }
+    document.getElementById('gs-jobs-finished').addEventListener('change', ev => {
+      state.showFinished = ev.target.checked;
+      refresh();
+    });
+  }
+
+  // -- loading --------------------------------------------------------------------------
+
+  async function section(errorId, load) {
+    try {
+      await load();
+      showError(errorId, null);
+    } catch (err) {
+      showError(errorId, err);
+    }
+  }
+
+  async function loadUsage() {
+    await section('gs-usage-error', async () => {
+      const usage = await api('GET', `admin/usage?days=${state.days}`);
+      renderPlot(usage);
+      renderGroups(usage);
+    });
+  }
+
+  let lastJobs = [];
+  async function refresh() {
+    await Promise.all([
+      section('gs-inventory-error', async () => {
+        const ov = await api('GET', 'admin/overview');
+        state.overview = ov;
+        renderSummary(ov);
+        renderInventory(ov);
+      }),
+      section('gs-jobs-error', async () => {
+        lastJobs = (await api('GET', 'jobs?limit=500')).jobs;
+        renderJobs(lastJobs);
+      }),
+      section('gs-quotas-error', async () => renderQuotas(await api('GET', 'admin/quotas'))),
+      section('gs-exemptions-error', async () =>
+        renderExemptions(await api('GET', 'admin/exemptions'))
+      ),
+      section('gs-actions-error', async () =>
+        renderActions(await api('GET', 'admin/actions?limit=50'))
+      )
+    ]);
+    document.getElementById('gs-refreshed').textContent =
+      `updated ${new Date().toLocaleTimeString()}`;
+    document.body.dataset.loaded = 'true';
+  }
+
+  wireForms();
+  refresh();
+  loadUsage();
+  setInterval(() => {
+    if (!document.hidden && !document.getElementById('gs-confirm').open) refresh();
+  }, REFRESH_MS);
+  setInterval(() => {
+    if (!document.hidden) loadUsage();
+  }, 60000);
+})();

@@ -1,0 +1,189 @@
+"""The admin panel in Debian's Chromium against a real hub and service (local job backend):
+an admin sees who holds which slice and the job queue, preempts a running job from the panel
+(it checkpoints, requeues and resumes), changes a quota and exempts a user, and every action
+shows up in the action log with its reason. A user without the admin scope is turned away.
+
+Screenshot for the docs: ``GPUSLICE_SCREENSHOTS=docs/images .venv/bin/pytest <this file>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from tests.harness.engines import need, need_module
+from tests.harness.hub import wait_for
+from tests.jobs.notebooks import TRAIN_CELLS, notebook
+
+from .lab import CHROMIUM, chromium, login, screenshot_path, settled
+
+pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.timeout(420)]
+
+# Long enough to be preempted mid-run, checkpointing every step.
+PARAMETERS = {"steps": 4000, "lr": 0.01, "delay": 0.02}
+
+
+def submit_job(hub: Any, token: str) -> int:
+    body = {
+        "path": "train.ipynb",
+        "profile": "gpu-1",
+        "notebook": json.loads(nbformat.writes(notebook(TRAIN_CELLS))),
+        "parameters": PARAMETERS,
+        "checkpoint_interval": 1,
+        "priority": "preemptible",
+    }
+    r = hub.api("POST", "/api/jobs", token, json=body)
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def job(hub: Any, token: str, job_id: int) -> dict[str, Any]:
+    r = hub.api("GET", f"/api/jobs/{job_id}", token)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
+    hub_factory: Any, tmp_path: Path
+) -> None:
+    need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
+    sync_api = need_module("playwright.sync_api")
+    hub = hub_factory(
+        quotas={"groups": {"physics": {"max_slices": 4}}},
+        extra_service_config="c.GPUSliceService.usage_sample_interval = 1\n",
+    )
+    admin, ann, bob = hub.add_user("admin"), hub.add_user("ann"), hub.add_user("bob", ("physics",))
+    held = hub.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
+    hub.api("POST", "/api/allocations", bob, json={"profile": "mig-3g.40gb"})
+    r = hub.api(
+        "POST",
+        f"/api/allocations/{held['id']}/usage",
+        ann,
+        json={
+            "utilization": 12.5,
+            "memory_mib": 2048,
+            "idle_seconds": 1500,
+            "interval_seconds": 60,
+        },
+    )
+    assert r.status_code == 200, r.text
+    job_id = submit_job(hub, ann)
+    wait_for(
+        lambda: job(hub, ann, job_id)["state"] == "running" and job(hub, ann, job_id)["cells_done"],
+        timeout=120,
+        what="ann's job running its training cell",
+    )
+
+    with chromium(sync_api, tmp_path) as page:
+        # A user without the admin scope is turned away with a reason.
+        login(page, hub.url, "ann")
+        resp = page.goto(f"{hub.url}/services/gpuslice/admin")
+        assert resp is not None and resp.status == 403
+        assert "custom:gpuslice:admin" in page.inner_text("body")
+        page.goto(f"{hub.url}/hub/logout")
+
+        login(page, hub.url, "admin")
+        page.goto(f"{hub.url}/services/gpuslice/admin")
+        page.wait_for_selector("body[data-loaded=true]")
+
+        # Inventory: who holds which slice, with the utilization the holder reported.
+        ann_slice = page.locator(f'li[data-allocation="{held["id"]}"]')
+        ann_slice.wait_for()
+        text = ann_slice.inner_text()
+        assert "share 0.25 GPU" in text and "ann" in text, text
+        assert "13% busy" in text and "idle 25 min" in text, text
+        assert "bob" in page.locator("#gs-hosts").inner_text()
+        assert page.locator("#gs-summary [data-key=allocated]").inner_text()
+
+        # The queue shows the running job; preempt it with a reason.
+        row = page.locator(f'#gs-jobs-table tr[data-job-id="{job_id}"]')
+        row.wait_for()
+        assert row.get_attribute("data-state") == "running"
+        assert "ann" in row.inner_text()
+        row.get_by_role("button", name="Preempt").click()
+        dialog = page.locator("#gs-confirm")
+        dialog.wait_for(state="visible")
+        assert f"Preempt job {job_id}" in dialog.inner_text()
+        dialog.get_by_role("button", name="Confirm").click()  # no reason yet: refused
+        page.get_by_text("Say why: the reason is recorded").wait_for()
+        page.fill("#gs-confirm-reason", "make room for the workshop")
+        page.press("#gs-confirm-reason", "Enter")  # Enter confirms, as the button does
+        dialog.wait_for(state="hidden")
+
+        # The job checkpoints, is requeued and resumes from its checkpoint.
+        wait_for(
+            lambda: "preempted" in [t["state"] for t in job(hub, ann, job_id)["transitions"]],
+            timeout=120,
+            what="the job to checkpoint and give its slice back",
+        )
+        j = job(hub, ann, job_id)
+        assert j["preemptions"] == 1
+        preempting = next(t for t in j["transitions"] if t["state"] == "preempting")
+        assert "make room for the workshop" in preempting["reason"]
+        assert "admin" in preempting["reason"]
+        wait_for(
+            lambda: (
+                job(hub, ann, job_id)["state"] == "running"
+                and job(hub, ann, job_id)["restarts"] == 1
+            ),
+            timeout=120,
+            what="the job to resume",
+        )
+        # The panel shows the history: expand the job to see the preemption.
+        row.locator("button.gs-link").click()
+        history = page.locator(f'tr[data-history-for="{job_id}"]')
+        history.get_by_text("make room for the workshop").first.wait_for()
+
+        # Change a quota from the form; the next allocation is refused by it.
+        form = page.locator("#gs-quota-form")
+        form.locator("select[name=subject]").select_option("user")
+        form.locator("input[name=name]").fill("ann")
+        form.locator("input[name=max_slices]").fill("1")
+        form.locator("input[name=reason]").fill("fair share during the workshop")
+        form.get_by_role("button", name="Set quota").click()
+        page.locator("#gs-quotas-table tr[data-subject=user][data-name=ann]").get_by_text(
+            "changed"
+        ).wait_for()
+        r = hub.api(
+            "POST", "/api/allocations", ann, json={"profile": "share-250", "server_name": "x"}
+        )
+        assert r.status_code == 429, r.text
+
+        # Bad input in the form is refused with the service's message, nothing changes.
+        form.locator("input[name=name]").fill("nobody-by-that-name")
+        form.locator("input[name=max_slices]").fill("2")
+        form.locator("input[name=reason]").fill("typo")
+        form.get_by_role("button", name="Set quota").click()
+        form.get_by_text("no such user 'nobody-by-that-name'").wait_for()
+
+        # Exempt bob from idle culling.
+        ex = page.locator("#gs-exempt-form")
+        ex.locator("input[name=user]").fill("bob")
+        ex.locator("input[name=hours]").fill("24")
+        ex.locator("input[name=reason]").fill("overnight debugging")
+        ex.get_by_role("button", name="Exempt user").click()
+        page.locator("#gs-exemption-list li[data-user=bob]").wait_for()
+        policy = hub.api("GET", "/api/idle-policy", bob).json()["policy"]
+        assert policy["exempt"] is True
+
+        # Every action is in the log, newest first, with who and why.
+        log = page.locator("#gs-actions-table")
+        log.get_by_text("overnight debugging").wait_for()
+        text = log.inner_text()
+        for kind, reason in [
+            ("job-preempt-requested", "make room for the workshop"),
+            ("quota-set", "fair share during the workshop"),
+            ("idle-exempted", "overnight debugging"),
+        ]:
+            assert kind in text and reason in text, (kind, text)
+
+        # The plot has samples: allocation and capacity over time.
+        page.locator("#gs-plot svg path.gs-allocated").wait_for()
+        settled(page.locator("#gs-plot"))
+        page.screenshot(path=str(screenshot_path(tmp_path, "admin-panel.png")), full_page=True)
+
+    hub.api("DELETE", f"/api/jobs/{job_id}", admin, json={"reason": "test over"})
