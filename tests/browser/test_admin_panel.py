@@ -54,7 +54,9 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
     sync_api = need_module("playwright.sync_api")
     hub = hub_factory(
         quotas={"groups": {"physics": {"max_slices": 4}}},
-        extra_service_config="c.GPUSliceService.usage_sample_interval = 1\n",
+        extra_service_config=(
+            "c.GPUSliceService.usage_sample_interval = 1\nc.JobManager.usage_interval = 1\n"
+        ),
     )
     admin, ann, bob = hub.add_user("admin"), hub.add_user("ann"), hub.add_user("bob", ("physics",))
     held = hub.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
@@ -97,6 +99,9 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         assert "share 0.25 GPU" in text and "ann" in text, text
         assert "13% busy" in text and "idle 25 min" in text, text
         assert "bob" in page.locator("#gs-hosts").inner_text()
+        # The batch job's runner reports its utilization too (through the scheduler).
+        job_slice = page.locator("#gs-hosts li", has_text=f"job {job_id}")
+        job_slice.get_by_text("busy").wait_for()
         assert page.locator("#gs-summary [data-key=allocated]").inner_text()
 
         # The queue shows the running job; preempt it with a reason.

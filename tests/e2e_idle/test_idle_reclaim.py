@@ -34,7 +34,7 @@ _ext = os.path.join(cfg["workdir"], "jupyter-config")
 os.makedirs(_ext, exist_ok=True)
 with open(os.path.join(_ext, "jupyter_server_config.json"), "w") as f:
     json.dump({"GPUSliceExtension": {"sample_interval": 0.5, "idle_window": 1,
-               "policy_refresh_interval": 3600}}, f)
+               "policy_refresh_interval": 3600, "usage_report_interval": 1}}, f)
 c.Spawner.environment = {"JUPYTER_CONFIG_PATH": _ext, "JUPYTERHUB_ACTIVITY_INTERVAL": "1"}
 c.JupyterHub.services = c.JupyterHub.services + [{
     "name": "idle-culler",
@@ -174,6 +174,16 @@ def ours(received: list[dict]) -> list[dict]:
     return [e for e in received if e.get("schema_id") == "https://events.gpuslice.dev/idle/v1"]
 
 
+def admin_holder(hub, token: str, alloc_id: int) -> dict | None:
+    overview = hub.api("GET", "/api/admin/overview", token).json()
+    for host in overview["hosts"]:
+        for gpu in host["gpus"]:
+            for piece in gpu["slices"]:
+                if piece["holder"] and piece["holder"]["allocation_id"] == alloc_id:
+                    return dict(piece["holder"])
+    return None
+
+
 def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_hub):
     hub = idle_hub
     ann = Session(hub, "ann")
@@ -281,7 +291,15 @@ def test_busy_silent_kernel_is_never_culled_and_the_idle_culler_leaves_it(idle_h
         ]
         assert since == []
         assert "idle-culled" not in [e["kind"] for e in idle_events(hub, "bob")]
-        assert len(active_allocations(hub, "bob")) == 1
+        [alloc] = active_allocations(hub, "bob")
+        # The server's usage reports reach the admin panel: bob's slice is busy, not idle.
+        admin = hub.add_user("admin")
+        holder = wait_for(
+            lambda: (h := admin_holder(hub, admin, alloc["id"])) and h["reported_at"] and h,
+            timeout=30,
+            what="a usage report of bob's server in the admin overview",
+        )
+        assert holder["utilization"] >= 1 and holder["idle_seconds"] == 0, holder
     finally:
         hub.hub_api("DELETE", "/users/bob/server")
         hub.wait_gone("bob")

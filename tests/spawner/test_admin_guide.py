@@ -140,3 +140,18 @@ def test_the_service_settings_table_covers_every_service_trait():
     }
     missing = sorted(n for n in own if f"`{n}`" not in table)
     assert not missing, f"docs/admin-guide.md does not describe GPUSliceService.{missing}"
+
+
+def test_the_batch_job_settings_table_covers_every_job_manager_trait():
+    from gpuslice_hub.jobs.manager import JobManager
+
+    text = GUIDE.read_text()
+    start = text.index("## Batch job settings reference")
+    table = text[start : text.index("\n## ", start + 1)]
+    own = {
+        name
+        for name, trait in JobManager.class_traits(config=True).items()
+        if trait.this_class is JobManager
+    }
+    missing = sorted(n for n in own if f"`{n}`" not in table)
+    assert not missing, f"docs/admin-guide.md does not describe JobManager.{missing}"

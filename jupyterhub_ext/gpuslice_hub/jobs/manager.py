@@ -98,6 +98,11 @@ class JobManager(LoggingConfigurable):
         7 * 86400.0, help="The largest max_runtime (s) a job may ask for."
     ).tag(config=True)
     max_slices_per_job = Integer(8, help="The most slices one job may ask for.").tag(config=True)
+    usage_interval = Float(
+        30.0,
+        help="Seconds between the GPU utilization figures a running job's runner writes for "
+        "the admin panel (0: none).",
+    ).tag(config=True)
     max_jobs_per_user = Integer(
         200, help="How many unfinished (queued or running) jobs a user may have."
     ).tag(config=True)

@@ -333,6 +333,7 @@ class Scheduler:
             "GPUSLICE_JOB_ID": str(job.id),
             "GPUSLICE_ALLOCATION_ID": ",".join(str(g["id"]) for g in grants),
             "GPUSLICE_PROFILE": job.profile,
+            "GPUSLICE_USAGE_INTERVAL": f"{self.jobs.usage_interval:g}",
         }
         if self.simulated:
             env["GPUSLICE_SIMULATED"] = "1"
