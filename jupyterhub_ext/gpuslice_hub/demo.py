@@ -162,8 +162,34 @@ def banner(backend: str, inventory: Any) -> str:
     return "\n".join(lines)
 
 
+def upgrade_demo_database() -> str | None:
+    """Bring a database left by an older gpuslice's demo to the newest schema.
+
+    A production service refuses an old schema and names the command (the admin backs up
+    first); the demo's database is scratch state, so the demo upgrades it itself.
+    """
+    from .db.engine import open_database
+    from .db.schema import current_revision, head_revision, upgrade
+
+    path = DEMO_DIR / "gpuslice.sqlite"
+    if not path.exists():
+        return None
+    db = open_database(f"sqlite:///{path}")
+    try:
+        before = current_revision(db)
+        if before is None or before == head_revision():
+            return None
+        upgrade(db)
+        return f"Upgraded the demo database {path} from schema {before} to {head_revision()}."
+    finally:
+        db.dispose()
+
+
 def main() -> None:
     backend, inventory = write_configs()
+    note = upgrade_demo_database()
+    if note:
+        print(note, flush=True)
     print(banner(backend, inventory), flush=True)
     os.chdir(DEMO_DIR)
     args = [sys.executable, "-m", "jupyterhub", "-f", str(DEMO_DIR / "jupyterhub_config.py")]

@@ -15,6 +15,19 @@ def iso(ts: datetime | None) -> str | None:
     return ts.isoformat().replace("+00:00", "Z") if ts.tzinfo else ts.isoformat() + "Z"
 
 
+def gpu_fields(g: Any) -> dict[str, Any]:
+    """What every GPU listing says about a GPU itself."""
+    return {
+        "uuid": g.uuid,
+        "index": g.index,
+        "model": g.model,
+        "memory_mib": g.memory_mib,
+        "mig_mode": g.mig_mode,
+        "present": g.present,
+        "drained": g.drained,
+    }
+
+
 def allocation_json(a: Any, gpus: Mapping[str, Any] | None = None) -> dict[str, Any]:
     gpus = gpus or {}
     assignments = []
@@ -81,13 +94,7 @@ def inventory_json(
         for g in sorted((g for g in gpus if g.host == h.name), key=lambda g: g.index):
             held = holders.get(g.uuid, [])
             entry: dict[str, Any] = {
-                "uuid": g.uuid,
-                "index": g.index,
-                "model": g.model,
-                "memory_mib": g.memory_mib,
-                "mig_mode": g.mig_mode,
-                "present": g.present,
-                "drained": g.drained,
+                **gpu_fields(g),
                 "allocated_milli": sum(x["milli"] for x in held),
                 "mig_instances": [
                     {

@@ -60,6 +60,14 @@ def test_wheel_carries_the_prebuilt_labextension_once(wheel: Path) -> None:
     assert any(n.endswith(f"{SHARE}/schemas/gpuslice-labextension/plugin.json") for n in data)
     # Not a second copy inside the Python package.
     assert not [n for n in names if n.startswith("gpuslice/labextension/")]
+    # The hub service's admin panel page and its script, and the database migrations.
+    for name in (
+        "gpuslice_hub/templates/admin.html",
+        "gpuslice_hub/static/admin.js",
+        "gpuslice_hub/static/admin.css",
+        "gpuslice_hub/migrations/versions/0003_admin.py",
+    ):
+        assert name in names, name
 
 
 def test_installed_without_node_the_extension_is_enabled_and_ok(

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from ..ledger import Ledger
-from ..serialize import iso
+from ..serialize import gpu_fields, iso
 from ..snapshot import AllocationView, ClaimView, GPUView
 from .accounting import reclaimed
 from .fragmentation import free_milli
@@ -87,13 +87,7 @@ def _gpu(
             for a, c in sorted(held, key=lambda ac: ac[0].id)
         ]
     return {
-        "uuid": g.uuid,
-        "index": g.index,
-        "model": g.model,
-        "memory_mib": g.memory_mib,
-        "mig_mode": g.mig_mode,
-        "present": g.present,
-        "drained": g.drained,
+        **gpu_fields(g),
         "allocated_milli": sum(c.milli for _, c in held),
         # absent GPUs (and GPUs of absent hosts) have no placement state: nothing is free
         "free_milli": free_milli(state) if state is not None else 0,

@@ -98,6 +98,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if not ident.is_admin and ident.name != owner:
             raise RequestError(403, f"{ident.name} may not see or change {owner}'s allocations")
 
+    def active_allocation(self, ident: Identity, alloc_id: str) -> dict[str, Any]:
+        """The allocation, if the caller may act on it (owner or admin) and it is live."""
+        alloc: dict[str, Any] | None = self.ledger.get(int(alloc_id))
+        if alloc is None:
+            raise RequestError(404, f"no allocation {alloc_id}")
+        self.check_user_access(ident, alloc["user"])
+        if alloc["state"] != "active":
+            raise RequestError(409, f"allocation {alloc_id} is already released")
+        return alloc
+
     def json_body(self, allowed: set[str]) -> dict[str, Any]:
         try:
             return parse_json_object(self.request.body, allowed)

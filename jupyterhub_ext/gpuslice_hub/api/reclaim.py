@@ -73,12 +73,7 @@ class ReclaimHandler(BaseHandler):
         voluntary = body.get("voluntary", False)
         if not isinstance(voluntary, bool):
             raise RequestError(400, "field 'voluntary' must be true or false")
-        alloc = self.ledger.get(int(alloc_id))
-        if alloc is None:
-            raise RequestError(404, f"no allocation {alloc_id}")
-        self.check_user_access(ident, alloc["user"])
-        if alloc["state"] != "active":
-            raise RequestError(409, f"allocation {alloc_id} is already released")
+        alloc = self.active_allocation(ident, alloc_id)
         if alloc["purpose"] != "interactive":
             raise RequestError(409, f"allocation {alloc_id} is a batch job, not a server")
         if not self.service.hub_api.configured:

@@ -33,11 +33,6 @@ class UsageReportHandler(BaseHandler):
         body.setdefault("interval_seconds", 0)
         idle = _number(body, "idle_seconds", 1e9, nullable=False) or 0.0
         interval = _number(body, "interval_seconds", 1e7, nullable=False) or 0.0
-        alloc = self.ledger.get(int(alloc_id))
-        if alloc is None:
-            raise RequestError(404, f"no allocation {alloc_id}")
-        self.check_user_access(ident, alloc["user"])
-        if alloc["state"] != "active":
-            raise RequestError(409, f"allocation {alloc_id} is already released")
+        alloc = self.active_allocation(ident, alloc_id)
         at = self.ledger.record_usage(alloc["id"], utilization, memory, idle, interval)
         self.write_json({"allocation_id": alloc["id"], "recorded_at": iso(at)})

@@ -585,10 +585,19 @@
     }
     for (const g of Object.keys(q.effective.groups)) subjects.push(['group', g, `group ${g}`]);
     const rows = subjects.map(([subject, name, label]) => {
-      const cfg =
-        subject === 'default_user' ? q.config.default_user : q.config[`${subject}s`][name];
-      const now =
-        subject === 'default_user' ? q.effective.default_user : q.effective[`${subject}s`][name];
+      // A user without a quota of their own has the default user quota.
+      const limit = (set, which) => {
+        if (subject === 'default_user') {
+          return limitText(set.default_user);
+        }
+        const own = set[`${subject}s`][name];
+        if (own || subject === 'group') {
+          return limitText(own);
+        }
+        return `default (${limitText(which.default_user)})`;
+      };
+      const cfg = limit(q.config, q.config);
+      const now = limit(q.effective, q.effective);
       const used =
         subject === 'user'
           ? q.in_use.users[name]
@@ -604,8 +613,8 @@
         'tr',
         { dataset: { subject, name } },
         h('td', {}, label),
-        h('td', {}, limitText(cfg)),
-        h('td', {}, limitText(now), o ? h('span', { className: 'gs-badge' }, 'changed') : null),
+        h('td', {}, cfg),
+        h('td', {}, now, o ? h('span', { className: 'gs-badge' }, 'changed') : null),
         h('td', {}, used ? `${plural(used.slices, 'slice')}, ${gpus(used.milli)} GPUs` : '–'),
         h('td', {}, o ? `${o.set_by}, ${ago(o.set_at)}: ${o.reason}` : '–'),
         h(
