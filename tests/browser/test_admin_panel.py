@@ -143,9 +143,17 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         history = page.locator(f'tr[data-history-for="{job_id}"]')
         history.get_by_text("make room for the workshop").first.wait_for()
 
-        # Change a quota from the form; the next allocation is refused by it.
+        # Bad input in the quota form is refused with the service's message; nothing changes.
         form = page.locator("#gs-quota-form")
         form.locator("select[name=subject]").select_option("user")
+        form.locator("input[name=name]").fill("nobody-by-that-name")
+        form.locator("input[name=max_slices]").fill("2")
+        form.locator("input[name=reason]").fill("typo")
+        form.get_by_role("button", name="Set quota").click()
+        form.get_by_text("no such user 'nobody-by-that-name'").wait_for()
+        assert hub.api("GET", "/api/admin/quotas", admin).json()["overrides"] == []
+
+        # Change a quota from the form; the next allocation is refused by it.
         form.locator("input[name=name]").fill("ann")
         form.locator("input[name=max_slices]").fill("1")
         form.locator("input[name=reason]").fill("fair share during the workshop")
@@ -153,17 +161,11 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         page.locator("#gs-quotas-table tr[data-subject=user][data-name=ann]").get_by_text(
             "changed"
         ).wait_for()
+        assert not form.locator(".gs-error").is_visible()  # the earlier refusal is cleared
         r = hub.api(
             "POST", "/api/allocations", ann, json={"profile": "share-250", "server_name": "x"}
         )
         assert r.status_code == 429, r.text
-
-        # Bad input in the form is refused with the service's message, nothing changes.
-        form.locator("input[name=name]").fill("nobody-by-that-name")
-        form.locator("input[name=max_slices]").fill("2")
-        form.locator("input[name=reason]").fill("typo")
-        form.get_by_role("button", name="Set quota").click()
-        form.get_by_text("no such user 'nobody-by-that-name'").wait_for()
 
         # Exempt bob from idle culling.
         ex = page.locator("#gs-exempt-form")

@@ -311,6 +311,17 @@
 
   // -- usage plot -----------------------------------------------------------------------
 
+  // Ticks as fine as the span needs: seconds for a young pool, dates for a month.
+  function tickFormat(spanMs) {
+    if (spanMs < 2 * 3600 * 1000) {
+      return { hour: '2-digit', minute: '2-digit', second: '2-digit' };
+    }
+    if (spanMs < 2 * 86400 * 1000) {
+      return { weekday: 'short', hour: '2-digit', minute: '2-digit' };
+    }
+    return { month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit' };
+  }
+
   function renderPlot(usage) {
     const box = document.getElementById('gs-plot');
     const pts = usage.series;
@@ -380,12 +391,7 @@
         class: 'gs-axis',
         'text-anchor': i === 0 ? 'start' : i === 4 ? 'end' : 'middle'
       });
-      label.textContent = new Date(t).toLocaleString([], {
-        month: 'short',
-        day: 'numeric',
-        hour: '2-digit',
-        minute: '2-digit'
-      });
+      label.textContent = new Date(t).toLocaleString([], tickFormat(t1 - t0));
       svg.append(label);
     }
     const first = pts[0],
