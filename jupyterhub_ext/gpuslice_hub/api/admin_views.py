@@ -9,26 +9,21 @@ from ..admin.accounting import group_usage
 from ..admin.overview import overview
 from ..admin.usage import series
 from ..db.models import utcnow
-from ..errors import RequestError
 from ..serialize import iso
-from .base import BaseHandler, api_authenticated, int_arg
+from .admin import AdminBase
+from .base import api_authenticated, int_arg
 
 MAX_DAYS = 90
 MAX_POINTS = 2000
 DEFAULT_POINTS = 500
 
 
-def require_admin(handler: BaseHandler, what: str) -> None:
-    if not handler.identity().is_admin:
-        raise RequestError(403, f"{what} needs the {handler.service.admin_scope} scope")
-
-
-class AdminOverviewHandler(BaseHandler):
+class AdminOverviewHandler(AdminBase):
     """``GET api/admin/overview``: hosts, GPUs, slices and their holders, pool totals."""
 
     @api_authenticated
     async def get(self) -> None:
-        require_admin(self, "the admin overview")
+        self.admin("the admin overview")
         inv = self.service.inventory
         backend = inv.backend if inv else None
         simulated = bool(inv and inv.simulated)
@@ -38,13 +33,13 @@ class AdminOverviewHandler(BaseHandler):
         self.write_json(view)
 
 
-class AdminUsageHandler(BaseHandler):
+class AdminUsageHandler(AdminBase):
     """``GET api/admin/usage?days=7&points=500``: the usage samples of the last ``days``
     (averaged down to at most ``points``), and per-group GPU-hours over 7 and 30 days."""
 
     @api_authenticated
     async def get(self) -> None:
-        require_admin(self, "usage figures")
+        self.admin("usage figures")
         days = int_arg(self, "days", 7, 1, MAX_DAYS)
         points = int_arg(self, "points", DEFAULT_POINTS, 1, MAX_POINTS)
         now = utcnow()
