@@ -11,7 +11,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import select
 
-from .db.models import EventRow
+from .admin.pool import read_pool
+from .admin.reports import is_fresh, used_milli
+from .db.models import EventRow, utcnow
 from .ledger import Ledger
 
 
@@ -172,9 +174,55 @@ class IdleReclaimCollector(Collector):
         yield reclaimed
 
 
+class PoolCollector(Collector):
+    """What the admin panel's summary shows, per host: utilized (from the holders' current
+    usage reports), the allocation those reports cover, and fragmented free capacity."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pool = read_pool(self.ledger)
+        now = utcnow()
+        hosts = sorted(h.name for h in pool.inventory.hosts if h.present)
+        utilized: Counter[str] = Counter()
+        reported: Counter[str] = Counter()
+        for a in pool.active:
+            report = pool.reports.get(a.id)
+            if report is not None and is_fresh(report, now):
+                utilized[a.host] += used_milli(a, report.utilization)
+                reported[a.host] += a.gpu_milli
+        host_of = {g.uuid: g.host for g in pool.inventory.gpus}
+        fragmented: Counter[str] = Counter()
+        for uuid, milli in pool.fragmented.items():
+            fragmented[host_of.get(uuid, "")] += milli
+        for name, help_text, values in (
+            (
+                "gpuslice_gpu_milli_utilized",
+                "GPU capacity in milli-GPU kept busy, from the holders' current usage reports",
+                utilized,
+            ),
+            (
+                "gpuslice_gpu_milli_reported",
+                "Allocated milli-GPU covered by a current usage report (utilized is out of this)",
+                reported,
+            ),
+            (
+                "gpuslice_gpu_milli_fragmented",
+                "Free milli-GPU that no configured profile can use now",
+                fragmented,
+            ),
+        ):
+            family = GaugeMetricFamily(name, help_text, labels=["host"])
+            for host in hosts:
+                family.add_metric([host], values[host])
+            yield family
+
+
 def make_registry(ledger: Ledger) -> tuple[CollectorRegistry, PromCounter]:
     registry = CollectorRegistry()
     registry.register(LedgerCollector(ledger))
+    registry.register(PoolCollector(ledger))
     registry.register(IdleReclaimCollector(ledger))
     refusals = PromCounter(
         "gpuslice_refusals",

@@ -152,6 +152,15 @@ def test_metrics_need_the_admin_scope_and_count_allocations(clean):
     )
     assert 'gpuslice_user_allocations{user="ann"} 1.0' in text
     assert metric(text, refusals) == before + 1
+    # utilization from the holder's usage report: 50 % of a 1g instance
+    [held] = clean.api("GET", "/api/allocations", ann).json()["allocations"]
+    report = {"utilization": 50, "memory_mib": 100, "interval_seconds": 60}
+    assert clean.api("POST", f"/api/allocations/{held['id']}/usage", ann, json=report).ok
+    text = clean.api("GET", "/metrics", admin).text
+    milli = held["gpu_milli"]
+    assert metric(text, 'gpuslice_gpu_milli_reported{host="node-a"}') == milli
+    assert metric(text, 'gpuslice_gpu_milli_utilized{host="node-a"}') == round(milli / 2)
+    assert metric(text, 'gpuslice_gpu_milli_fragmented{host="node-a"}') > 0  # the free 2g
     assert (
         'gpuslice_gpus{host="node-a",mig_mode="enabled",model="NVIDIA A100-SXM4-80GB"} 1.0' in text
     )
