@@ -67,13 +67,22 @@ def apply(hosts: Sequence[HostState], request: Request, placement: Placement) ->
 
 
 def count_fits(request: Request, hosts: Sequence[HostState], policy: Policy, cap: int = 256) -> int:
-    """How many more of ``request`` could be placed, one after another (at most ``cap``)."""
-    scratch = copy.deepcopy(list(hosts))
+    """How many more of ``request`` could be placed, one after another (at most ``cap``).
+
+    A request lands on a single host and changes nothing on the others, so each host is
+    filled on its own and the counts add up: the total placing across the cluster would
+    reach, but every trial placement scores one host instead of all of them (the spawn
+    form asks this for every profile on every render).
+    """
     n = 0
-    while n < cap:
-        result = place(request, scratch, policy, learn=False)
-        if not isinstance(result, Placement):
+    for host in hosts:
+        scratch = [copy.deepcopy(host)]
+        while n < cap:
+            result = place(request, scratch, policy, learn=False)
+            if not isinstance(result, Placement):
+                break
+            apply(scratch, request, result)
+            n += 1
+        if n >= cap:
             break
-        apply(scratch, request, result)
-        n += 1
     return n

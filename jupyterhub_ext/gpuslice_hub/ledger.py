@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -90,6 +90,8 @@ class Ledger:
         )
         self.inventory_cache = InventoryCache()
         self._quota_cache: tuple[int, Quotas] | None = None
+        self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
+        self._totals_cache: tuple[int, dict[str, int]] | None = None
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -489,30 +491,52 @@ class Ledger:
         """Per profile: (slices that could still be placed now, slices on an empty cluster)."""
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
-            hosts = build_hosts(inv.hosts, inv.gpus, load_active(s))
-            empty = build_hosts(inv.hosts, inv.gpus, [])
-        return {
-            name: (
-                count_fits(p.request(), hosts, self.policy),
-                count_fits(p.request(), empty, self.policy),
-            )
+            return self._capacity(s, inv)
+
+    def _capacity(self, s: Session, inv: InventoryView) -> dict[str, tuple[int, int]]:
+        """``profile_capacity`` within ``s``, computed once per change of the ledger.
+
+        Every write that changes what is free (allocate, release, drain, inventory) records
+        an event under the ledger lock, so the newest event id and the generation together
+        mark a state; they are read before the allocations, so a write landing in between
+        can only make the cache look older than it is, never newer.
+        """
+        marker = (inv.generation, s.connection().execute(select(func.max(EVENTS.c.id))).scalar())
+        cached = self._capacity_cache
+        if cached is not None and cached[0] == marker:
+            return cached[1]
+        hosts = build_hosts(inv.hosts, inv.gpus, load_active(s))
+        totals = self._totals(inv)
+        capacity = {
+            name: (count_fits(p.request(), hosts, self.policy), totals[name])
             for name, p in self.profiles.items()
         }
+        self._capacity_cache = (marker, capacity)
+        return capacity
+
+    def _totals(self, inv: InventoryView) -> dict[str, int]:
+        """How many of each profile an empty cluster holds: changes with the inventory only."""
+        cached = self._totals_cache
+        if cached is not None and cached[0] == inv.generation:
+            return cached[1]
+        empty = build_hosts(inv.hosts, inv.gpus, [])
+        totals = {
+            name: count_fits(p.request(), empty, self.policy) for name, p in self.profiles.items()
+        }
+        self._totals_cache = (inv.generation, totals)
+        return totals
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not."""
         groups = tuple(groups)
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
-            active = load_active(s)
-            hosts = build_hosts(inv.hosts, inv.gpus, active)
-            empty = build_hosts(inv.hosts, inv.gpus, [])
-            holdings = _holdings(active)
+            capacity = self._capacity(s, inv)
+            holdings = _holdings(load_active(s))
             out = []
             for p in self.profiles.values():
                 entry = p.to_json()
-                total = count_fits(p.request(), empty, self.policy)
-                free = count_fits(p.request(), hosts, self.policy)
+                free, total = capacity[p.name]
                 reason = None
                 allowed = p.allowed_for(groups)
                 if not allowed:

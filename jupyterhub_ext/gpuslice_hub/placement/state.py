@@ -70,7 +70,10 @@ class ClusterState:
         key = ("eligible", models)
         elig = self.cache.get(key)
         if elig is None:
-            elig = self.gpu_ok & self.model_mask(models)[self.gpu_model]
+            if not self.models:  # hosts without GPUs: the padding slots index no model
+                elig = np.zeros(self.gpu_ok.shape, bool)
+            else:
+                elig = self.gpu_ok & self.model_mask(models)[self.gpu_model]
             self.cache[key] = elig
         return elig
 
