@@ -58,6 +58,15 @@ class HubAPI:
             raise
         return tuple(user.get("groups") or ())
 
+    async def group_exists(self, name: str) -> bool:
+        try:
+            await self._request("GET", f"/groups/{quote(name, safe='')}")
+        except HTTPClientError as e:
+            if e.code == 404:
+                return False
+            raise
+        return True
+
     async def stop_server(self, user: str, server_name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"
         if server_name:

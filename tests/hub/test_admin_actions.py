@@ -72,6 +72,10 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
     assert r.status_code == 404
     r = clean.api("PUT", "/api/admin/quotas/team/x", admin, json={"max_slices": 1, "reason": "x"})
     assert r.status_code == 404
+    r = clean.api(
+        "PUT", "/api/admin/quotas/group/fysics", admin, json={"max_slices": 1, "reason": "x"}
+    )
+    assert r.status_code == 404 and "no such group 'fysics'" in r.json()["message"]
     assert clean.api("GET", "/api/admin/quotas", admin).json()["overrides"] == []
 
     r = clean.api(
@@ -100,6 +104,11 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
     )
     assert r.status_code == 200, r.text
     assert allocate(clean, ann, "c").status_code == 429
+    clean.hub_api("POST", "/groups/chemistry")  # on the hub, not in the quotas config
+    r = clean.api(
+        "PUT", "/api/admin/quotas/group/chemistry", admin, json={"max_milli": 500, "reason": "x"}
+    )
+    assert r.status_code == 200, r.text
 
     actions = clean.api("GET", "/api/admin/actions", admin).json()["actions"]
     kinds = [(a["kind"], a["actor"], a["reason"]) for a in actions]

@@ -110,10 +110,15 @@ class QuotaHandler(AdminBase):
         self.finish()
 
     async def _check_exists(self, subject: str, name: str) -> None:
-        if subject != "user" or not self.service.hub_api.configured:
+        """A typo in a name would silently limit nobody: the user or group must exist."""
+        hub = self.service.hub_api
+        if subject == "default_user" or not hub.configured:
             return
-        if await self.service.hub_api.user_groups(name) is None:
+        if subject == "user" and await hub.user_groups(name) is None:
             raise RequestError(404, f"no such user {name!r} on the hub")
+        configured = name in self.service.parsed_quotas.groups
+        if subject == "group" and not configured and not await hub.group_exists(name):
+            raise RequestError(404, f"no such group {name!r} on the hub or in the quotas config")
 
 
 class DefaultQuotaHandler(QuotaHandler):
