@@ -230,6 +230,10 @@ class GPUSliceService(Application):
             raise ConfigError("profiles", "no profiles configured: users could ask for nothing")
         self.parsed_quotas = parse_quotas(self.quotas)
         self.idle_policy_config = self._parse_idle_policy()
+        if self.usage_sample_interval < 0:
+            raise ConfigError("usage_sample_interval", "must be >= 0 seconds (0: no samples)")
+        if self.usage_retention_days <= 0:
+            raise ConfigError("usage_retention_days", "must be > 0 days")
         try:
             self.policy = get_policy(self.placement_policy)
         except ValueError as e:

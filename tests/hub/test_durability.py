@@ -155,6 +155,8 @@ c.GPUSliceService.profiles = [{{"name": "share-250", "kind": "share", "gpu_milli
             "gpus[0].count",
         ),
         ('c.GPUSliceService.placement_policy = "clairvoyant"', "placement_policy"),
+        ("c.GPUSliceService.usage_retention_days = 0", "usage_retention_days: must be > 0"),
+        ("c.GPUSliceService.usage_sample_interval = -5", "usage_sample_interval: must be >= 0"),
     ],
 )
 def test_malformed_config_stops_the_service_naming_the_key(tmp_path, extra, needle):
