@@ -17,7 +17,6 @@ Prints the median of ``--repeat`` runs in milliseconds.
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import tempfile
@@ -26,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuslice_hub.clusterview import apply, build_hosts, count_fits
+from gpuslice_hub.clusterview import build_hosts, count_fits
 from gpuslice_hub.ledger import Caller
-from gpuslice_hub.placement import Placement, place
 from tests.service.conftest import build_ledger
+from tests.service.test_capacity import count_across_the_cluster
 
 PROFILES: list[dict] = [
     {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb"},
@@ -60,18 +59,6 @@ def hosts(n: int) -> list[dict]:
     ]
 
 
-def across_cluster(request, states, policy, cap=256) -> int:
-    scratch = copy.deepcopy(states)
-    n = 0
-    while n < cap:
-        result = place(request, scratch, policy, learn=False)
-        if not isinstance(result, Placement):
-            break
-        apply(scratch, request, result)
-        n += 1
-    return n
-
-
 def median_ms(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -91,7 +78,9 @@ def measure(n: int, repeat: int) -> tuple[float, float, float, float]:
         states = build_hosts(inv_hosts, gpus, active)
         requests = [p.request() for p in ledger.profiles.values()]
         policy = ledger.policy
-        old = median_ms(lambda: [across_cluster(r, states, policy) for r in requests], repeat)
+        old = median_ms(
+            lambda: [count_across_the_cluster(r, states, policy) for r in requests], repeat
+        )
         new = median_ms(lambda: [count_fits(r, states, policy) for r in requests], repeat)
         caller = Caller("probe", (), "probe")
         cold = []

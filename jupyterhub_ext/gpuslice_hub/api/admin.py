@@ -3,8 +3,6 @@ of such actions. Each change is recorded as an event with who made it and why.""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import RequestError
 from ..overrides import ADMIN_EVENT_KINDS, AdminSettings, parse_limit_body, quotas_json
 from .base import BaseHandler, Identity, api_authenticated, int_arg
@@ -22,14 +20,6 @@ class AdminBase(BaseHandler):
         if not ident.is_admin:
             raise RequestError(403, f"{what} needs the {self.service.admin_scope} scope")
         return ident
-
-    def reason(self, body: dict[str, Any], required: bool = False) -> str:
-        reason = body.get("reason", "")
-        if not isinstance(reason, str) or len(reason) > 1000:
-            raise RequestError(400, "field 'reason' must be a string (1000 characters at most)")
-        if required and not reason.strip():
-            raise RequestError(400, "field 'reason' is required: say why, it is recorded")
-        return reason.strip()
 
 
 class DrainHandler(AdminBase):
@@ -103,7 +93,7 @@ class QuotaHandler(AdminBase):
 
     async def _delete(self, subject: str, name: str) -> None:
         ident = self.admin("changing a quota")
-        reason = self.reason(self.json_body({"reason"}) if self.request.body else {})
+        reason = self.optional_reason()
         if not self.store.reset_quota(subject, name, ident.name, reason):
             raise RequestError(404, f"no quota override for {subject} {name!r}".strip())
         self.set_status(204)
@@ -171,7 +161,7 @@ class ExemptionHandler(AdminBase):
     @api_authenticated
     async def delete(self, user: str) -> None:
         ident = self.admin("ending an idle exemption")
-        reason = self.reason(self.json_body({"reason"}) if self.request.body else {})
+        reason = self.optional_reason()
         if not self.store.unexempt(user, ident.name, reason):
             raise RequestError(404, f"{user} has no idle exemption set in the panel")
         self.set_status(204)

@@ -108,6 +108,19 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             raise RequestError(409, f"allocation {alloc_id} is already released")
         return alloc
 
+    def reason(self, body: dict[str, Any], required: bool = False) -> str:
+        """``body["reason"]``, which admin actions record with the change."""
+        reason = body.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 1000:
+            raise RequestError(400, "field 'reason' must be a string (1000 characters at most)")
+        if required and not reason.strip():
+            raise RequestError(400, "field 'reason' is required: say why, it is recorded")
+        return reason.strip()
+
+    def optional_reason(self) -> str:
+        """The reason in an optional ``{"reason": ...}`` body (DELETE, preempt)."""
+        return self.reason(self.json_body({"reason"}) if self.request.body else {})
+
     def json_body(self, allowed: set[str]) -> dict[str, Any]:
         try:
             return parse_json_object(self.request.body, allowed)

@@ -60,10 +60,7 @@ class JobHandler(JobsBase):
     async def delete(self, job_id: str) -> None:
         ident = self.identity()
         self.owned(ident, job_id)
-        body = self.json_body({"reason"}) if self.request.body else {}
-        reason = body.get("reason", "")
-        if not isinstance(reason, str):
-            raise RequestError(400, "field 'reason' must be a string")
+        reason = self.optional_reason()
         self.write_json(self.jobs.cancel(int(job_id), ident.name, reason[:255]))
 
 
@@ -101,12 +98,9 @@ class JobPreemptHandler(JobsBase):
         if not ident.is_admin:
             raise RequestError(403, "preempting a job needs the gpuslice admin scope")
         self.owned(ident, job_id)
-        body = self.json_body({"reason"}) if self.request.body else {}
-        reason = body.get("reason") or self.get_argument("reason", "") or "preempted by an admin"
-        if not isinstance(reason, str):
-            raise RequestError(400, "field 'reason' must be a string")
-        reason = reason[:255]
-        self.write_json(self.jobs.preempt(int(job_id), ident.name, reason), 202)
+        reason = self.optional_reason() or self.get_argument("reason", "")
+        reason = reason or "preempted by an admin"
+        self.write_json(self.jobs.preempt(int(job_id), ident.name, reason[:255]), 202)
 
 
 def job_handlers(api: str) -> list[tuple[str, type]]:

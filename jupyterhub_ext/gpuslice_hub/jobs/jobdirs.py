@@ -1,14 +1,16 @@
 """Job folders on the service side: ``<jobs_root>/<id>/`` with the notebook snapshot and
-``job.json``, the contract read by ``python -m gpuslice.run``."""
+``job.json``. The folder's layout is :class:`gpuslice.run.jobdir.JobDir`, shared with the
+runner that reads it."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import nbformat
+
+from gpuslice.run.jobdir import JobDir
 
 from ..errors import RequestError
 
@@ -32,26 +34,8 @@ def read_notebook(content: Any) -> nbformat.NotebookNode:
 def create_job_dir(
     root: Path, job_id: int, nb: nbformat.NotebookNode, spec: dict[str, Any]
 ) -> Path:
-    d = root / str(job_id)
-    d.mkdir(parents=True, exist_ok=False, mode=0o700)
-    nbformat.write(nb, d / "input.ipynb")
-    (d / "job.json").write_text(json.dumps({"id": job_id, **spec}, indent=1))
-    return d
-
-
-def read_state(job_dir: str) -> dict[str, Any]:
-    try:
-        return json.loads((Path(job_dir) / "state.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def read_text(path: Path, tail_bytes: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - tail_bytes))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+    jd = JobDir(root / str(job_id))
+    jd.root.mkdir(parents=True, exist_ok=False, mode=0o700)
+    nbformat.write(nb, jd.input_path)
+    jd.spec_path.write_text(json.dumps({"id": job_id, **spec}, indent=1))
+    return jd.root

@@ -18,6 +18,8 @@ from sqlalchemy import select
 from traitlets import Dict, Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
+from gpuslice.run.jobdir import JobDir
+
 from ..db.engine import Database
 from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import utcnow
@@ -26,7 +28,7 @@ from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..profiles import Profile
 from .backends.base import Backend
-from .jobdirs import create_job_dir, read_notebook, read_text
+from .jobdirs import create_job_dir, read_notebook
 from .params import validate_parameters
 from .serialize import job_json
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
@@ -248,12 +250,14 @@ class JobManager(LoggingConfigurable):
     def log_text(self, job: JobRow, tail_bytes: int) -> str:
         if not job.job_dir:
             return ""
-        return read_text(Path(job.job_dir) / "job.log", tail_bytes)
+        return JobDir(Path(job.job_dir)).log_tail(tail_bytes)
 
     def output_file(self, job: JobRow, kind: str) -> Path | None:
-        name = {"ipynb": "output.ipynb", "html": "output.html", "log": "job.log"}[kind]
-        path = Path(job.job_dir) / name
-        return path if job.job_dir and path.exists() else None
+        if not job.job_dir:
+            return None
+        jd = JobDir(Path(job.job_dir))
+        path = {"ipynb": jd.output_path, "html": jd.html_path, "log": jd.log_path}[kind]
+        return path if path.exists() else None
 
     def row(self, job_id: int) -> JobRow | None:
         with self.db.reading() as s:
@@ -351,10 +355,8 @@ class JobManager(LoggingConfigurable):
     def log_line(self, job: JobRow, message: str) -> None:
         if not job.job_dir:
             return
-        stamp = utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
-            with open(Path(job.job_dir) / "job.log", "a") as f:
-                f.write(f"[{stamp}] service: {message}\n")
+            JobDir(Path(job.job_dir)).log(f"service: {message}")
         except OSError as e:
             self.log.warning("job %s: cannot write its log: %s", job.id, e)
 

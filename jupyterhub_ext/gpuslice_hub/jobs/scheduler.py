@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+
+from gpuslice.run.jobdir import JobDir
 
 from ..clusterview import build_hosts, count_fits
 from ..db.jobs_models import JobRow
@@ -23,7 +24,6 @@ from ..db.models import utcnow
 from ..errors import RequestError
 from ..ledger import Caller
 from .backends.base import RunStatus
-from .jobdirs import read_state
 from .manager import JobManager, aware
 from .ordering import queue_order
 from .states import ACTIVE, PRIORITY_CLASSES, transition
@@ -64,7 +64,7 @@ class Scheduler:
 
     def _watch(self, job: JobRow, now: datetime) -> None:
         status = self.jobs.backend.poll(job.backend_ref or {})
-        runner = read_state(job.job_dir)
+        runner = JobDir(Path(job.job_dir)).state()
         if status.alive and runner.get("status") == "preempted" and job.state != "starting":
             # The backend preempted and requeued the run itself (Slurm PreemptMode=REQUEUE):
             # the runner has checkpointed; give the slices back until it runs again.
@@ -179,7 +179,7 @@ class Scheduler:
         safe = max(
             started.timestamp(),
             float(runner.get("last_checkpoint_at") or 0),
-            _mtime(Path(row.job_dir) / "checkpoints" / ".last-save"),
+            JobDir(Path(row.job_dir)).last_save_time(),
         )
         return max(0.0, now.timestamp() - safe)
 
@@ -351,14 +351,7 @@ def _copy_progress(row: JobRow, runner: dict[str, Any]) -> None:
         row.cells_total = int(runner["cells_total"])
     saved = max(
         float(runner.get("last_checkpoint_at") or 0),
-        _mtime(Path(row.job_dir) / "checkpoints" / ".last-save"),
+        JobDir(Path(row.job_dir)).last_save_time(),
     )
     if saved:
         row.last_checkpoint_at = datetime.fromtimestamp(saved, tz=utcnow().tzinfo)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0

@@ -7,7 +7,6 @@ finds it again by pid and start time (a recycled pid is not mistaken for it).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from gpuslice.run.jobdir import JobDir
 
 from .base import RunStatus
 
@@ -109,10 +110,7 @@ def _create_time(pid: int) -> float | None:
 
 
 def _state(job_dir: str) -> dict[str, Any]:
-    try:
-        return json.loads((Path(job_dir) / "state.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    return JobDir(Path(job_dir)).state()
 
 
 def _runner_status(job_dir: str) -> str | None:
