@@ -33,7 +33,8 @@ from .admin.sampler import start_sampler
 from .api.admin import admin_handlers
 from .api.admin_views import AdminOverviewHandler, AdminUsageHandler
 from .api.allocations import AllocationHandler, AllocationsHandler
-from .api.inventory import EventsHandler, HealthHandler, InventoryHandler, ProfilesHandler
+from .api.events import EventsHandler
+from .api.inventory import HealthHandler, InventoryHandler, ProfilesHandler
 from .api.jobs import job_handlers
 from .api.metrics import MetricsHandler
 from .api.pages import AdminPageHandler, HomeHandler
@@ -54,6 +55,7 @@ from .profiles import parse_profiles
 from .quotas import parse_quotas
 
 ADMIN_SCOPE = "custom:gpuslice:admin"
+METRICS_SCOPE = "custom:gpuslice:metrics"
 PACKAGE = Path(__file__).resolve().parent
 
 
@@ -144,8 +146,25 @@ class GPUSliceService(Application):
         ADMIN_SCOPE, help="The custom JupyterHub scope that makes a user a gpuslice admin."
     ).tag(config=True)
 
+    metrics_scope = Unicode(
+        METRICS_SCOPE,
+        help="The custom JupyterHub scope that lets a token scrape /metrics and nothing else "
+        "(give it to Prometheus' service); the admin scope includes it.",
+    ).tag(config=True)
+
     metrics_require_auth = Bool(
-        True, help="Require a token with the admin scope to scrape /metrics."
+        True, help="Require a token with the metrics (or admin) scope to scrape /metrics."
+    ).tag(config=True)
+
+    max_body_bytes = Integer(
+        1024 * 1024,
+        help="Largest request body the API accepts, in bytes (a larger one gets 413); "
+        "job submissions, which carry a notebook, have ``max_notebook_bytes``.",
+    ).tag(config=True)
+
+    max_notebook_bytes = Integer(
+        16 * 1024 * 1024,
+        help="Largest job submission (the notebook with its outputs), in bytes.",
     ).tag(config=True)
 
     reconcile_interval = Float(
@@ -234,6 +253,9 @@ class GPUSliceService(Application):
             raise ConfigError("usage_sample_interval", "must be >= 0 seconds (0: no samples)")
         if self.usage_retention_days <= 0:
             raise ConfigError("usage_retention_days", "must be > 0 days")
+        for key in ("max_body_bytes", "max_notebook_bytes"):
+            if not 1024 <= getattr(self, key) <= 1024**3:
+                raise ConfigError(key, "must be from 1 KiB to 1 GiB")
         try:
             self.policy = get_policy(self.placement_policy)
         except ValueError as e:
@@ -347,7 +369,9 @@ class GPUSliceService(Application):
         )
         self.jobs = start_jobs(self)
         ip, port = self._service_url()
-        server = HTTPServer(self.make_app(), xheaders=True)
+        # Tornado refuses anything larger before buffering it; the handlers apply the limits.
+        limit = max(self.max_body_bytes, self.max_notebook_bytes)
+        server = HTTPServer(self.make_app(), xheaders=True, max_body_size=limit)
         server.listen(self.port or port, self.ip or ip)
         self.log.info(
             "listening on http://%s:%d%s", self.ip or ip, self.port or port, self.service_prefix

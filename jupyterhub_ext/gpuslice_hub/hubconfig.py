@@ -4,8 +4,14 @@
     configure_jupyterhub(c, config_file="/etc/jupyterhub/gpuslice_config.py",
                          admin_users={"alice"})
 
-adds the managed service, its custom admin scope and roles, and selects the gpuslice
-spawner pointed at the service.
+adds the managed service, its custom scopes and roles, selects the gpuslice spawner pointed
+at the service, and stops users from switching idle reclaim off in their own config.
+
+What it adds is *merged* into the hub's config, whatever the order of the lines: an existing
+``user`` role keeps its scopes and gains the ones gpuslice needs, and a later
+``c.JupyterHub.services = [...]``, ``load_roles = [...]`` or ``custom_scopes = {...}`` in the
+same file still gets gpuslice's entries (the ``JupyterHub`` section merges them in on
+assignment, see :class:`_MergingSection`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from .app import ADMIN_SCOPE
+from traitlets.config import Config
+
+from .app import ADMIN_SCOPE, METRICS_SCOPE
 
 SERVICE_SCOPES = [
     # reconcile allocations against servers, and stop servers whose slice is reclaimed
@@ -29,6 +37,7 @@ SERVICE_SCOPES = [
     # the spawner uses the service's own token; it must pass the service's access check
     "access:services!service={name}",
 ]
+MERGED = ("services", "load_roles", "custom_scopes")
 
 
 def configure_jupyterhub(
@@ -39,12 +48,16 @@ def configure_jupyterhub(
     url: str = "http://127.0.0.1:10101",
     admin_users: Iterable[str] = (),
     admin_groups: Iterable[str] = (),
+    metrics_services: Iterable[str] = (),
     spawner: str | None = "gpuslice",
     python: str = sys.executable,
     environment: dict[str, str] | None = None,
     api_token: str | None = None,
 ) -> str:
-    """Add the gpuslice service to the hub config ``c``; returns the service's API token."""
+    """Add the gpuslice service to the hub config ``c``; returns the service's API token.
+
+    ``metrics_services``: hub services (e.g. Prometheus' scraper) given the read-only
+    ``custom:gpuslice:metrics`` scope, enough for ``/metrics`` and nothing else."""
     token = api_token or secrets.token_hex(32)
     service = {
         "name": name,
@@ -56,21 +69,17 @@ def configure_jupyterhub(
         "oauth_client_allowed_scopes": [ADMIN_SCOPE],
         "environment": dict(environment or {}),
     }
-    services = list(c.JupyterHub.services or []) if "services" in c.JupyterHub else []
-    c.JupyterHub.services = [s for s in services if s.get("name") != name] + [service]
-
-    custom = dict(c.JupyterHub.custom_scopes) if "custom_scopes" in c.JupyterHub else {}
-    custom[ADMIN_SCOPE] = {
-        "description": "Administer gpuslice: see every allocation and job, preempt, drain, "
-        "change quotas."
+    access = f"access:services!service={name}"
+    scopes = {
+        ADMIN_SCOPE: {
+            "description": "Administer gpuslice: see every allocation and job, preempt, drain, "
+            "change quotas."
+        },
+        METRICS_SCOPE: {"description": "Read gpuslice's /metrics (and nothing else)."},
     }
-    c.JupyterHub.custom_scopes = custom
-
-    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
-    roles = [r for r in roles if r.get("name") not in {"user", f"{name}-service", f"{name}-admin"}]
-    roles += [
+    roles = [
         # Every user may call the service (for their own allocations and jobs).
-        {"name": "user", "scopes": ["self", f"access:services!service={name}"]},
+        {"name": "user", "scopes": ["self", access]},
         {
             "name": f"{name}-service",
             "scopes": [s.format(name=name) for s in SERVICE_SCOPES],
@@ -78,12 +87,23 @@ def configure_jupyterhub(
         },
         {
             "name": f"{name}-admin",
-            "scopes": [ADMIN_SCOPE, f"access:services!service={name}"],
+            "scopes": [ADMIN_SCOPE, access],
             "users": sorted(admin_users),
             "groups": sorted(admin_groups),
         },
+        {
+            "name": f"{name}-metrics",
+            "scopes": [METRICS_SCOPE, access],
+            "services": sorted(metrics_services),
+        },
     ]
-    c.JupyterHub.load_roles = roles
+    section = _MergingSection.install(c)
+    section.add(services=[service], load_roles=roles, custom_scopes=scopes)
+
+    # Idle reclaim runs in the user's server: a user's own ~/.jupyter config must not be able
+    # to switch the extension (or its policy) off. The service also reclaims a slice whose
+    # server stops reporting (GPUSliceService.reclaim_silent_after).
+    c.Spawner.disable_user_config = True
 
     if spawner:
         c.JupyterHub.spawner_class = spawner
@@ -92,3 +112,87 @@ def configure_jupyterhub(
         c.GPUSliceMixin.service_token = token
         c.GPUSliceMixin.service_name = name
     return token
+
+
+def merge_services(current: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[dict]:
+    """``current`` with each of ``ours`` replacing the service of the same name."""
+    names = {s["name"] for s in ours}
+    return [s for s in current if s.get("name") not in names] + ours
+
+
+def merge_roles(current: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[dict]:
+    """``current`` with ``ours`` merged in: a role of the same name keeps its own scopes,
+    users, groups and services and gains ours (nothing the admin gave it is lost)."""
+    out = [dict(r) for r in current]
+    by_name = {r.get("name"): r for r in out}
+    for role in ours:
+        mine = by_name.get(role["name"])
+        if mine is None:
+            out.append(dict(role))
+            continue
+        for key in ("scopes", "users", "groups", "services"):
+            if key in role or key in mine:
+                merged = list(mine.get(key) or [])
+                merged += [v for v in role.get(key, []) if v not in merged]
+                mine[key] = merged
+    return out
+
+
+def merge_scopes(current: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    return {**current, **ours}
+
+
+_MERGERS: dict[str, Any] = {"services": merge_services, "load_roles": merge_roles, "custom_scopes": merge_scopes}
+
+
+class _MergingSection(Config):
+    """The ``c.JupyterHub`` config section, made to keep gpuslice's entries: assigning
+    ``services``, ``load_roles`` or ``custom_scopes`` (before or after
+    :func:`configure_jupyterhub`) merges them into the new value."""
+
+    _gpuslice: dict[str, Any]
+
+    @classmethod
+    def install(cls, c: Any) -> _MergingSection:
+        current = c.JupyterHub
+        if isinstance(current, cls):
+            return current
+        section = cls()
+        section._gpuslice = {"services": [], "load_roles": [], "custom_scopes": {}}
+        for key, value in current.items():
+            dict.__setitem__(section, key, value)
+        c.JupyterHub = section
+        return section
+
+    def add(self, **entries: Any) -> None:
+        for key, value in entries.items():
+            self._gpuslice[key] = _MERGERS[key](self._gpuslice[key], value)
+            current = dict.get(self, key)
+            self[key] = _plain(current, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in MERGED and hasattr(self, "_gpuslice"):
+            value = _MERGERS[key](_plain(value, key), self._gpuslice[key])
+        super().__setitem__(key, value)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key == "_gpuslice":
+            object.__setattr__(self, key, value)
+            return
+        super().__setattr__(key, value)
+
+    def __getattr__(self, key: str) -> Any:
+        if key == "_gpuslice":
+            raise AttributeError(key)
+        return super().__getattr__(key)
+
+
+def _plain(value: Any, key: str) -> Any:
+    """A config value as a plain list or dict (an unset one is a LazyConfigValue)."""
+    if isinstance(value, list | dict):
+        return value
+    empty: Any = {} if key == "custom_scopes" else []
+    if value is None:
+        return empty
+    get_value = getattr(value, "get_value", None)
+    return get_value(empty) if get_value is not None else empty

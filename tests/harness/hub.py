@@ -169,6 +169,12 @@ class Hub:
             headers["Authorization"] = f"token {token}"
         return requests.request(method, f"{base}{path}", headers=headers, timeout=60, **kw)
 
+    def allocate(self, user: str, profile: str, server: str = "", **fields: Any) -> Any:
+        """Take a slice for ``user`` the way the hub-side spawner does (the service token;
+        users cannot allocate through the API themselves)."""
+        body = {"user": user, "profile": profile, "server_name": server, **fields}
+        return self.api("POST", "/api/allocations", self.service_token, json=body)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -252,6 +258,9 @@ c.GPUSliceService.quotas = cfg["quotas"]
 c.GPUSliceService.reconcile_interval = cfg["reconcile_interval"]
 c.GPUSliceService.reconcile_grace = cfg["reconcile_grace"]
 c.GPUSliceService.log_level = "DEBUG"
+# The hub's test users have no system accounts: their jobs run as the test's own account.
+# Tests about who runs what (tests/jobs/test_job_accounts.py) switch this off.
+c.JobManager.run_jobs_as_service_user = cfg.get("jobs_as_service_user", True)
 exec(cfg.get("extra_service_config", ""))
 """
 
@@ -268,6 +277,7 @@ def start_hub(
     reconcile_grace: float = 120,
     extra_hub_config: str = "",
     extra_service_config: str = "",
+    jobs_as_service_user: bool = True,
     reuse: dict[str, Any] | None = None,
     wait: bool = True,
 ) -> Hub:
@@ -295,6 +305,7 @@ def start_hub(
         "reconcile_grace": reconcile_grace,
         "extra_hub_config": extra_hub_config,
         "extra_service_config": extra_service_config,
+        "jobs_as_service_user": jobs_as_service_user,
     }
     cfg_path = workdir / "test_config.json"
     cfg_path.write_text(json.dumps(cfg))

@@ -1,4 +1,5 @@
-"""Allocations: create for the caller's own server, list, show, release."""
+"""Allocations: created by the hub-side spawner for a server it starts; listed, shown and
+released by their owner (or an admin)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,19 @@ class AllocationsHandler(BaseHandler):
             raise RequestError(
                 400, f"field 'server_name' is not a valid server name: {server_name!r}"
             )
+        if not ident.is_trusted:
+            # A slice is held by a server the hub started, or by a job the scheduler placed;
+            # one taken through the API directly would be held by nothing that frees it.
+            raise RequestError(
+                403,
+                "allocations are made by the hub when it starts a server: start a server "
+                "from the hub, or submit a batch job",
+            )
         purpose = body.get("purpose", "interactive")
+        if purpose != "interactive":
+            raise RequestError(
+                400, "field 'purpose' must be 'interactive': batch slices are the scheduler's"
+            )
         priority = body.get("priority", 0)
         if (
             isinstance(priority, bool)
@@ -60,7 +73,7 @@ class AllocationHandler(BaseHandler):
     @api_authenticated
     async def get(self, alloc_id: str) -> None:
         ident = self.identity()
-        alloc = self.ledger.get(int(alloc_id))
+        alloc = self.ledger.get(self.db_id(alloc_id, "allocation"))
         if alloc is None:
             raise RequestError(404, f"no allocation {alloc_id}")
         self.check_user_access(ident, alloc["user"])
@@ -71,5 +84,7 @@ class AllocationHandler(BaseHandler):
         ident = self.identity()
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
         owner = None if ident.is_admin else ident.name
-        alloc, released = self.ledger.release(int(alloc_id), ident.name, reason, owner=owner)
+        alloc, released = self.ledger.release(
+            self.db_id(alloc_id, "allocation"), ident.name, reason, owner=owner
+        )
         self.write_json({**alloc, "released_now": released})

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyterhub.services.auth import HubOAuthenticated
@@ -28,6 +30,7 @@ class Identity:
     is_admin: bool
     # The gpuslice service's own token: the hub-side spawner uses it and may act for a user.
     is_trusted: bool
+    scopes: frozenset[str] = frozenset()
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
@@ -53,6 +56,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             groups=tuple(model.get("groups") or ()),
             is_admin=is_admin or trusted,
             is_trusted=trusted,
+            scopes=frozenset(scopes),
         )
 
     async def resolve_caller(self, ident: Identity, body: dict[str, Any], action: str) -> Caller:
@@ -98,14 +102,24 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if not ident.is_admin and ident.name != owner:
             raise RequestError(403, f"{ident.name} may not see or change {owner}'s allocations")
 
-    def active_allocation(self, ident: Identity, alloc_id: str) -> dict[str, Any]:
-        """The allocation, if the caller may act on it (owner or admin) and it is live."""
-        alloc: dict[str, Any] | None = self.ledger.get(int(alloc_id))
+    def held_allocation(self, ident: Identity, alloc_id: int | str) -> dict[str, Any]:
+        """A live interactive allocation that the caller holds: its owner's own token or its
+        server's token. The only allocations a client may report on; admins are no holders."""
+        if isinstance(alloc_id, str):
+            alloc_id = self.db_id(alloc_id, "allocation")
+        alloc: dict[str, Any] | None = None
+        if 0 < alloc_id <= MAX_DB_ID:
+            alloc = self.ledger.get(alloc_id)
         if alloc is None:
             raise RequestError(404, f"no allocation {alloc_id}")
-        self.check_user_access(ident, alloc["user"])
+        if ident.kind != "user" or ident.name != alloc["user"]:
+            raise RequestError(
+                403, f"only the holder of allocation {alloc_id} may report on it or release it"
+            )
         if alloc["state"] != "active":
             raise RequestError(409, f"allocation {alloc_id} is already released")
+        if alloc["purpose"] != "interactive":
+            raise RequestError(409, f"allocation {alloc_id} is a batch job's, not a server's")
         return alloc
 
     def reason(self, body: dict[str, Any], required: bool = False) -> str:
@@ -121,17 +135,30 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         """The reason in an optional ``{"reason": ...}`` body (DELETE, preempt)."""
         return self.reason(self.json_body({"reason"}) if self.request.body else {})
 
-    def json_body(self, allowed: set[str]) -> dict[str, Any]:
+    def json_body(self, allowed: set[str], max_bytes: int | None = None) -> dict[str, Any]:
+        """The request's JSON object (see :mod:`gpuslice.jsonbody` for what is refused).
+
+        ``max_bytes``: a larger limit for a body that carries a notebook, whose strings
+        (cell outputs) may then be as long as the body."""
+        limit = max_bytes or self.service.max_body_bytes
+        kw = {"max_string": limit} if max_bytes else {}
         try:
-            return parse_json_object(self.request.body, allowed)
+            return parse_json_object(self.request.body, allowed, max_bytes=limit, **kw)
         except BodyError as e:
-            raise RequestError(400, str(e)) from e
+            raise RequestError(e.status, str(e)) from e
+
+    def db_id(self, raw: str, what: str) -> int:
+        """A ``{id}`` from the URL: ids beyond what the database stores do not exist."""
+        value = int(raw)
+        if not 0 < value <= MAX_DB_ID:
+            raise RequestError(404, f"no {what} {raw[:40]}")
+        return value
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(data))
+        self.finish(dumps(data))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -139,7 +166,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if isinstance(exc, web.HTTPError) and exc.log_message:
             body["message"] = exc.log_message % exc.args if exc.args else exc.log_message
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(body))
+        self.finish(dumps(body))
 
     def _handle_request_exception(self, e: BaseException) -> None:
         if isinstance(e, RequestError):
@@ -147,12 +174,41 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                 return
             self.set_status(e.status)
             self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"status": e.status, "message": e.message, **e.detail}))
+            self.finish(dumps({"status": e.status, "message": e.message, **e.detail}))
             return
         super()._handle_request_exception(e)  # type: ignore[misc]
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
+MAX_DB_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
+
+
+def allocation_age(alloc: dict[str, Any]) -> float:
+    """Seconds since an allocation (as the API serves it) was made: an upper bound of any
+    idle time reported about it."""
+    created = datetime.fromisoformat(str(alloc["created_at"]).replace("Z", "+00:00"))
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=timezone.utc)
+    return max(0.0, (datetime.now(timezone.utc) - created).total_seconds())
+
+
+def dumps(data: Any) -> str:
+    """JSON that every client can parse: a non-finite float (which no stored figure should
+    be, but a response must never break on) is written as null rather than as NaN."""
+    try:
+        return json.dumps(data, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(data), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def api_authenticated(method: F) -> F:

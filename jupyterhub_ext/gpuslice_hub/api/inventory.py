@@ -1,4 +1,4 @@
-"""Inventory, profiles with live availability, audit events, health."""
+"""Inventory, profiles with live availability, health."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from typing import Any
 
 from ..errors import RequestError
 from ..serialize import inventory_json, iso
-from .base import BaseHandler, api_authenticated, int_arg
-
-EVENT_KINDS = {"idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled"}
+from .base import BaseHandler, api_authenticated
 
 
 class HealthHandler(BaseHandler):
@@ -75,33 +73,3 @@ class ProfilesHandler(BaseHandler):
                 "profiles": self.ledger.availability(user, groups),
             }
         )
-
-
-class EventsHandler(BaseHandler):
-    @api_authenticated
-    async def get(self) -> None:
-        ident = self.identity()
-        user = self.listed_user(ident, "events")
-        since = int_arg(self, "since", 0, 0, 2**62)
-        limit = int_arg(self, "limit", 200, 1, 5000)
-        self.write_json({"events": self.ledger.events(user=user, since_id=since, limit=limit)})
-
-    @api_authenticated
-    async def post(self) -> None:
-        """Idle-reclaim events reported by a user's server extension, stored with a reason."""
-        ident = self.identity()
-        body = self.json_body({"kind", "user", "reason", "detail"})
-        kind = body.get("kind")
-        if kind not in EVENT_KINDS:
-            raise RequestError(400, f"field 'kind' must be one of {sorted(EVENT_KINDS)}")
-        user = body.get("user", ident.name)
-        if user != ident.name and not ident.is_admin:
-            raise RequestError(403, f"{ident.name} may not report events for {user}")
-        reason = body.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise RequestError(400, "field 'reason' must be a string")
-        detail = body.get("detail", {})
-        if not isinstance(detail, dict):
-            raise RequestError(400, "field 'detail' must be an object")
-        event = self.ledger.record_event(kind, user, ident.name, reason, detail)
-        self.write_json(event, 201)

@@ -21,7 +21,7 @@ class JobsBase(BaseHandler):
         return jobs
 
     def owned(self, ident: Identity, job_id: str) -> Any:
-        job = self.jobs.row(int(job_id))
+        job = self.jobs.row(self.db_id(job_id, "job"))
         if job is None:
             raise RequestError(404, f"no job {job_id}")
         if not ident.is_admin and job.user != ident.name:
@@ -45,23 +45,28 @@ class JobsHandler(JobsBase):
     @api_authenticated
     async def post(self) -> None:
         ident = self.identity()
-        body = self.json_body(SUBMIT_FIELDS)
-        caller = await self.resolve_caller(ident, body, "submit jobs")
+        body = self.json_body(SUBMIT_FIELDS, self.service.max_notebook_bytes)
+        if ident.kind != "user" or body.get("user", ident.name) != ident.name:
+            # The job runs as its owner's system account: only the owner may submit it.
+            raise RequestError(403, "a job runs as its owner: only its owner can submit it")
+        if "groups" in body:
+            raise RequestError(403, "a job's groups are looked up on the hub, not stated")
+        caller = await self.resolve_caller(ident, {}, "submit jobs")
         self.write_json(self.jobs.submit(caller, body), 201)
 
 
 class JobHandler(JobsBase):
     @api_authenticated
     async def get(self, job_id: str) -> None:
-        self.owned(self.identity(), job_id)
-        self.write_json(self.jobs.get(int(job_id)))
+        job = self.owned(self.identity(), job_id)
+        self.write_json(self.jobs.get(job.id))
 
     @api_authenticated
     async def delete(self, job_id: str) -> None:
         ident = self.identity()
-        self.owned(ident, job_id)
+        job = self.owned(ident, job_id)
         reason = self.optional_reason()
-        self.write_json(self.jobs.cancel(int(job_id), ident.name, reason[:255]))
+        self.write_json(self.jobs.cancel(job.id, ident.name, reason[:255]))
 
 
 class JobLogHandler(JobsBase):
@@ -81,14 +86,16 @@ class JobOutputHandler(JobsBase):
         fmt = self.get_argument("format", "ipynb")
         if fmt not in ("ipynb", "html"):
             raise RequestError(400, "query argument format must be 'ipynb' or 'html'")
-        path = self.jobs.output_file(job, fmt)
-        if path is None:
-            raise RequestError(404, f"job {job_id} has no {fmt} output yet")
+        data = self.jobs.output(job, fmt, self.service.max_notebook_bytes)
+        if data is None:
+            raise RequestError(404, f"job {job.id} has no {fmt} output yet")
         self.set_header(
             "Content-Type", "application/x-ipynb+json" if fmt == "ipynb" else "text/html"
         )
         self.set_header("Cache-Control", "no-store")
-        self.finish(path.read_bytes())
+        # The HTML is the owner's notebook rendered: never run it in the service's origin.
+        self.set_header("Content-Security-Policy", "sandbox")
+        self.finish(data)
 
 
 class JobPreemptHandler(JobsBase):
@@ -97,10 +104,10 @@ class JobPreemptHandler(JobsBase):
         ident = self.identity()
         if not ident.is_admin:
             raise RequestError(403, "preempting a job needs the gpuslice admin scope")
-        self.owned(ident, job_id)
+        job = self.owned(ident, job_id)
         reason = self.optional_reason() or self.get_argument("reason", "")
         reason = reason or "preempted by an admin"
-        self.write_json(self.jobs.preempt(int(job_id), ident.name, reason[:255]), 202)
+        self.write_json(self.jobs.preempt(job.id, ident.name, reason[:255]), 202)
 
 
 def job_handlers(api: str) -> list[tuple[str, type]]:

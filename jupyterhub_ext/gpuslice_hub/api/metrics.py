@@ -11,9 +11,11 @@ from .base import BaseHandler
 class MetricsHandler(BaseHandler):
     async def get(self) -> None:
         if self.service.metrics_require_auth:
+            scope = self.service.metrics_scope
             if not self.current_user:
-                raise RequestError(403, "metrics need a token with the gpuslice admin scope")
-            if not self.identity().is_admin:
-                raise RequestError(403, f"metrics need the {self.service.admin_scope} scope")
+                raise RequestError(403, f"metrics need a token with the {scope} scope")
+            ident = self.identity()
+            if not (ident.is_admin or scope in ident.scopes):
+                raise RequestError(403, f"metrics need the {scope} scope")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(generate_latest(self.service.registry))

@@ -9,7 +9,7 @@ from typing import Any
 from tornado.httpclient import HTTPClientError
 
 from ..errors import RequestError
-from .base import BaseHandler, Identity, api_authenticated
+from .base import BaseHandler, Identity, allocation_age, api_authenticated
 
 
 class IdlePolicyHandler(BaseHandler):
@@ -39,9 +39,9 @@ class IdlePolicyHandler(BaseHandler):
         self.write_json({"user": user, "profile": profile, "policy": policy.to_json()})
 
     def _allocation(self, raw: str) -> dict[str, Any]:
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):
             raise RequestError(400, f"query argument allocation_id must be an integer: {raw!r}")
-        alloc = self.ledger.get(int(raw))
+        alloc = self.ledger.get(self.db_id(raw, "allocation"))
         if alloc is None:
             raise RequestError(404, f"no allocation {raw}")
         return alloc  # type: ignore[no-any-return]
@@ -58,7 +58,7 @@ class IdlePolicyHandler(BaseHandler):
 class ReclaimHandler(BaseHandler):
     """``POST api/allocations/<id>/reclaim`` ``{"reason", "idle_seconds", "voluntary"}``:
     stop the allocation's server through the hub (its spawner then releases the slice)
-    and record why. The owner's server token or an admin may call it."""
+    and record why. Only the holder (the owner's server token, or the owner) may call it."""
 
     @api_authenticated
     async def post(self, alloc_id: str) -> None:
@@ -68,23 +68,24 @@ class ReclaimHandler(BaseHandler):
         if not isinstance(reason, str) or not reason or len(reason) > 1000:
             raise RequestError(400, "field 'reason' must be a non-empty string (<= 1000 chars)")
         idle = body.get("idle_seconds", 0)
-        if isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0:
-            raise RequestError(400, "field 'idle_seconds' must be a number >= 0")
+        if isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 <= idle <= 1e9:
+            raise RequestError(400, "field 'idle_seconds' must be a number from 0 to 1e9")
         voluntary = body.get("voluntary", False)
         if not isinstance(voluntary, bool):
             raise RequestError(400, "field 'voluntary' must be true or false")
-        alloc = self.active_allocation(ident, alloc_id)
-        if alloc["purpose"] != "interactive":
-            raise RequestError(409, f"allocation {alloc_id} is a batch job, not a server")
+        alloc = self.held_allocation(ident, alloc_id)
         if not self.service.hub_api.configured:
             raise RequestError(503, "the service has no hub API access to stop servers")
-        gpu_hours = 0.0 if voluntary else alloc["gpu_milli"] / 1000 * float(idle) / 3600
+        # The server says how long it sat idle; it cannot have been idle for longer than the
+        # slice has existed, and what the service counts is bounded by that.
+        idle = min(float(idle), allocation_age(alloc))
+        gpu_hours = 0.0 if voluntary else alloc["gpu_milli"] / 1000 * idle / 3600
         detail = {
             "allocation_id": alloc["id"],
             "profile": alloc["profile"],
             "server_name": alloc["server_name"],
             "scope": "server",
-            "idle_seconds": float(idle),
+            "idle_seconds": idle,
             "gpu_milli": alloc["gpu_milli"],
             # The GPU share times the idle time that ended with the cull.
             "reclaimed_gpu_hours": gpu_hours,

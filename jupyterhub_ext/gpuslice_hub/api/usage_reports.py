@@ -33,6 +33,6 @@ class UsageReportHandler(BaseHandler):
         body.setdefault("interval_seconds", 0)
         idle = _number(body, "idle_seconds", 1e9, nullable=False) or 0.0
         interval = _number(body, "interval_seconds", 1e7, nullable=False) or 0.0
-        alloc = self.active_allocation(ident, alloc_id)
+        alloc = self.held_allocation(ident, alloc_id)
         at = self.ledger.record_usage(alloc["id"], utilization, memory, idle, interval)
         self.write_json({"allocation_id": alloc["id"], "recorded_at": iso(at)})

@@ -5,6 +5,7 @@ runner that reads it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import nbformat
 from gpuslice.run.jobdir import JobDir
 
 from ..errors import RequestError
+from .accounts import Account
 
 
 def read_notebook(content: Any) -> nbformat.NotebookNode:
@@ -32,10 +34,17 @@ def read_notebook(content: Any) -> nbformat.NotebookNode:
 
 
 def create_job_dir(
-    root: Path, job_id: int, nb: nbformat.NotebookNode, spec: dict[str, Any]
+    root: Path, job_id: int, nb: nbformat.NotebookNode, spec: dict[str, Any], owner: Account
 ) -> Path:
+    """The job's folder, 0700 and the owner's: nobody else can read its notebook, outputs
+    or checkpoints. Its files are written before it is handed over, so the owner's code
+    never races the service inside it."""
     jd = JobDir(root / str(job_id))
-    jd.root.mkdir(parents=True, exist_ok=False, mode=0o700)
+    jd.root.mkdir(exist_ok=False, mode=0o700)
     nbformat.write(nb, jd.input_path)
     jd.spec_path.write_text(json.dumps({"id": job_id, **spec}, indent=1))
+    jd.log_path.touch()
+    if not owner.is_current:
+        for path in (jd.input_path, jd.spec_path, jd.log_path, jd.root):
+            os.chown(path, owner.uid, owner.gid)
     return jd.root

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from traitlets import Dict, Float, Integer, Unicode
+from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from gpuslice.run.jobdir import JobDir
@@ -27,6 +28,7 @@ from ..errors import RequestError
 from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..profiles import Profile
+from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend
 from .jobdirs import create_job_dir, read_notebook
 from .params import validate_parameters
@@ -123,6 +125,34 @@ class JobManager(LoggingConfigurable):
         help="Python that runs ``python -m gpuslice.run`` for the local backend (default: "
         "the service's own).",
     ).tag(config=True)
+    run_jobs_as_service_user = Bool(
+        False,
+        help="""Run every batch job as the service's own account instead of its owner's.
+
+        For a single-user or demo hub only: every user's notebook then runs with the
+        service's rights (it still gets none of its variables or tokens). Off by default;
+        when off, the local backend needs the service to run as root (it starts each job
+        under its owner's uid, like JupyterHub's LocalProcessSpawner) and the Slurm
+        backend submits through ``slurm_submit_prefix``. A warning is logged at start.""",
+    ).tag(config=True)
+    job_env_keep = List(
+        Unicode(),
+        default_value=list(DEFAULT_KEEP),
+        help="Variables copied from the service's environment into every job's (when set). "
+        "A job's environment is an allow-list (see the admin guide's security model); names "
+        "starting with JUPYTERHUB_, JPY_, GPUSLICE_SERVICE or CONFIGPROXY_ are refused.",
+    ).tag(config=True)
+    job_environment = Dict(
+        help="Fixed variables added to every job's environment, e.g. "
+        '``{"HF_HOME": "/scratch/hf"}`` (the same names are refused as for job_env_keep).',
+    ).tag(config=True)
+    slurm_submit_prefix = List(
+        Unicode(),
+        help="""Command prefix that runs ``sbatch``/``scancel``/``scontrol update`` as the
+        job's owner (``{username}`` is replaced), like batchspawner's ``exec_prefix``.
+        Default: ``runuser -u {username} --`` when the service runs as root, else
+        ``sudo -n -u {username} --`` (which needs a sudoers rule for those commands).""",
+    ).tag(config=True)
 
     def __init__(
         self, ledger: Ledger, db: Database, backend: Backend, root: Path, **kw: Any
@@ -132,16 +162,33 @@ class JobManager(LoggingConfigurable):
         self.db = db
         self.backend = backend
         self.root = root
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Owners reach their own job folder (0700, theirs) but cannot list the others.
+        self.root.chmod(0o711)
         self.reservations: dict[tuple[str, str], Reservation] = {}
         self.wake = asyncio.Event()
         self.task: asyncio.Future | None = None
 
     # -- submission ----------------------------------------------------------------------
 
+    @property
+    def python(self) -> str:
+        """The Python that runs ``python -m gpuslice.run``."""
+        return self.runner_python or sys.executable
+
+    def account(self, user: str) -> Account:
+        """The system account ``user``'s jobs run as (AccountError when there is none)."""
+        if self.run_jobs_as_service_user:
+            return Account.current()
+        return Account.lookup(user)
+
     def submit(self, caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
         spec = self._validate(body)
         nb = read_notebook(body.get("notebook"))
+        try:
+            account = self.account(caller.user)
+        except AccountError as e:
+            raise RequestError(403, str(e), code="no_account") from None
         with self.db.writing() as s:
             unfinished = s.scalars(
                 select(JobRow.id).where(JobRow.user == caller.user, JobRow.state.not_in(TERMINAL))
@@ -178,6 +225,7 @@ class JobManager(LoggingConfigurable):
                     "parameters": job.parameters,
                     "checkpoint_interval": job.checkpoint_interval,
                 },
+                account,
             )
             job.job_dir = str(job_dir)
             out = job_json(job)
@@ -252,12 +300,14 @@ class JobManager(LoggingConfigurable):
             return ""
         return JobDir(Path(job.job_dir)).log_tail(tail_bytes)
 
-    def output_file(self, job: JobRow, kind: str) -> Path | None:
+    def output(self, job: JobRow, kind: str, max_bytes: int) -> bytes | None:
+        """The output notebook or its HTML, if the runner wrote one (a regular file, read
+        without following links: the folder is the owner's)."""
         if not job.job_dir:
             return None
         jd = JobDir(Path(job.job_dir))
-        path = {"ipynb": jd.output_path, "html": jd.html_path, "log": jd.log_path}[kind]
-        return path if path.exists() else None
+        path = {"ipynb": jd.output_path, "html": jd.html_path}[kind]
+        return jd.read(path.name, max_bytes)
 
     def row(self, job_id: int) -> JobRow | None:
         with self.db.reading() as s:
@@ -356,7 +406,7 @@ class JobManager(LoggingConfigurable):
         if not job.job_dir:
             return
         try:
-            JobDir(Path(job.job_dir)).log(f"service: {message}")
+            JobDir(Path(job.job_dir)).log(f"service: {message}", create=False)
         except OSError as e:
             self.log.warning("job %s: cannot write its log: %s", job.id, e)
 

@@ -23,10 +23,11 @@ from ..db.jobs_models import JobRow
 from ..db.models import utcnow
 from ..errors import RequestError
 from ..ledger import Caller
+from .accounts import Account, AccountError, job_environment
 from .backends.base import RunStatus
 from .manager import JobManager, aware
 from .ordering import queue_order
-from .states import ACTIVE, PRIORITY_CLASSES, transition
+from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
 EXIT_PREEMPTED = 75
@@ -285,7 +286,12 @@ class Scheduler:
                 row.waiting_reason = reason[:1024]
 
     def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:
-        env = self._env(job, grants)
+        try:
+            account = self.jobs.account(job.user)
+        except AccountError as e:
+            self._fail(job, str(e), grants)
+            return
+        env = self._env(job, grants, account)
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "queued":
@@ -309,23 +315,29 @@ class Scheduler:
                 profile=job.profile,
                 priority=job.priority_class,
                 previous=dict(job.backend_ref or {}),
+                account=account,
             )
         except Exception as e:
             self.log.exception("job %s: backend %s failed to start it", job.id, job.backend)
-            with self.jobs.db.writing() as s:
-                row = s.get(JobRow, job.id)
-                if row is not None:
-                    row.error = f"the {job.backend} backend could not start the job: {e}"
-                    row.allocation_ids = []
-                    transition(s, row, "failed", row.error)
-            self.jobs.release([g["id"] for g in grants], f"job {job.id} failed to start")
+            self._fail(job, f"the {job.backend} backend could not start the job: {e}", grants)
             return
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is not None:
                 row.backend_ref = ref
 
-    def _env(self, job: JobRow, grants: list[dict[str, Any]]) -> dict[str, str]:
+    def _fail(self, job: JobRow, error: str, grants: list[dict[str, Any]]) -> None:
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None and row.state not in TERMINAL:
+                row.error = error
+                row.allocation_ids = []
+                transition(s, row, "failed", error)
+        self.jobs.release([g["id"] for g in grants], f"job {job.id} failed to start")
+
+    def _env(self, job: JobRow, grants: list[dict[str, Any]], account: Account) -> dict[str, str]:
+        """The job's whole environment: the allow-list of :func:`job_environment` and the
+        job's own variables. No token: the runner reports through its job folder."""
         devices = ",".join(_devices(g) for g in grants)
         env = {
             "CUDA_VISIBLE_DEVICES": devices,
@@ -337,7 +349,14 @@ class Scheduler:
         }
         if self.simulated:
             env["GPUSLICE_SIMULATED"] = "1"
-        return env
+        return job_environment(
+            account,
+            job.job_dir,
+            self.jobs.python,
+            env,
+            keep=self.jobs.job_env_keep,
+            extra=self.jobs.job_environment,
+        )
 
 
 def _devices(grant: dict[str, Any]) -> str:

@@ -1,13 +1,16 @@
-"""Wiring the job scheduler into the service (kept out of app.py: one line there)."""
+"""Wiring the job scheduler into the service (kept out of app.py: one line there), and the
+start-up checks that keep users' jobs under their owners' accounts."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from .accounts import forbidden_names
 from .backends import LocalBackend
 from .backends.slurm import SlurmBackend
 from .manager import JobManager
@@ -15,6 +18,8 @@ from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from ..app import GPUSliceService
+
+AS_SERVICE = "JobManager.run_jobs_as_service_user"
 
 
 def start_jobs(app: GPUSliceService) -> JobManager:
@@ -26,14 +31,52 @@ def start_jobs(app: GPUSliceService) -> JobManager:
     manager = JobManager(
         app.ledger, app.db, LocalBackend(), Path(app.jobs_root).resolve(), parent=app
     )
-    python = manager.runner_python or sys.executable
+    check_job_settings(app, manager)
+    python = manager.python
     if app.job_backend == "slurm":
         manager.backend = SlurmBackend(
-            python, partitions=manager.slurm_partitions, gres_by_profile=manager.slurm_gres
+            python,
+            partitions=manager.slurm_partitions,
+            gres_by_profile=manager.slurm_gres,
+            submit_prefix=manager.slurm_submit_prefix or None,
         )
     elif manager.runner_python:
-        manager.backend = LocalBackend(manager.runner_python)
+        manager.backend = LocalBackend(python)
     app.ledger.preempt_hook = manager.preempt_for_interactive
     scheduler = Scheduler(manager, simulated=bool(app.inventory and app.inventory.simulated))
     manager.task = asyncio.ensure_future(scheduler.run_forever())
     return manager
+
+
+def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
+    """Refuse to start a backend that would run users' jobs with the service's rights, or
+    hand them the service's variables; warn loudly when an admin chose to."""
+    for key in ("job_env_keep", "job_environment"):
+        bad = forbidden_names(getattr(manager, key))
+        if bad:
+            raise ConfigError(
+                f"JobManager.{key}", f"{bad[0]} would hand a hub or service credential to jobs"
+            )
+    if manager.run_jobs_as_service_user:
+        app.log.warning(
+            "%s is on: every user's batch job runs as the service's account (%s), with its "
+            "rights to the ledger and job folders. Only for a single-user or demo hub.",
+            AS_SERVICE,
+            os.environ.get("USER") or os.geteuid(),
+        )
+        return
+    if app.job_backend == "local" and os.geteuid() != 0:
+        raise ConfigError(
+            AS_SERVICE,
+            f"the local job backend runs each job as its owner's system account, which needs "
+            f"the service to run as root (it runs as uid {os.geteuid()}). Run the hub as root "
+            f"(as for LocalProcessSpawner), use job_backend = 'slurm', or set "
+            f"c.{AS_SERVICE} = True on a single-user or demo hub",
+        )
+    closed = [p for p in manager.root.parents if not stat.S_IMODE(p.stat().st_mode) & 0o001]
+    if closed:
+        raise ConfigError(
+            "jobs_root",
+            f"{closed[0]} is not searchable by other users (o+x), so a job running as its "
+            f"owner could not reach its folder in {manager.root}",
+        )

@@ -3,20 +3,28 @@
 ``job.json`` (written by the service: the notebook, parameters, checkpoint interval) is
 read-only for the runner; ``state.json`` (written by the runner, atomically) tells the
 service how far the job got, without the runner needing any credentials.
+
+The folder belongs to the job's owner, whose code may plant links or FIFOs in it; the
+service reads and writes it with more rights than the owner. So every file the service
+touches here is opened beneath the folder without following a link at any step
+(:func:`open_beneath`), must be a regular file, and is read up to a bounded size.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 # The runner's exit status when it stopped because it was preempted (EX_TEMPFAIL).
 EXIT_PREEMPTED = 75
 EXIT_FAILED = 1
+# The most the service reads of a small file the runner writes (state.json).
+MAX_STATE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -66,37 +74,78 @@ class JobDir:
     def spec(self) -> dict[str, Any]:
         return json.loads(self.spec_path.read_text())
 
-    def state(self) -> dict[str, Any]:
+    def read(self, name: str, max_bytes: int = MAX_STATE_BYTES) -> bytes | None:
+        """The file ``name`` (relative to the folder) if it is a regular file reached without
+        a link, at most ``max_bytes`` of it (from the start); None otherwise."""
         try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
+            fd = open_beneath(self.root, name, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read(max_bytes)
+
+    def state(self) -> dict[str, Any]:
+        raw = self.read(self.state_path.name)
+        try:
+            state = json.loads(raw) if raw else {}
+        except ValueError:
             return {}
+        return state if isinstance(state, dict) else {}
 
     def write_state(self, **fields: Any) -> dict[str, Any]:
         state = {**self.state(), **fields, "updated_at": time.time()}
         write_json_atomic(self.state_path, state)
         return state
 
-    def log(self, message: str) -> None:
+    def log(self, message: str, create: bool = True) -> None:
+        """Append a line to the job log. ``create=False`` (the service): only to a log that
+        exists, so the service never makes a file in the folder that its owner cannot write."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with open(self.log_path, "a") as f:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+        fd = open_beneath(self.root, self.log_path.name, flags)
+        with os.fdopen(fd, "a") as f:
             f.write(f"[{stamp}] {message}\n")
 
     def log_tail(self, max_bytes: int = 4000) -> str:
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - max_bytes))
-                return f.read().decode(errors="replace")
+            fd = open_beneath(self.root, self.log_path.name, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return ""
+        with os.fdopen(fd, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read(max_bytes).decode(errors="replace")
 
     def last_save_time(self) -> float:
+        raw = self.read("checkpoints/" + self.last_save_marker.name, 64)
         try:
-            return float(self.last_save_marker.read_text())
-        except (OSError, ValueError):
+            value = float(raw) if raw else 0.0
+        except ValueError:
             return 0.0
+        return value if 0.0 <= value < 1e11 else 0.0
+
+
+def open_beneath(root: Path, rel: str, flags: int, mode: int = 0o600) -> int:
+    """Open ``root/rel`` without following a symbolic link in ``rel`` (``root`` itself is
+    the service's to trust); the result must be a regular file. Returns the descriptor."""
+    parts = PurePosixPath(rel).parts
+    if not parts or any(p in ("..", "/") for p in parts):
+        raise OSError(f"{rel!r} is not a path inside the job folder")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        out = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NOCTTY, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise OSError(f"{rel!r} in the job folder is not a regular file")
+    os.set_blocking(out, True)
+    return out
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

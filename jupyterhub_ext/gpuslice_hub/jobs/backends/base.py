@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..accounts import Account
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,11 @@ class Backend(Protocol):
         profile: str,
         priority: str,
         previous: dict[str, Any],
+        account: Account,
     ) -> dict[str, Any]:
-        """Start the runner (or, ``previous`` still queued in the backend, let it run
-        again); returns the reference stored in the job row."""
+        """Start the runner as ``account`` with exactly the environment ``env`` (or,
+        ``previous`` still queued in the backend, let it run again); returns the reference
+        stored in the job row."""
 
     def poll(self, ref: dict[str, Any]) -> RunStatus: ...
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import psutil
 
-from gpuslice.run.jobdir import JobDir
+from gpuslice.run.jobdir import JobDir, open_beneath
 
+from ..accounts import UMASK, Account
 from .base import RunStatus
 
 _STATUS_EXIT = {"completed": 0, "failed": 1, "preempted": 75}
@@ -38,19 +39,38 @@ class LocalBackend:
         profile: str = "",
         priority: str = "",
         previous: dict[str, Any] | None = None,
+        account: Account | None = None,
     ) -> dict[str, Any]:
-        with open(os.path.join(job_dir, "runner.out"), "ab") as out:
+        account = account or Account.current()
+        # As the owner (uid, groups), like LocalProcessSpawner; nothing of the service's
+        # environment but what ``env`` (an allow-list) holds.
+        who: dict[str, Any] = {}
+        if not account.is_current:
+            who = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+        out = open_beneath(Path(job_dir), "runner.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            if not account.is_current:
+                os.fchown(out, account.uid, account.gid)
             proc = subprocess.Popen(
                 [self.python, "-m", "gpuslice.run", job_dir],
                 cwd=job_dir,
-                env={**os.environ, **env},
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                umask=UMASK,
+                **who,
             )
+        finally:
+            os.close(out)
         self._procs[proc.pid] = proc
-        return {"pid": proc.pid, "create_time": _create_time(proc.pid), "job_dir": job_dir}
+        return {
+            "pid": proc.pid,
+            "create_time": _create_time(proc.pid),
+            "job_dir": job_dir,
+            "uid": account.uid,
+        }
 
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         pid = int(ref.get("pid") or 0)
@@ -78,7 +98,7 @@ class LocalBackend:
         # The kernel runs in a session of its own: it would notice its parent is gone
         # within a second or so, but a killed job should free the GPU now.
         kernel = _kernel_pid(ref.get("job_dir", ""))
-        if kernel and _is_kernel(kernel, ref.get("job_dir", "")):
+        if kernel and _is_kernel(kernel, ref.get("job_dir", ""), ref.get("uid")):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(kernel, signal.SIGKILL)
 
@@ -93,10 +113,13 @@ class LocalBackend:
                 os.kill(pid, sig)
 
 
-def _is_kernel(pid: int, job_dir: str) -> bool:
-    """The pid in state.json is still this job's kernel (not a recycled pid)."""
+def _is_kernel(pid: int, job_dir: str, uid: int | None) -> bool:
+    """The pid in state.json (which the job's own code can write) is still this job's
+    kernel: not a recycled pid, and not someone else's process."""
     try:
         proc = psutil.Process(pid)
+        if uid is not None and proc.uids().real != uid:
+            return False
         return "kernel" in " ".join(proc.cmdline()) and proc.cwd() == job_dir
     except psutil.Error:
         return False
@@ -119,4 +142,4 @@ def _runner_status(job_dir: str) -> str | None:
 
 def _kernel_pid(job_dir: str) -> int | None:
     pid = _state(job_dir).get("kernel_pid")
-    return int(pid) if pid else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 else None

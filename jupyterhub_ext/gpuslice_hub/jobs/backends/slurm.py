@@ -15,8 +15,21 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from ..accounts import Account
 from .base import RunStatus
 from .local import _runner_status
+
+# What sbatch/scontrol/scancel themselves get from the service's environment: enough to find
+# the commands and the cluster, nothing else (the job's environment is in its script).
+COMMAND_ENV_KEEP = ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ")
+
+
+def default_prefix() -> list[str]:
+    """How the service runs a Slurm command as a job's owner."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "{username}", "--"]
+    return ["sudo", "-n", "-u", "{username}", "--"]
+
 
 ALIVE = {
     "PENDING",
@@ -55,6 +68,8 @@ def batch_script(
         f"#SBATCH --chdir={job_dir}",
         # B: to the batch shell, which exec's the runner: it checkpoints and exits 75
         f"#SBATCH --signal=B:USR1@{warn_seconds}",
+        # Nothing of the submitting environment: the job's allow-list is exported below.
+        "#SBATCH --export=NONE",
     ]
     if gres:
         lines.append(f"#SBATCH --gres={gres}")
@@ -86,6 +101,7 @@ class SlurmBackend:
         time_limit_minutes: int = 0,
         partitions: dict[str, str] | None = None,
         gres_by_profile: dict[str, str] | None = None,
+        submit_prefix: Sequence[str] | None = None,
     ) -> None:
         self.python = python
         self.partition = partition
@@ -94,15 +110,25 @@ class SlurmBackend:
         self.gres_by_profile = gres_by_profile or {}
         self.env = env  # the environment Slurm commands run with (SLURM_CONF …)
         self.time_limit_minutes = time_limit_minutes
+        self.submit_prefix = list(submit_prefix) if submit_prefix else default_prefix()
 
-    def _run(self, *argv: str, stdin: str | None = None) -> str:
+    def _as(self, ref: dict[str, Any]) -> list[str]:
+        """The prefix that runs a command as the job's owner (none for the service's own)."""
+        user = ref.get("user")
+        if not user or user == Account.current().name:
+            return []
+        return [part.replace("{username}", str(user)) for part in self.submit_prefix]
+
+    def _run(self, *argv: str, stdin: str | None = None, ref: dict[str, Any] | None = None) -> str:
+        source = self.env if self.env is not None else os.environ
+        argv = (*self._as(ref or {}), *argv)
         out = subprocess.run(
             argv,
             input=stdin,
             capture_output=True,
             text=True,
             timeout=30,
-            env=self.env if self.env is not None else dict(os.environ),
+            env={k: source[k] for k in COMMAND_ENV_KEEP if k in source},
         )
         if out.returncode != 0:
             raise RuntimeError(f"{argv[0]} failed: {out.stderr.strip()}")
@@ -116,7 +142,9 @@ class SlurmBackend:
         profile: str = "",
         priority: str = "",
         previous: dict[str, Any] | None = None,
+        account: Account | None = None,
     ) -> dict[str, Any]:
+        account = account or Account.current()
         if previous and previous.get("slurm_job_id") and self.poll(previous).alive:
             # Slurm requeued it itself (preempted by a higher-priority partition)
             self.release_requeued(previous)
@@ -130,8 +158,11 @@ class SlurmBackend:
             self.time_limit_minutes,
             env=env,
         )
-        slurm_id = self._run("sbatch", "--parsable", stdin=script).strip().split(";")[0]
-        return {"slurm_job_id": slurm_id, "job_dir": job_dir}
+        # Submitted as the owner: Slurm's accounting, fairshare and limits see the real user,
+        # and slurmd starts the job under the owner's uid.
+        owner = {"user": account.name}
+        slurm_id = self._run("sbatch", "--parsable", stdin=script, ref=owner)
+        return {"slurm_job_id": slurm_id.strip().split(";")[0], "job_dir": job_dir, **owner}
 
     def state(self, ref: dict[str, Any]) -> dict[str, str]:
         out = self._run("scontrol", "show", "job", "-o", str(ref["slurm_job_id"]))
@@ -156,10 +187,10 @@ class SlurmBackend:
     def release_requeued(self, ref: dict[str, Any]) -> None:
         """Let a requeued job start as soon as it fits: slurmctld otherwise holds it back
         (``BeginTime``, set with ``StartTime=``) for a while after a requeue."""
-        self._run("scontrol", "update", f"jobid={ref['slurm_job_id']}", "StartTime=now")
+        self._run("scontrol", "update", f"jobid={ref['slurm_job_id']}", "StartTime=now", ref=ref)
 
     def signal_preempt(self, ref: dict[str, Any]) -> None:
-        self._run("scancel", "--batch", "--signal=TERM", str(ref["slurm_job_id"]))
+        self._run("scancel", "--batch", "--signal=TERM", str(ref["slurm_job_id"]), ref=ref)
 
     def kill(self, ref: dict[str, Any]) -> None:
-        self._run("scancel", str(ref["slurm_job_id"]))
+        self._run("scancel", str(ref["slurm_job_id"]), ref=ref)
