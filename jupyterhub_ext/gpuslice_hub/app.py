@@ -8,6 +8,7 @@ it reads its own config file, discovers the GPUs, opens the ledger and serves th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -19,7 +20,9 @@ from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
+from sqlalchemy.engine import make_url
 from tornado import web
+from tornado.httpclient import HTTPClientError
 from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 from traitlets.config import Application
@@ -53,6 +56,7 @@ from .overrides import AdminSettings
 from .placement import get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
+from .silent import SILENT_KIND, find_silent, silent_detail
 
 ADMIN_SCOPE = "custom:gpuslice:admin"
 METRICS_SCOPE = "custom:gpuslice:metrics"
@@ -178,6 +182,16 @@ class GPUSliceService(Application):
         "(its server may still be starting).",
     ).tag(config=True)
 
+    reclaim_silent_after = Float(
+        600.0,
+        help="""Stop the server of an interactive allocation under an idle policy when it has
+        sent no usage report for its idle timeout plus this many seconds (0: never). Idle
+        reclaim runs in the user's server; this catches a server whose extension was
+        disabled or died. Checked every ``reconcile_interval``; it relies on the servers'
+        usage reports (the server extension's ``usage_report_interval``, 60 s by default,
+        must stay well below this).""",
+    ).tag(config=True)
+
     usage_sample_interval = Float(
         300.0,
         help="Seconds between usage samples of the whole pool (capacity, allocation, "
@@ -212,6 +226,11 @@ class GPUSliceService(Application):
     db: Database | None = None
     jobs: JobManager | None = None
     started_at: datetime | None = None
+    _silent_reported: set[int]
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._silent_reported = set()
 
     aliases = {
         "f": "GPUSliceService.config_file",
@@ -251,6 +270,8 @@ class GPUSliceService(Application):
         self.idle_policy_config = self._parse_idle_policy()
         if self.usage_sample_interval < 0:
             raise ConfigError("usage_sample_interval", "must be >= 0 seconds (0: no samples)")
+        if self.reclaim_silent_after < 0:
+            raise ConfigError("reclaim_silent_after", "must be >= 0 seconds (0: never)")
         if self.usage_retention_days <= 0:
             raise ConfigError("usage_retention_days", "must be > 0 days")
         for key in ("max_body_bytes", "max_notebook_bytes"):
@@ -284,6 +305,7 @@ class GPUSliceService(Application):
 
     def open_ledger(self) -> None:
         self.db = open_database(self.db_url)
+        private_sqlite_files(self.db_url)
         ensure_schema(self.db, self.upgrade_command)
         self.ledger = Ledger(
             self.db,
@@ -349,6 +371,9 @@ class GPUSliceService(Application):
         self.hub_api = HubAPI()
 
     async def start_async(self) -> None:
+        # Whatever the service writes (the SQLite ledger and its WAL, job folders before
+        # they are handed to their owners) is its own: unreadable to users' code.
+        os.umask(0o077)
         self.inventory = self.discover()
         self.open_ledger()
         assert self.ledger is not None
@@ -402,16 +427,71 @@ class GPUSliceService(Application):
             self.log.info("reconciled: released allocations %s (servers gone)", released)
         return released
 
+    async def reclaim_silent(self, now: datetime | None = None) -> list[int]:
+        """Stop the servers that hold a slice under an idle policy but stopped reporting."""
+        assert self.ledger is not None
+        if not self.reclaim_silent_after:
+            return []
+        store = self.admin_settings
+
+        def policy_for(a: Any) -> Any:
+            profile = self.parsed_profiles.get(a.profile)
+            timeout = profile.idle_timeout if profile else None
+            return self.idle_policy_config.resolve(a.user, a.groups, a.profile, timeout)
+
+        found = find_silent(
+            self.ledger,
+            policy_for,
+            lambda user: store is not None and store.exemption(user) is not None,
+            self.reclaim_silent_after,
+            now or utcnow(),
+        )
+        stopped = []
+        for item in found:
+            a = item.allocation
+            if a.id not in self._silent_reported:
+                reason = (
+                    f"its server sent no usage report for {item.silent_seconds / 60:.0f} min "
+                    f"(idle timeout {item.idle_timeout / 60:.0f} min): idle reclaim cannot "
+                    "run in it"
+                )
+                detail = silent_detail(item)
+                self.ledger.record_event(SILENT_KIND, a.user, "service", reason, detail)
+                self._silent_reported.add(a.id)
+                self.log.warning("stopping %s's server %r: %s", a.user, a.server_name, reason)
+            try:
+                await self.hub_api.stop_server(a.user, a.server_name)
+            except HTTPClientError as e:
+                if e.code != 404:
+                    self.log.error("could not stop %s's silent server: %s", a.user, e)
+                    continue
+            except OSError as e:
+                self.log.error("could not stop %s's silent server: %s", a.user, e)
+                continue
+            stopped.append(a.id)
+        return stopped
+
     async def _reconcile_loop(self) -> None:
         while True:
             try:
                 await self.reconcile_once()
+                await self.reclaim_silent()
             except Exception:
                 self.log.exception("reconciliation with the hub failed; will retry")
             await asyncio.sleep(self.reconcile_interval)
 
     def start(self) -> None:
         asyncio.run(self.start_async())
+
+
+def private_sqlite_files(db_url: str) -> None:
+    """A ledger created by an older version (or another umask) may be world-readable."""
+    path = make_url(db_url).database if db_url.startswith("sqlite") else None
+    if not path or path == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path + suffix, 0o600)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -102,6 +102,9 @@ def write_configs() -> tuple[str, Any]:
         "cfg = json.loads((pathlib.Path(__file__).parent / 'gpuslice_config.json').read_text())\n"
         "for key, value in cfg.items():\n"
         "    setattr(c.GPUSliceService, key, value)\n"
+        "# Demo only: every demo user is you, so their batch jobs run as your account. A shared\n"
+        "# hub runs each job as its owner (see 'Security model' in docs/admin-guide.md).\n"
+        "c.JobManager.run_jobs_as_service_user = True\n"
     )
     root = os.getuid() == 0
     chp = shutil.which("configurable-http-proxy") or "configurable-http-proxy"
@@ -154,6 +157,8 @@ def banner(backend: str, inventory: Any) -> str:
         f"Log in as any user name (e.g. alice) with the password: {PASSWORD}",
         "Log in as 'admin' for the gpuslice admin panel (inventory, jobs, quotas):",
         "      http://127.0.0.1:8000/services/gpuslice/admin",
+        "Demo setting: every user's servers and batch jobs run as YOUR account",
+        "(c.JobManager.run_jobs_as_service_user = True). Never use it on a shared machine.",
         f"Config and state: {DEMO_DIR}",
         "Stop with Ctrl-C.",
         "=" * 72,

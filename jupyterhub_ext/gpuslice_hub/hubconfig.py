@@ -142,7 +142,11 @@ def merge_scopes(current: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any
     return {**current, **ours}
 
 
-_MERGERS: dict[str, Any] = {"services": merge_services, "load_roles": merge_roles, "custom_scopes": merge_scopes}
+_MERGERS: dict[str, Any] = {
+    "services": merge_services,
+    "load_roles": merge_roles,
+    "custom_scopes": merge_scopes,
+}
 
 
 class _MergingSection(Config):

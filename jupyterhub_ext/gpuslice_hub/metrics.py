@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import select
 
+from .admin.accounting import reclaimed_hours
 from .admin.pool import read_pool
 from .admin.reports import is_fresh, used_milli
 from .db.models import EventRow, utcnow
@@ -145,7 +146,7 @@ class IdleReclaimCollector(Collector):
                 scope = str(detail.get("scope") or ("kernel" if detail.get("kernel_id") else ""))
                 events[(kind, profile or "", scope)] += 1
                 if kind == "idle-culled":
-                    gained = float(detail.get("reclaimed_gpu_hours") or 0.0)
+                    gained = reclaimed_hours(detail)
                     hours[profile or ""] = hours.get(profile or "", 0.0) + gained
         family = CounterMetricFamily(
             "gpuslice_idle_events",

@@ -71,17 +71,28 @@ def quotas_json(q: Quotas) -> dict[str, Any]:
     }
 
 
+# Far beyond any cluster, and small enough that every figure derived from them stays finite.
+MAX_SLICES = 1_000_000
+MAX_MILLI = 1_000_000_000
+
+
 def parse_limit_body(body: Mapping[str, Any]) -> tuple[float | None, int | None]:
     """``max_slices`` (number >= 0 or null) and ``max_milli`` (integer >= 0 or null)."""
     slices = body.get("max_slices")
     if slices is not None and (
-        isinstance(slices, bool) or not isinstance(slices, int | float) or slices < 0
+        isinstance(slices, bool)
+        or not isinstance(slices, int | float)
+        or not 0 <= slices <= MAX_SLICES
     ):
-        raise RequestError(400, f"field 'max_slices' must be a number >= 0 or null, got {slices!r}")
-    milli = body.get("max_milli")
-    if milli is not None and (isinstance(milli, bool) or not isinstance(milli, int) or milli < 0):
         raise RequestError(
-            400, f"field 'max_milli' must be an integer >= 0 (milli-GPU) or null, got {milli!r}"
+            400, f"field 'max_slices' must be a number from 0 to {MAX_SLICES} or null"
+        )
+    milli = body.get("max_milli")
+    if milli is not None and (
+        isinstance(milli, bool) or not isinstance(milli, int) or not 0 <= milli <= MAX_MILLI
+    ):
+        raise RequestError(
+            400, f"field 'max_milli' must be an integer from 0 to {MAX_MILLI} (milli-GPU) or null"
         )
     if "max_slices" not in body and "max_milli" not in body:
         raise RequestError(400, "give 'max_slices' and/or 'max_milli' (null: no limit)")

@@ -7,6 +7,12 @@ job folder ``gpu-jobs/<name>-<id>/`` next to the user's notebooks with a copy of
 submitted notebook. When a job finishes, its output notebook, HTML and log are copied into
 that folder and a ``https://events.gpuslice.dev/jobs/v1`` event tells JupyterLab.
 
+Code the user runs may plant symbolic links anywhere under the notebook root (``gpu-jobs``
+itself, a job folder, a file in one). So every file this module reads or writes under the
+root is opened beneath it one component at a time, never following a link
+(:func:`gpuslice.run.jobdir.open_beneath`, :func:`ensure_dir_beneath`); what is in the way
+is refused (4xx) or left alone, never followed.
+
 The ExtensionApp registers :func:`handlers`; this module does not import it.
 """
 
@@ -14,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import logging
 import os
 import re
 from pathlib import Path, PurePosixPath
@@ -28,8 +36,15 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpuslice.jsonbody import BodyError, parse_json_object
+from gpuslice.run.jobdir import open_beneath
+
+log = logging.getLogger(__name__)
 
 JOBS_FOLDER = "gpu-jobs"
+# The service's job ids are 64-bit signed integers; a longer one names no job.
+MAX_JOB_ID = 2**63 - 1
+# The marker file is a few dozen bytes; read no more than this of it.
+MAX_MARKER_BYTES = 4096
 TERMINAL = {"completed", "failed", "cancelled", "timed-out"}
 SUBMIT_FIELDS = {
     "path",
@@ -41,6 +56,17 @@ SUBMIT_FIELDS = {
     "max_runtime",
     "parameters",
 }
+# The JSON types the fields of a submission may have (``None`` is left to the service).
+SUBMIT_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "profile": (str,),
+    "priority": (str,),
+    "slices": (int,),
+    "checkpoint_interval": (int, float),
+    "max_runtime": (int, float),
+    "parameters": (dict,),
+}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an object"}
 _FOLDER = re.compile(r"^[A-Za-z0-9_.-]{1,60}-\d+$")
 EVENT_SCHEMA_ID = "https://events.gpuslice.dev/jobs/v1"
 EVENT_SCHEMA: dict[str, Any] = {
@@ -129,24 +155,148 @@ def resolve_notebook(root: str, path: Any) -> Path:
     return full
 
 
-def job_folder(root: str, job: dict[str, Any]) -> Path:
-    rel = str(job.get("output_path", ""))
-    parts = PurePosixPath(rel).parts
+def check_submit_types(body: dict[str, Any]) -> None:
+    """Refuse a field of the wrong JSON type here (400), before the service sees it; the
+    service checks the values (known profile, ranges, parameter names)."""
+    for field, types in SUBMIT_TYPES.items():
+        value = body.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise web.HTTPError(400, f"field {field!r} must be {_TYPE_NAMES[types[-1]]}")
+
+
+def job_id_of(job_id: str) -> int:
+    """The job id of a ``jobs/(\\d+)`` route: ASCII digits naming a 64-bit id, else 404
+    (answered here: the service has no such job, and ``int()`` of thousands of digits
+    fails)."""
+    digits = job_id.lstrip("0") or "0"
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(MAX_JOB_ID)):
+        raise web.HTTPError(404, f"no job {job_id[:40]!r}")
+    number = int(digits)
+    if number > MAX_JOB_ID:
+        raise web.HTTPError(404, f"no job {job_id!r}")
+    return number
+
+
+def job_folder_rel(job: dict[str, Any]) -> str:
+    """``gpu-jobs/<name>-<id>``, the job's folder relative to the notebook root (502 when the
+    service says anything else)."""
+    rel = job.get("output_path", "")
+    parts = PurePosixPath(rel).parts if isinstance(rel, str) else ()
     if len(parts) != 2 or parts[0] != JOBS_FOLDER or not _FOLDER.match(parts[1]):
         raise web.HTTPError(502, f"the service gave an unexpected output path {rel!r}")
-    return Path(root).resolve() / JOBS_FOLDER / parts[1]
+    return f"{JOBS_FOLDER}/{parts[1]}"
+
+
+def _parts_beneath(rel: str) -> tuple[str, ...]:
+    parts = PurePosixPath(rel).parts
+    if not parts or any(p in ("..", ".", "/") for p in parts):
+        raise OSError(errno.EINVAL, "not a path inside the notebook folder", rel)
+    return parts
+
+
+def ensure_dir_beneath(root: str | Path, rel: str) -> None:
+    """Make the folder ``root/rel`` (and each folder on the way) unless it is there, never
+    following a link: a link, or anything but a folder, at any step raises OSError."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in _parts_beneath(rel):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o777, dir_fd=fd)
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    finally:
+        os.close(fd)
+
+
+def check_dir_beneath(root: str | Path, rel: str) -> None:
+    """Like :func:`ensure_dir_beneath`, but makes nothing: a missing folder is fine."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in _parts_beneath(rel):
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return
+            os.close(fd)
+            fd = sub
+    finally:
+        os.close(fd)
+
+
+def _check_single(fd: int, rel: str) -> None:
+    """A file reached without a symbolic link may still be a hard link to one elsewhere."""
+    if os.fstat(fd).st_nlink > 1:
+        os.close(fd)
+        raise OSError(errno.EMLINK, "has more than one name (a hard link)", rel)
+
+
+def read_beneath(root: str | Path, rel: str, max_bytes: int = -1, single: bool = True) -> bytes:
+    """The regular file ``root/rel``, reached without following a link (and with no other
+    name, unless ``single`` is false)."""
+    fd = open_beneath(Path(root), rel, os.O_RDONLY | os.O_NONBLOCK)
+    if single:
+        _check_single(fd, rel)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(max_bytes)
+
+
+def write_beneath(root: str | Path, rel: str, data: bytes) -> None:
+    """Create or replace the contents of the regular file ``root/rel`` (its folder must
+    exist), never following a link: a link or anything but a plain file raises OSError."""
+    fd = open_beneath(Path(root), rel, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    _check_single(fd, rel)
+    with os.fdopen(fd, "wb") as f:
+        f.truncate(0)
+        f.write(data)
+
+
+# What a link, or something else that is not a plain folder or file, in the way gives.
+_LINK_ERRNOS = (None, errno.ELOOP, errno.ENOTDIR, errno.EMLINK, errno.EINVAL, errno.ENXIO)
+
+
+def refusal(e: OSError, rel: str, what: str, then: str = "") -> web.HTTPError:
+    """The answer when ``rel`` cannot be read or written: 409 for what the user put in the
+    way (a link, a file where a folder belongs, no permission), 500 for the rest."""
+    if e.errno in _LINK_ERRNOS:
+        why = "it, or a folder on its way, is a link or not a plain file or folder"
+        why += "; gpuslice does not follow links"
+    else:
+        why = e.strerror or str(e)
+    status = 500
+    if e.errno in _LINK_ERRNOS or e.errno in (errno.EACCES, errno.EPERM, errno.EISDIR):
+        status = 409
+    return web.HTTPError(status, f"cannot {what} {rel!r}: {why}{then}")
 
 
 async def sync_outputs(service: Service, root: str, job: dict[str, Any]) -> bool:
-    """Copy a finished job's outputs into its folder once; True when copied now."""
+    """Copy a finished job's outputs into its folder once; True when copied now.
+
+    Nothing is written through a link: when the job folder (or ``gpu-jobs``) is a link or
+    not a folder, nothing is copied; a file whose name is taken by a link is skipped."""
     if job.get("state") not in TERMINAL:
         return False
-    folder = job_folder(root, job)
-    marker = folder / ".gpuslice-job.json"
+    root_real = Path(root).resolve()
+    folder = job_folder_rel(job)
+    marker = f"{folder}/.gpuslice-job.json"
     with contextlib.suppress(OSError, ValueError):
-        if json.loads(marker.read_text()).get("state") == job["state"]:
+        done = json.loads(read_beneath(root_real, marker, MAX_MARKER_BYTES))
+        if isinstance(done, dict) and done.get("state") == job["state"]:
             return False
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        ensure_dir_beneath(root_real, folder)
+    except OSError as e:
+        log.warning("gpuslice: not copying the outputs of job %s into %s: %s", job["id"], folder, e)
+        return False
+
+    def write(name: str, data: bytes) -> None:
+        try:
+            write_beneath(root_real, f"{folder}/{name}", data)
+        except OSError as e:
+            log.warning("gpuslice: not writing %s/%s: %s", folder, name, e)
+
     for fmt, name in (("ipynb", "output.ipynb"), ("html", "output.html")):
         try:
             data = await service.call("GET", f"api/jobs/{job['id']}/output?format={fmt}", raw=True)
@@ -154,10 +304,10 @@ async def sync_outputs(service: Service, root: str, job: dict[str, Any]) -> bool
             if e.status_code != 404:
                 raise
             continue
-        (folder / name).write_bytes(data)
-    log = await service.call("GET", f"api/jobs/{job['id']}/log")
-    (folder / "job.log").write_text(log.get("log", ""))
-    marker.write_text(json.dumps({"id": job["id"], "state": job["state"]}))
+        write(name, data)
+    reply = await service.call("GET", f"api/jobs/{job['id']}/log")
+    write("job.log", str(reply.get("log", "")).encode("utf-8", "replace"))
+    write(".gpuslice-job.json", json.dumps({"id": job["id"], "state": job["state"]}).encode())
     return True
 
 
@@ -236,19 +386,39 @@ class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
         try:
             return parse_json_object(self.request.body, SUBMIT_FIELDS)
         except BodyError as e:
-            raise web.HTTPError(400, str(e)) from e
+            raise web.HTTPError(e.status, str(e)) from e
 
-    async def submit(self, body: dict[str, Any], source: Path, rel: str) -> dict[str, Any]:
+    async def submit(self, body: dict[str, Any], source: str, rel: str) -> dict[str, Any]:
+        """Submit the notebook at ``source`` (relative to the root, read without following a
+        link) as ``rel``, and keep a copy of it in the new job's folder."""
+        root = Path(self.root).resolve()
         try:
-            notebook = json.loads(source.read_text())
-        except (OSError, ValueError) as e:
-            raise web.HTTPError(400, f"{rel!r} is not a readable notebook: {e}") from None
+            # a notebook the user picked may have other names; a snapshot in gpu-jobs may not
+            single = PurePosixPath(source).parts[0] == JOBS_FOLDER
+            notebook = json.loads(read_beneath(root, source, single=single))
+        except FileNotFoundError:
+            raise web.HTTPError(404, f"no notebook at {source!r}") from None
+        except OSError as e:
+            raise refusal(e, source, "read") from None
+        except (ValueError, RecursionError) as e:
+            raise web.HTTPError(400, f"{source!r} is not a readable notebook: {e}") from None
+        try:
+            check_dir_beneath(root, JOBS_FOLDER)
+        except OSError as e:
+            raise refusal(e, JOBS_FOLDER, "use") from None
         job = await self.service.call(
             "POST", "api/jobs", {**body, "path": rel, "notebook": notebook}
         )
-        folder = job_folder(self.root, job)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / source.name).write_text(json.dumps(notebook, indent=1))
+        folder = job_folder_rel(job)
+        snapshot = f"{folder}/{PurePosixPath(source).name}"
+        try:
+            ensure_dir_beneath(root, folder)
+            write_beneath(root, snapshot, json.dumps(notebook, indent=1).encode())
+        except OSError as e:
+            # The job must not run with no folder to land in: take it back, say why.
+            with contextlib.suppress(web.HTTPError):
+                await self.service.call("DELETE", f"api/jobs/{int(job['id'])}")
+            raise refusal(e, snapshot, "write", f" (job {job['id']} was cancelled)") from None
         self.watcher()
         return job  # type: ignore[no-any-return]
 
@@ -268,16 +438,18 @@ class JobsHandler(JobsProxyHandler):
     async def post(self) -> None:
         body = self.body()
         source = resolve_notebook(self.root, body.get("path"))
+        check_submit_types(body)
         rel = source.relative_to(Path(self.root).resolve()).as_posix()
+        job = await self.submit(body, rel, rel)
         self.set_status(201)
-        self.finish(json.dumps(await self.submit(body, source, rel)))
+        self.finish(json.dumps(job))
 
 
 class JobHandler(JobsProxyHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        job = await self.service.call("GET", f"api/jobs/{job_id}")
+        job = await self.service.call("GET", f"api/jobs/{job_id_of(job_id)}")
         if await sync_outputs(self.service, self.root, job):
             self.watcher().emit(job)
         self.finish(json.dumps(job))
@@ -285,14 +457,16 @@ class JobHandler(JobsProxyHandler):
     @web.authenticated
     @authorized
     async def delete(self, job_id: str) -> None:
-        self.finish(json.dumps(await self.service.call("DELETE", f"api/jobs/{job_id}")))
+        job = await self.service.call("DELETE", f"api/jobs/{job_id_of(job_id)}")
+        self.finish(json.dumps(job))
 
 
 class JobLogHandler(JobsProxyHandler):
     @web.authenticated
     @authorized
     async def get(self, job_id: str) -> None:
-        self.finish(json.dumps(await self.service.call("GET", f"api/jobs/{job_id}/log")))
+        reply = await self.service.call("GET", f"api/jobs/{job_id_of(job_id)}/log")
+        self.finish(json.dumps(reply))
 
 
 class ResubmitHandler(JobsProxyHandler):
@@ -301,11 +475,20 @@ class ResubmitHandler(JobsProxyHandler):
     @web.authenticated
     @authorized
     async def post(self, job_id: str) -> None:
-        old = await self.service.call("GET", f"api/jobs/{job_id}")
-        folder = job_folder(self.root, old)
-        snapshot = folder / PurePosixPath(old.get("path") or "notebook.ipynb").name
-        if not snapshot.is_file():
-            raise web.HTTPError(404, f"the notebook snapshot of job {job_id} is gone")
+        number = job_id_of(job_id)
+        old = await self.service.call("GET", f"api/jobs/{number}")
+        path = old.get("path") or "notebook.ipynb"
+        if not isinstance(path, str):
+            raise web.HTTPError(502, f"the service gave an unexpected notebook path {path!r}")
+        snapshot = f"{job_folder_rel(old)}/{PurePosixPath(path).name}"
+        root = Path(self.root).resolve()
+        try:
+            # only to tell a missing snapshot (404) from one in the way: submit reads it
+            os.close(open_beneath(root, snapshot, os.O_RDONLY | os.O_NONBLOCK))
+        except FileNotFoundError:
+            raise web.HTTPError(404, f"the notebook snapshot of job {number} is gone") from None
+        except OSError:
+            pass  # submit refuses it (409), naming the path
         body = {
             k: old[k]
             for k in (
@@ -319,8 +502,9 @@ class ResubmitHandler(JobsProxyHandler):
             )
             if k in old
         }
+        job = await self.submit(body, snapshot, old.get("path") or "")
         self.set_status(201)
-        self.finish(json.dumps(await self.submit(body, snapshot, old.get("path") or "")))
+        self.finish(json.dumps(job))
 
 
 class ProfilesHandler(JobsProxyHandler):

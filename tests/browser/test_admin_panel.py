@@ -59,8 +59,8 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         ),
     )
     admin, ann, bob = hub.add_user("admin"), hub.add_user("ann"), hub.add_user("bob", ("physics",))
-    held = hub.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
-    hub.api("POST", "/api/allocations", bob, json={"profile": "mig-3g.40gb"})
+    held = hub.allocate("ann", "share-250").json()
+    hub.allocate("bob", "mig-3g.40gb")
     r = hub.api(
         "POST",
         f"/api/allocations/{held['id']}/usage",
@@ -162,9 +162,7 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
             "changed"
         ).wait_for()
         assert not form.locator(".gs-error").is_visible()  # the earlier refusal is cleared
-        r = hub.api(
-            "POST", "/api/allocations", ann, json={"profile": "share-250", "server_name": "x"}
-        )
+        r = hub.allocate("ann", "share-250", "x")
         assert r.status_code == 429, r.text
 
         # Exempt bob from idle culling.

@@ -311,9 +311,12 @@ def test_release_button_and_the_services_checks(idle_hub):
     [alloc] = active_allocations(hub, "fay")
     stranger = hub.add_user("gus")
     reclaim = f"/api/allocations/{alloc['id']}/reclaim"
-    # Only the owner (or an admin) may reclaim a slice or read its policy.
-    r = hub.api("POST", reclaim, stranger, json={"reason": "mine now"})
-    assert r.status_code == 403 and "gus may not" in r.json()["message"]
+    # Only the holder may reclaim a slice (not another user, not an admin, not the service
+    # token); only the owner or an admin may read its policy.
+    admin = hub.add_user("admin")
+    for token in (stranger, admin, hub.service_token):
+        r = hub.api("POST", reclaim, token, json={"reason": "mine now", "idle_seconds": 1e6})
+        assert r.status_code == 403 and "only the holder" in r.json()["message"], r.text
     r = hub.api("GET", f"/api/idle-policy?allocation_id={alloc['id']}", stranger)
     assert r.status_code == 403
     assert hub.api("POST", "/api/allocations/99999/reclaim", fay.token, json={}).status_code == 404
@@ -332,5 +335,5 @@ def test_release_button_and_the_services_checks(idle_hub):
     r = hub.api("GET", "/api/events?user=fay", hub.service_token)
     kinds = [e["kind"] for e in r.json()["events"]]
     assert "release-requested" in kinds and "idle-culled" not in kinds
-    r = hub.api("POST", reclaim, hub.service_token, json={"reason": "again"})
+    r = hub.api("POST", reclaim, fay.token, json={"reason": "again"})
     assert r.status_code == 409

@@ -225,6 +225,7 @@ configure_jupyterhub(
     config_file=cfg["workdir"] + "/gpuslice_config.py",
     url="http://127.0.0.1:%d" % cfg["service_port"],
     admin_users=cfg["admin_users"],
+    metrics_services=["prom"],
     spawner=cfg["spawner"],
     api_token=cfg["service_token"],
     environment={{"PYTHONUNBUFFERED": "1"}},
@@ -234,8 +235,10 @@ c.JupyterHub.load_roles = c.JupyterHub.load_roles + [
       "list:users", "read:users", "access:servers", "access:services", "admin:server_state"],
       "services": ["tester"]}},
 ]
-c.JupyterHub.services = c.JupyterHub.services + [
-    {{"name": "tester", "api_token": cfg["admin_token"]}}
+# Assigned after configure_jupyterhub: its service and roles must survive (they are merged).
+c.JupyterHub.services = [
+    {{"name": "tester", "api_token": cfg["admin_token"]}},
+    {{"name": "prom", "api_token": cfg["metrics_token"]}},
 ]
 if cfg["spawner"]:
     c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
@@ -301,6 +304,7 @@ def start_hub(
         "admin_users": list(admin_users),
         "admin_token": secrets.token_hex(16),
         "service_token": secrets.token_hex(16),
+        "metrics_token": secrets.token_hex(16),
         "reconcile_interval": reconcile_interval,
         "reconcile_grace": reconcile_grace,
         "extra_hub_config": extra_hub_config,

@@ -30,10 +30,8 @@ def clean(shared_hub):
         shared_hub.api("DELETE", f"/api/admin/quotas/{path}", admin)
 
 
-def allocate(hub, token, server):
-    return hub.api(
-        "POST", "/api/allocations", token, json={"profile": "share-250", "server_name": server}
-    )
+def allocate(hub, user, server):
+    return hub.allocate(user, "share-250", server)
 
 
 def test_admin_endpoints_need_the_admin_scope(clean):
@@ -55,7 +53,7 @@ def test_admin_endpoints_need_the_admin_scope(clean):
 
 def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_config(clean):
     ann, admin = clean.add_user("ann"), clean.add_user("admin")
-    assert allocate(clean, ann, "a").status_code == 201
+    assert allocate(clean, "ann", "a").status_code == 201
     # bad input is refused naming the field, and changes nothing
     for body, needle in [
         ({"max_slices": -1, "reason": "x"}, "max_slices"),
@@ -86,7 +84,7 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
     )
     assert r.status_code == 200, r.text
     assert r.json()["set_by"] == "admin" and r.json()["max_slices"] == 1
-    refused = allocate(clean, ann, "b")
+    refused = allocate(clean, "ann", "b")
     assert refused.status_code == 429 and "1 of 1 slices" in refused.json()["message"]
     quotas = clean.api("GET", "/api/admin/quotas", admin).json()
     assert quotas["config"]["users"] == {}
@@ -95,7 +93,7 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
 
     r = clean.api("DELETE", "/api/admin/quotas/user/ann", admin, json={"reason": "back to normal"})
     assert r.status_code == 204
-    assert allocate(clean, ann, "b").status_code == 201  # the default quota of 4 again
+    assert allocate(clean, "ann", "b").status_code == 201  # the default quota of 4 again
     assert clean.api("DELETE", "/api/admin/quotas/user/ann", admin).status_code == 404
 
     # the default user quota and a group's quota (which keeps its configured borrow_from)
@@ -103,7 +101,7 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
         "PUT", "/api/admin/quotas/default_user", admin, json={"max_slices": 2, "reason": "crunch"}
     )
     assert r.status_code == 200, r.text
-    assert allocate(clean, ann, "c").status_code == 429
+    assert allocate(clean, "ann", "c").status_code == 429
     clean.hub_api("POST", "/groups/chemistry")  # on the hub, not in the quotas config
     r = clean.api(
         "PUT", "/api/admin/quotas/group/chemistry", admin, json={"max_milli": 500, "reason": "x"}
@@ -122,7 +120,7 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
 
 def test_an_idle_exemption_reaches_the_policy_servers_fetch_and_can_end(clean):
     ann, admin = clean.add_user("ann"), clean.add_user("admin")
-    held = allocate(clean, ann, "").json()
+    held = allocate(clean, "ann", "").json()
     policy = clean.api("GET", f"/api/idle-policy?allocation_id={held['id']}", ann).json()["policy"]
     assert policy["exempt"] is False
     r = clean.api("PUT", "/api/admin/exemptions/ann", admin, json={"hours": 0, "reason": "x"})
@@ -159,7 +157,7 @@ def test_an_idle_exemption_reaches_the_policy_servers_fetch_and_can_end(clean):
 
 def test_usage_reports_come_from_the_holder_only_and_are_validated(clean):
     ann, bob = clean.add_user("ann"), clean.add_user("bob")
-    held = allocate(clean, ann, "").json()
+    held = allocate(clean, "ann", "").json()
     path = f"/api/allocations/{held['id']}/usage"
     report = {"utilization": 37.5, "memory_mib": 900, "idle_seconds": 0, "interval_seconds": 60}
     assert clean.api("POST", path, bob, json=report).status_code == 403

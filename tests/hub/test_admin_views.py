@@ -31,7 +31,7 @@ def test_admins_read_the_pool_and_its_history_and_users_may_not(hub_factory: Any
         assert r.status_code == 403 and ADMIN_SCOPE in r.json()["message"], r.text
         check(spec, path, "get", r)
 
-    alloc = hub.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"}).json()
+    alloc = hub.allocate("ann", "mig-1g.10gb").json()
     r = hub.api(
         "POST",
         f"/api/allocations/{alloc['id']}/usage",

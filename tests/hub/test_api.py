@@ -39,8 +39,8 @@ def test_no_token_is_403_not_a_redirect(clean):
 
 def test_users_see_and_touch_only_their_own(clean):
     ann, bob = clean.add_user("ann"), clean.add_user("bob")
-    a = clean.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
-    b = clean.api("POST", "/api/allocations", bob, json={"profile": "share-250"}).json()
+    a = clean.allocate("ann", "share-250").json()
+    b = clean.allocate("bob", "share-250").json()
     mine = clean.api("GET", "/api/allocations", ann).json()["allocations"]
     assert [x["id"] for x in mine] == [a["id"]]
     assert clean.api("GET", f"/api/allocations/{b['id']}", ann).status_code == 403
@@ -48,13 +48,19 @@ def test_users_see_and_touch_only_their_own(clean):
     r = clean.api("DELETE", f"/api/allocations/{b['id']}", ann)
     assert r.status_code == 403 and "may not" in r.json()["message"]
     assert clean.api("GET", f"/api/allocations/{b['id']}", bob).json()["state"] == "active"
-    # a user may not allocate for someone else, nor claim groups
-    r = clean.api("POST", "/api/allocations", ann, json={"profile": "share-250", "user": "bob"})
-    assert r.status_code == 403
-    r = clean.api(
-        "POST", "/api/allocations", ann, json={"profile": "mig-3g.40gb", "groups": ["physics"]}
-    )
-    assert r.status_code == 403
+    # a user may not allocate at all (only a spawn holds a slice): not for herself, not for
+    # someone else, not with claimed groups, not as a batch job with a high priority
+    for body in (
+        {"profile": "share-250", "server_name": "mine"},
+        {"profile": "share-250", "user": "bob"},
+        {"profile": "mig-3g.40gb", "groups": ["physics"]},
+        {"profile": "gpu-1", "purpose": "batch", "priority": 1000},
+    ):
+        r = clean.api("POST", "/api/allocations", ann, json=body)
+        assert r.status_code == 403 and "start a server" in r.json()["message"], r.text
+    assert [x["id"] for x in clean.api("GET", "/api/allocations", ann).json()["allocations"]] == [
+        a["id"]
+    ]
     # events: only ann's own
     events = clean.api("GET", "/api/events", ann).json()["events"]
     assert events and {e["user"] for e in events} == {"ann"}
@@ -68,7 +74,7 @@ def test_users_see_and_touch_only_their_own(clean):
 def test_admins_see_everything_and_can_release(clean):
     ann = clean.add_user("ann")
     admin = clean.add_user("admin")
-    a = clean.api("POST", "/api/allocations", ann, json={"profile": "gpu-1"}).json()
+    a = clean.allocate("ann", "gpu-1").json()
     all_allocs = clean.api("GET", "/api/allocations", admin).json()["allocations"]
     assert a["id"] in [x["id"] for x in all_allocs]
     r = clean.api("DELETE", f"/api/allocations/{a['id']}?reason=maintenance", admin)
@@ -88,17 +94,29 @@ def test_admins_see_everything_and_can_release(clean):
         (b'{"profile": "share-250", "priority": "high"}', 400, "'priority'"),
         (b'{"profile": "share-250", "server_name": "a/b"}', 400, "server_name"),
         (b'{"profile": "share-250", "purpose": "mining"}', 400, "purpose"),
+        (b'{"profile": "share-250", "purpose": "batch"}', 400, "purpose"),
+        (b'{"profile": "share-250", "priority": {"a": 1}}', 400, "'priority'"),
+        (b'{"profile": "share-250", "server_name": "\\ud800"}', 400, "not valid Unicode"),
+        (b'{"profile": "share-250", "priority": NaN}', 400, "NaN"),
+        (b'{"profile": "share-250", "priority": 1e400}', 400, "too large"),
+        (b"[" * 50_000 + b"]" * 50_000, 400, "nested deeper"),
+        (b'{"profile": "' + b"x" * (2 << 20) + b'"}', 413, "larger than"),
         (b'{"profile": "h100-everything"}', 404, "unknown profile"),
         (b'{"profile": "mig-3g.40gb"}', 403, "not allowed"),
     ],
 )
 def test_bad_requests_are_refused_and_write_nothing(clean, body, status, needle):
     ann = clean.add_user("ann")
-    r = clean.api("POST", "/api/allocations", ann, data=body)
-    assert r.status_code == status, r.text
+    if body == b"{}":
+        body = b'{"user": "ann"}'
+    elif body.startswith(b"{"):
+        body = body[:-1] + b', "user": "ann"}'
+    r = clean.api("POST", "/api/allocations", clean.service_token, data=body)
+    assert r.status_code == status, r.text[:500]
     assert needle in r.json()["message"]
     assert clean.api("GET", "/api/allocations", ann).json()["allocations"] == []
     assert clean.api("GET", "/api/allocations/123456", ann).status_code == 404
+    assert clean.api("GET", "/api/allocations/99999999999999999999999", ann).status_code == 404
     assert clean.api("GET", "/api/allocations?limit=zero", ann).status_code == 400
 
 
@@ -112,35 +130,40 @@ def test_spawner_token_allocates_for_a_user_with_groups(clean):
     # the same request again (a retried spawn) returns the same allocation
     r2 = clean.api("POST", "/api/allocations", clean.service_token, json=body)
     assert r2.status_code == 200 and r2.json()["id"] == alloc["id"]
-    # an admin without the spawner's trust: groups are looked up on the hub, not taken
-    admin = clean.add_user("admin")
-    r = clean.api("POST", "/api/allocations", admin, json={**body, "server_name": "x"})
-    assert r.status_code == 403
-    r = clean.api("POST", "/api/allocations", admin, json={"profile": "share-250", "user": "pia"})
+    # groups the spawner does not state are looked up on the hub, not taken
+    r = clean.allocate("pia", "share-250", "other")
     assert r.status_code == 201 and r.json()["groups"] == ["physics"]
-    r = clean.api("POST", "/api/allocations", admin, json={"profile": "share-250", "user": "ghost"})
-    assert r.status_code == 404
+    assert clean.allocate("ghost", "share-250").status_code == 404
+    # an admin is not the spawner: no allocations through the API either
+    admin = clean.add_user("admin")
+    r = clean.api("POST", "/api/allocations", admin, json={"profile": "share-250", "user": "pia"})
+    assert r.status_code == 403
 
 
 def test_profiles_report_live_availability(clean):
     ann = clean.add_user("ann")
     before = {p["name"]: p for p in clean.api("GET", "/api/profiles", ann).json()["profiles"]}
     assert before["mig-1g.10gb"]["free"] == before["mig-1g.10gb"]["total"] == 2
-    clean.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"})
+    clean.allocate("ann", "mig-1g.10gb")
     after = {p["name"]: p for p in clean.api("GET", "/api/profiles", ann).json()["profiles"]}
     assert after["mig-1g.10gb"]["free"] == 1
     assert after["mig-3g.40gb"]["available"] is False
     assert after["mig-3g.40gb"]["reason"] == "not allowed for your groups"
 
 
-def test_metrics_need_the_admin_scope_and_count_allocations(clean):
+def test_metrics_need_the_metrics_or_admin_scope_and_count_allocations(clean):
     ann = clean.add_user("ann")
     admin = clean.add_user("admin")
     refusals = 'gpuslice_refusals_total{code="forbidden_profile",profile="mig-3g.40gb"}'
     before = metric(clean.api("GET", "/metrics", admin).text, refusals)
-    clean.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"})
-    clean.api("POST", "/api/allocations", ann, json={"profile": "mig-3g.40gb", "server_name": "x"})
+    clean.allocate("ann", "mig-1g.10gb")
+    clean.allocate("ann", "mig-3g.40gb", "x")
     assert clean.api("GET", "/metrics", ann).status_code == 403
+    # the read-only scope a Prometheus service gets: metrics, and none of the admin API
+    prom = clean.config["metrics_token"]
+    assert clean.api("GET", "/metrics", prom).status_code == 200
+    assert clean.api("GET", "/api/admin/quotas", prom).status_code == 403
+    assert clean.api("GET", "/api/allocations?user=ann", prom).status_code in (400, 403)
     r = clean.api("GET", "/metrics", admin)
     assert r.status_code == 200
     text = r.text
@@ -176,7 +199,7 @@ def metric(text: str, series: str) -> float:
 def test_admin_drains_a_gpu_and_it_takes_no_new_slices(clean):
     ann = clean.add_user("ann")
     admin = clean.add_user("admin")
-    held = clean.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
+    held = clean.allocate("ann", "share-250").json()
     gpu = held["assignments"][0]["gpu_uuid"]
     assert clean.api("POST", f"/api/gpus/{gpu}/drain", ann, json={}).status_code == 403
     assert clean.api("POST", "/api/gpus/GPU-nope/drain", admin, json={}).status_code == 404
@@ -185,9 +208,7 @@ def test_admin_drains_a_gpu_and_it_takes_no_new_slices(clean):
     # the holder keeps its slice; new shares go elsewhere, and whole GPUs drop to one
     assert clean.api("GET", f"/api/allocations/{held['id']}", ann).json()["state"] == "active"
     for i in range(4):
-        r = clean.api(
-            "POST", "/api/allocations", ann, json={"profile": "share-250", "server_name": f"d{i}"}
-        )
+        r = clean.allocate("ann", "share-250", f"d{i}")
         if r.status_code == 201:
             assert r.json()["assignments"][0]["gpu_uuid"] != gpu
     profiles = {p["name"]: p for p in clean.api("GET", "/api/profiles", admin).json()["profiles"]}

@@ -50,8 +50,9 @@ def test_fifty_concurrent_requesters_never_share_a_slice(hub_factory, service_db
         for k in range(3):
             r = session.post(
                 f"{hub.url}/services/gpuslice/api/allocations",
-                headers={"Authorization": f"token {tokens[users[i]]}"},
-                json={"profile": profiles[(i + k) % 3], "server_name": f"s{k}"},
+                # the way the hub's spawner asks, for each user
+                headers={"Authorization": f"token {hub.service_token}"},
+                json={"user": users[i], "profile": profiles[(i + k) % 3], "server_name": f"s{k}"},
                 timeout=120,
             )
             out.append((r.status_code, r.json()))
@@ -76,9 +77,7 @@ def test_sigkilled_service_restarts_with_the_same_allocations(hub_factory, servi
     ann = hub.add_user("ann")
     held = []
     for profile, server in [("mig-1g.10gb", "a"), ("share-250", "b"), ("gpu-1", "c")]:
-        r = hub.api(
-            "POST", "/api/allocations", ann, json={"profile": profile, "server_name": server}
-        )
+        r = hub.allocate("ann", profile, server)
         assert r.status_code == 201
         held.append(r.json())
     pid = hub.service_pid()
@@ -92,17 +91,17 @@ def test_sigkilled_service_restarts_with_the_same_allocations(hub_factory, servi
     )
     # and it keeps handing out only what is free: the share's GPU has room for more shares,
     # but no GPU is whole any more
-    r = hub.api("POST", "/api/allocations", ann, json={"profile": "share-250", "server_name": "d"})
+    r = hub.allocate("ann", "share-250", "d")
     assert r.status_code == 201
     assert r.json()["assignments"][0]["gpu_uuid"] == held[1]["assignments"][0]["gpu_uuid"]
-    r = hub.api("POST", "/api/allocations", ann, json={"profile": "gpu-1", "server_name": "e"})
+    r = hub.allocate("ann", "gpu-1", "e")
     assert r.status_code == 409
 
 
 def test_reconciler_releases_allocations_of_servers_that_do_not_exist(hub_factory):
     hub = hub_factory(reconcile_interval=0.5, reconcile_grace=1)
     ann = hub.add_user("ann")
-    a = hub.api("POST", "/api/allocations", ann, json={"profile": "share-250"}).json()
+    a = hub.allocate("ann", "share-250").json()
     # ann has no server at all: once past the grace period the slice goes back
     wait_for(
         lambda: hub.api("GET", f"/api/allocations/{a['id']}", ann).json()["state"] == "released",

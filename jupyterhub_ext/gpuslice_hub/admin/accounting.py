@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -13,19 +14,23 @@ from ..ledger import Ledger
 from .sqltime import epoch
 from .times import utc
 
+# One cull frees at most a node's GPUs for the life of an allocation: 8 GPUs x 10 years.
+MAX_RECLAIMED_HOURS = 8 * 24 * 366 * 10
 WEEK = timedelta(days=7)
 MONTH = timedelta(days=30)
 NO_GROUP = "(no group)"
 ALLOCATIONS = cast(Table, AllocationRow.__table__)
 
 
-def _gained(detail: Any) -> float:
+def reclaimed_hours(detail: Any) -> float:
+    """The GPU-hours an ``idle-culled`` event records, as the service wrote it; anything
+    else stored there (a record from before the service computed it) counts as 0."""
     if not isinstance(detail, dict):
         return 0.0
-    try:
-        return max(float(detail.get("reclaimed_gpu_hours") or 0.0), 0.0)
-    except (TypeError, ValueError):
+    value = detail.get("reclaimed_gpu_hours")
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
+    return float(value) if math.isfinite(value) and 0 <= value <= MAX_RECLAIMED_HOURS else 0.0
 
 
 def reclaimed(ledger: Ledger, now: datetime) -> dict[str, float]:
@@ -36,7 +41,7 @@ def reclaimed(ledger: Ledger, now: datetime) -> dict[str, float]:
             select(EventRow.ts, EventRow.detail).where(EventRow.kind == "idle-culled")
         ).all()
     for ts, detail in rows:
-        gained = _gained(detail)
+        gained = reclaimed_hours(detail)
         age = now - utc(ts)
         total += gained
         month += gained if age <= MONTH else 0.0
@@ -102,9 +107,8 @@ def group_usage(ledger: Ledger, now: datetime) -> list[dict[str, Any]]:
         )
         entry["allocations_30d"] += 1
     for c in culls:
-        out[group_by_alloc.get(c.allocation_id, NO_GROUP)]["reclaimed_gpu_hours_30d"] += _gained(
-            c.detail
-        )
+        group = group_by_alloc.get(c.allocation_id, NO_GROUP)
+        out[group]["reclaimed_gpu_hours_30d"] += reclaimed_hours(c.detail)
     rows = [
         {"group": name, **{k: round(v, 6) if isinstance(v, float) else v for k, v in e.items()}}
         for name, e in out.items()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,10 +74,26 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             f"(as for LocalProcessSpawner), use job_backend = 'slurm', or set "
             f"c.{AS_SERVICE} = True on a single-user or demo hub",
         )
-    closed = [p for p in manager.root.parents if not stat.S_IMODE(p.stat().st_mode) & 0o001]
+    closed = _closed(manager.root.parents)
     if closed:
         raise ConfigError(
             "jobs_root",
-            f"{closed[0]} is not searchable by other users (o+x), so a job running as its "
+            f"{closed} is not searchable by other users (o+x), so a job running as its "
             f"owner could not reach its folder in {manager.root}",
         )
+    python = Path(manager.python).resolve()
+    closed = _closed([*python.parents]) if app.job_backend == "local" else None
+    if closed:
+        raise ConfigError(
+            "JobManager.runner_python",
+            f"{closed} is not searchable by other users (o+x), so a job running as its "
+            f"owner could not start {python}: install gpuslice where users can run it",
+        )
+
+
+def _closed(folders: Iterable[Path]) -> Path | None:
+    """The first of ``folders`` that other users cannot search, if any."""
+    for folder in folders:
+        if not stat.S_IMODE(folder.stat().st_mode) & 0o001:
+            return folder
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -30,7 +31,18 @@ class GPUSliceHandler(ExtensionHandlerMixin, APIHandler):
         try:
             return parse_json_object(self.request.body, allowed)
         except BodyError as e:
-            raise web.HTTPError(400, str(e)) from e
+            raise web.HTTPError(e.status, str(e)) from e
+
+
+def positive_seconds(value: Any) -> float:
+    """``value`` as a positive number of seconds, else 400 (an integer of hundreds of
+    digits is valid JSON but no float: it is refused here, not left to fail later)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            seconds = float(value)
+            if seconds > 0:
+                return seconds
+    raise web.HTTPError(400, "field 'seconds' must be a positive number of seconds")
 
 
 class StatusHandler(GPUSliceHandler):
@@ -55,10 +67,8 @@ class KeepAliveHandler(GPUSliceHandler):
         ):
             raise web.HTTPError(404, f"no kernel {kernel_id!r} in this server")
         seconds = data.get("seconds")
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
-        ):
-            raise web.HTTPError(400, "field 'seconds' must be a positive number of seconds")
+        if seconds is not None:
+            seconds = positive_seconds(seconds)
         try:
             reply = await self.monitor.keepalive(kernel_id, seconds)
         except ExtensionRefused as e:
