@@ -45,7 +45,8 @@ def find_silent(
     report, or none since it was made) for longer than its idle timeout plus ``grace``."""
     with ledger.db.reading() as s:
         active = [a for a in load_active(s) if a.purpose == "interactive"]
-        reported = dict(s.execute(select(UsageReportRow.allocation_id, UsageReportRow.reported_at)))
+        rows = s.execute(select(UsageReportRow.allocation_id, UsageReportRow.reported_at))
+        reported = {alloc_id: at for alloc_id, at in rows}
     out = []
     for a in active:
         policy = policy_for(a)

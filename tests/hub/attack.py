@@ -47,9 +47,7 @@ def error_problems(status: int, content: bytes) -> list[str]:
     return []
 
 
-def leaks(
-    data: Any, users: set[str], alloc_ids: set[int], job_ids: set[int]
-) -> Iterator[str]:
+def leaks(data: Any, users: set[str], alloc_ids: set[int], job_ids: set[int]) -> Iterator[str]:
     """Every place in a decoded JSON response that names one of ``users`` or refers to one of
     their allocations or jobs."""
     stack = [data]

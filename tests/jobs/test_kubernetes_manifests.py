@@ -40,6 +40,7 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
         grace_seconds=90,
         max_runtime_seconds=3600,
         env={"GPUSLICE_JOB_ID": "12"},
+        run_as=(1001, 1001, (1001, 2000)),
     )
     validate(job)
     pod = job["spec"]["template"]["spec"]
@@ -54,6 +55,12 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
     assert rules[2]["action"] == "FailJob" and rules[2]["onExitCodes"]["values"] == [1]
     assert job["metadata"]["labels"]["gpuslice.dev/user"] == "alice-example.org"
     assert job["spec"]["activeDeadlineSeconds"] == 3600
+    # it runs as its owner, unprivileged, with no service-account token
+    assert pod["securityContext"]["runAsUser"] == 1001
+    assert pod["securityContext"]["supplementalGroups"] == [1001, 2000]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
 
 
 def test_priority_classes_only_non_preemptible_ones_preempt():

@@ -111,21 +111,25 @@ def test_a_running_service_answers_as_documented(spec: dict[str, Any], hub_facto
         spec,
         "/api/allocations",
         "post",
-        hub.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"}),
+        hub.allocate("ann", "mig-1g.10gb"),
     )
     assert created["state"] == "active" and created["idle_timeout"] == 600
     alloc = f"/api/allocations/{created['id']}"
-    again = hub.api("POST", "/api/allocations", ann, json={"profile": "mig-1g.10gb"})
+    again = hub.allocate("ann", "mig-1g.10gb")
     assert again.status_code == 200
     check(spec, "/api/allocations", "post", again)
     for body, status in (
         ({"profile": "mig-3g.40gb", "server_name": "b"}, 403),
         ({"profile": "nope", "server_name": "b"}, 404),
         ({"profile": "gpu-1", "colour": "red"}, 400),
+        ({"profile": "gpu-1", "server_name": "c", "reason": "x" * (2 << 20)}, 413),
     ):
-        r = hub.api("POST", "/api/allocations", ann, json=body)
-        assert r.status_code == status, r.text
+        r = hub.api("POST", "/api/allocations", hub.service_token, json={**body, "user": "ann"})
+        assert r.status_code == status, r.text[:300]
         check(spec, "/api/allocations", "post", r)
+    r = hub.api("POST", "/api/allocations", ann, json={"profile": "gpu-1"})
+    assert r.status_code == 403  # users do not allocate through the API
+    check(spec, "/api/allocations", "post", r)
 
     listed = check(spec, "/api/allocations", "get", hub.api("GET", "/api/allocations", ann))
     assert [a["id"] for a in listed["allocations"]] == [created["id"]]
@@ -133,7 +137,13 @@ def test_a_running_service_answers_as_documented(spec: dict[str, Any], hub_facto
     check(spec, "/api/profiles", "get", hub.api("GET", "/api/profiles", ann))
     inventory = check(spec, "/api/inventory", "get", hub.api("GET", "/api/inventory", ann))
     assert inventory["hosts"][0]["gpus"]
-    r = hub.api("POST", "/api/events", ann, json={"kind": "idle-warning", "reason": "idle 10 min"})
+    warning = {"kind": "idle-warning", "reason": "idle 10 min"}
+    r = hub.api("POST", "/api/events", ann, json=warning)
+    assert r.status_code == 400  # about which allocation?
+    check(spec, "/api/events", "post", r)
+    detail = {"allocation_id": created["id"], "idle_seconds": 600}
+    r = hub.api("POST", "/api/events", ann, json={**warning, "detail": detail})
+    assert r.status_code == 201, r.text
     check(spec, "/api/events", "post", r)
     events = check(spec, "/api/events", "get", hub.api("GET", "/api/events", ann))
     assert {e["kind"] for e in events["events"]} >= {"allocated", "idle-warning"}

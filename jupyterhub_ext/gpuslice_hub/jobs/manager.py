@@ -240,7 +240,7 @@ class JobManager(LoggingConfigurable):
                 f"unknown profile {profile!r}; known: {sorted(self.ledger.profiles)}",
             )
         priority = body.get("priority", "preemptible")
-        if priority not in PRIORITY_CLASSES:
+        if not isinstance(priority, str) or priority not in PRIORITY_CLASSES:
             raise RequestError(400, f"field 'priority' must be one of {list(PRIORITY_CLASSES)}")
         slices = body.get("slices", 1)
         if not _int_in(slices, 1, self.max_slices_per_job):

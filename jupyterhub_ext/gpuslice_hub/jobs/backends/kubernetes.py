@@ -43,8 +43,16 @@ def job_manifest(
     max_runtime_seconds: int = 0,
     namespace: str = "default",
     env: dict[str, str] | None = None,
+    run_as: tuple[int, int, tuple[int, ...]] | None = None,
 ) -> dict[str, Any]:
+    """``run_as``: the owner's (uid, gid, supplementary gids), as KubeSpawner sets a user's
+    pod; the runner then runs as its owner, without privileges. Required unless the site
+    runs jobs as the service's account."""
     job_dir = f"/gpuslice-jobs/{job_id}"
+    security: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as is not None:
+        uid, gid, groups = run_as
+        security.update(runAsUser=uid, runAsGroup=gid, supplementalGroups=sorted(set(groups)))
     spec: dict[str, Any] = {
         "backoffLimit": max_restarts,
         "podFailurePolicy": {
@@ -72,6 +80,9 @@ def job_manifest(
                 "restartPolicy": "Never",
                 "priorityClassName": PRIORITY_CLASS_NAMES[priority],
                 "terminationGracePeriodSeconds": grace_seconds,
+                "securityContext": security,
+                # a job gets no token: nothing of the cluster's API either
+                "automountServiceAccountToken": False,
                 "containers": [
                     {
                         "name": "runner",
@@ -81,6 +92,10 @@ def job_manifest(
                         "env": [{"name": k, "value": v} for k, v in sorted((env or {}).items())],
                         "resources": {"limits": dict(limits)},
                         "volumeMounts": [{"name": "jobs", "mountPath": "/gpuslice-jobs"}],
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
                     }
                 ],
                 "volumes": [{"name": "jobs", "persistentVolumeClaim": {"claimName": claim_name}}],

@@ -1,0 +1,751 @@
+"""Every documented operation, attacked: an authorization matrix built from docs/openapi.yaml,
+hostile bodies and path ids for every write, and the admin read side still healthy afterwards.
+
+One hub serves the whole module. Each operation is called as six identities -- anonymous (no
+token: also what a running batch job has, its environment holds no token), the owner "ann",
+ann's server token, another user "bob", the gpuslice admin "admin", and the service's own token
+(the hub-side spawner's) -- and each outcome is checked against ``TABLE``, which must name every
+operation of the spec. Refused writes must write nothing (the ledger, events, quotas,
+exemptions, jobs, drains and usage reports are read as admin before and after); no response
+to a user may carry another user's data; bad input is a 4xx with a JSON message, never a 5xx.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from gpuslice_hub.app import GPUSliceService
+from tests.harness.hub import SIM_PROFILES, Hub
+from tests.hub.attack import (
+    big_body,
+    body_schema,
+    deep_array,
+    error_problems,
+    leaks,
+    many_keys,
+    names_in_text,
+    strict_json,
+    with_raw,
+    wrong_types,
+)
+
+pytestmark = pytest.mark.hub
+
+SPEC_PATH = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+SPEC: dict[str, Any] = yaml.safe_load(SPEC_PATH.read_text())
+PREFIX = SPEC["servers"][0]["url"].rstrip("/")
+METHODS = ("get", "post", "put", "patch", "delete")
+OPS: list[tuple[str, str]] = [
+    (m.upper(), p) for p, item in SPEC["paths"].items() for m in item if m in METHODS
+]
+
+# One MIG GPU and six whole ones: room for every slice the matrix takes.
+HOSTS = [
+    {
+        "name": "node-a",
+        "cpu_milli": 64000,
+        "memory_mib": 512000,
+        "gpus": [
+            {
+                "model": "NVIDIA A100-SXM4-80GB",
+                "memory_mib": 81920,
+                "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+            },
+            {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 6},
+        ],
+    }
+]
+
+# -- who may do what ---------------------------------------------------------------------
+
+IDENTITIES = ("anon", "ann", "ann_server", "bob", "admin", "service")
+A = "allowed"  # 2xx (or one of the operation's business 4xx), never 401/403
+D = "denied"  # 403, or 404 as for an id that does not exist
+H = "hidden"  # 404: the resource is not even admitted to exist
+LOGIN = "login"  # a page: redirected to the hub's login
+
+# The service's own token is trusted to allocate for users and to state their groups; it is
+# *not* a gpuslice admin: the admin endpoints, preemption and /metrics need the admin scope
+# (or, for /metrics, the metrics scope), which the service's role does not carry.
+SERVICE_IS_GPUSLICE_ADMIN = False
+
+
+def who(*allowed: str, hidden: tuple[str, ...] = (), anon: str = D) -> dict[str, str]:
+    out = dict.fromkeys(IDENTITIES, D)
+    out["anon"] = anon
+    out.update(dict.fromkeys(allowed, A))
+    out.update(dict.fromkeys(hidden, H))
+    return out
+
+
+SIGNED_IN = who("ann", "ann_server", "bob", "admin", "service")
+PUBLIC = who("ann", "ann_server", "bob", "admin", "service", anon=A)
+PAGE = who("ann", "ann_server", "bob", "admin", "service", anon=LOGIN)
+# Listing, showing, releasing: the owner (any of their tokens) or an admin; the service's
+# token lists and releases for the spawner (and the test harness relies on that).
+OWNER_OR_ADMIN = who("ann", "ann_server", "admin", "service")
+JOB_OWNER_OR_ADMIN = who("ann", "ann_server", "admin", "service", hidden=("bob",))
+# Reports about an allocation: its holder only (the owner or the owner's server), never an
+# admin, another user or the service.
+HOLDER = who("ann", "ann_server")
+ADMIN_SCOPE = who("admin", *(("service",) if SERVICE_IS_GPUSLICE_ADMIN else ()))
+ADMIN_PAGE = {**ADMIN_SCOPE, "anon": LOGIN}
+
+# (method, spec path) -> (who, statuses besides 2xx that an allowed caller may get).
+TABLE: dict[tuple[str, str], tuple[dict[str, str], frozenset[int]]] = {
+    ("GET", "/"): (PAGE, frozenset()),
+    ("GET", "/oauth_callback"): (PUBLIC, frozenset({400})),  # no OAuth code: always 400
+    ("GET", "/api/health"): (PUBLIC, frozenset()),
+    ("GET", "/api/inventory"): (SIGNED_IN, frozenset()),
+    ("GET", "/api/profiles"): (SIGNED_IN, frozenset()),
+    ("GET", "/api/allocations"): (SIGNED_IN, frozenset()),
+    ("POST", "/api/allocations"): (who("service"), frozenset()),
+    ("GET", "/api/allocations/{allocation_id}"): (OWNER_OR_ADMIN, frozenset()),
+    ("DELETE", "/api/allocations/{allocation_id}"): (OWNER_OR_ADMIN, frozenset()),
+    ("POST", "/api/allocations/{allocation_id}/reclaim"): (HOLDER, frozenset()),
+    ("GET", "/api/idle-policy"): (OWNER_OR_ADMIN, frozenset()),  # ?allocation_id=ann's
+    ("GET", "/api/events"): (SIGNED_IN, frozenset()),
+    ("POST", "/api/events"): (HOLDER, frozenset()),
+    ("POST", "/api/gpus/{gpu_uuid}/drain"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/admin"): (ADMIN_PAGE, frozenset()),
+    ("POST", "/api/allocations/{allocation_id}/usage"): (HOLDER, frozenset()),
+    ("GET", "/api/admin/quotas"): (ADMIN_SCOPE, frozenset()),
+    ("PUT", "/api/admin/quotas/{subject}/{name}"): (ADMIN_SCOPE, frozenset()),
+    ("DELETE", "/api/admin/quotas/{subject}/{name}"): (ADMIN_SCOPE, frozenset()),
+    ("PUT", "/api/admin/quotas/default_user"): (ADMIN_SCOPE, frozenset()),
+    ("DELETE", "/api/admin/quotas/default_user"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/exemptions"): (ADMIN_SCOPE, frozenset()),
+    ("PUT", "/api/admin/exemptions/{user}"): (ADMIN_SCOPE, frozenset()),
+    ("DELETE", "/api/admin/exemptions/{user}"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/actions"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/jobs"): (SIGNED_IN, frozenset()),
+    # "user": "ann" in the body: only ann herself may submit ann's job
+    ("POST", "/api/jobs"): (who("ann", "ann_server"), frozenset()),
+    ("GET", "/api/jobs/{job_id}"): (JOB_OWNER_OR_ADMIN, frozenset()),
+    ("DELETE", "/api/jobs/{job_id}"): (JOB_OWNER_OR_ADMIN, frozenset()),
+    ("GET", "/api/jobs/{job_id}/log"): (JOB_OWNER_OR_ADMIN, frozenset()),
+    # a queued job has no output yet: 404 with that reason (not "no job")
+    ("GET", "/api/jobs/{job_id}/output"): (JOB_OWNER_OR_ADMIN, frozenset({404})),
+    # ann's job is queued: an admin's preemption is refused as "not running" (409)
+    ("POST", "/api/jobs/{job_id}/preempt"): (ADMIN_SCOPE, frozenset({409})),
+    ("GET", "/api/admin/overview"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/usage"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/metrics"): (ADMIN_SCOPE, frozenset()),
+}
+
+# Handlers that read an optional {"reason"} body the spec does not document.
+UNDOCUMENTED_BODIES = {
+    ("DELETE", "/api/admin/quotas/default_user"),
+    ("DELETE", "/api/jobs/{job_id}"),
+    ("POST", "/api/jobs/{job_id}/preempt"),
+}
+BODY_OPS = [
+    op
+    for op in OPS
+    if op[0] != "GET"
+    and ("requestBody" in SPEC["paths"][op[1]][op[0].lower()] or op in UNDOCUMENTED_BODIES)
+]
+PATH_OPS = [op for op in OPS if "{" in op[1]]
+
+
+def op_id(op: tuple[str, str]) -> str:
+    return f"{op[0]} {op[1]}"
+
+
+# -- the world the matrix attacks ----------------------------------------------------------
+
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": "c1",
+            "metadata": {},
+            "outputs": [],
+            "source": "x = 1",
+        }
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "language": "python", "display_name": "Py"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+# Eight whole GPUs at once never fit on six: the job stays queued, and costs nothing.
+QUEUED_JOB = {"profile": "gpu-1", "slices": 8, "path": "m.ipynb", "notebook": NOTEBOOK}
+
+
+class NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """A session that never carries one identity's cookies into another's request."""
+
+    def set_ok(self, cookie: Any, request: Any) -> bool:
+        return False
+
+
+@dataclass
+class World:
+    hub: Hub
+    tokens: dict[str, str | None]
+    alloc: int = 0  # ann's live interactive allocation
+    bob_alloc: int = 0
+    job: int = 0  # ann's queued job
+    bob_job: int = 0
+    gpu: str = ""
+    allocs: dict[str, set[int]] = field(default_factory=lambda: {"ann": set(), "bob": set()})
+    jobs: dict[str, set[int]] = field(default_factory=lambda: {"ann": set(), "bob": set()})
+    counter: Any = field(default_factory=itertools.count)
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def send(
+        self,
+        identity: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        raw: bytes | None = None,
+    ) -> requests.Response:
+        headers = {}
+        token = self.tokens[identity]
+        if token:
+            headers["Authorization"] = f"token {token}"
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        return self.session.request(
+            method,
+            f"{self.hub.url}{PREFIX}{path}",
+            data=data,
+            headers=headers,
+            allow_redirects=False,
+            timeout=60,
+        )
+
+    def ok(self, identity: str, method: str, path: str, body: Any = None) -> Any:
+        r = self.send(identity, method, path, body)
+        assert r.status_code < 300, (method, path, r.status_code, r.text)
+        return strict_json(r.content) if r.content else None
+
+    # -- resources -----------------------------------------------------------------------
+
+    def new_alloc(self, user: str = "ann") -> int:
+        body = {"user": user, "profile": "share-250", "server_name": f"m{next(self.counter)}"}
+        alloc = self.ok("service", "POST", "/api/allocations", body)
+        self.allocs[user].add(alloc["id"])
+        return int(alloc["id"])
+
+    def new_job(self, user: str = "ann") -> int:
+        job = self.ok(user, "POST", "/api/jobs", QUEUED_JOB)
+        assert job["state"] == "queued", job
+        self.jobs[user].add(job["id"])
+        return int(job["id"])
+
+    def params(self) -> dict[str, str]:
+        return {
+            "allocation_id": str(self.alloc),
+            "job_id": str(self.job),
+            "gpu_uuid": self.gpu,
+            "subject": "user",
+            "name": "ann",
+            "user": "ann",
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a write could change, read as the gpuslice admin."""
+        allocs = self.ok("admin", "GET", "/api/allocations?state=all&limit=5000")["allocations"]
+        events = self.ok("admin", "GET", "/api/events?limit=5000")["events"]
+        actions = self.ok("admin", "GET", "/api/admin/actions?limit=1000")["actions"]
+        jobs = self.ok("admin", "GET", "/api/jobs?limit=2000")["jobs"]
+        inventory = self.ok("admin", "GET", "/api/inventory")
+        overview = self.ok("admin", "GET", "/api/admin/overview")
+        reports = sorted(
+            (s["holder"]["allocation_id"], s["holder"]["utilization"], s["holder"]["reported_at"])
+            for host in overview["hosts"]
+            for gpu in host["gpus"]
+            for s in gpu["slices"]
+            if s["holder"]
+        )
+        return {
+            "allocations": sorted(
+                (a["id"], a["user"], a["state"], a.get("release_reason")) for a in allocs
+            ),
+            "events": [(e["id"], e["kind"], e.get("user"), e.get("actor")) for e in events],
+            "actions": [a["id"] for a in actions],
+            "quotas": self.ok("admin", "GET", "/api/admin/quotas")["overrides"],
+            "exemptions": self.ok("admin", "GET", "/api/admin/exemptions")["exemptions"],
+            "jobs": sorted((j["id"], j["user"], j["state"]) for j in jobs),
+            "drained": sorted(
+                (g["uuid"], g["drained"]) for h in inventory["hosts"] for g in h["gpus"]
+            ),
+            "usage_reports": reports,
+        }
+
+    def tidy(self) -> None:
+        """Back to the starting state: only the world's allocations and jobs, no overrides,
+        exemptions or drains (each recreated if an operation under test removed it)."""
+        keep = {self.alloc, self.bob_alloc}
+        for a in self.ok("service", "GET", "/api/allocations")["allocations"]:
+            if a["id"] not in keep:
+                self.ok("service", "DELETE", f"/api/allocations/{a['id']}")
+        live = {a["id"] for a in self.ok("service", "GET", "/api/allocations")["allocations"]}
+        if self.alloc not in live:
+            self.alloc = self.new_alloc("ann")
+        if self.bob_alloc not in live:
+            self.bob_alloc = self.new_alloc("bob")
+        for j in self.ok("admin", "GET", "/api/jobs?state=queued,starting,running")["jobs"]:
+            if j["id"] not in (self.job, self.bob_job):
+                self.ok("admin", "DELETE", f"/api/jobs/{j['id']}")
+        states = {j["id"]: j["state"] for j in self.ok("admin", "GET", "/api/jobs")["jobs"]}
+        if states.get(self.job) != "queued":
+            self.job = self.new_job("ann")
+        if states.get(self.bob_job) != "queued":
+            self.bob_job = self.new_job("bob")
+        for o in self.ok("admin", "GET", "/api/admin/quotas")["overrides"]:
+            name = "default_user" if o["subject"] == "default_user" else f"user/{o['name']}"
+            if o["subject"] == "group":
+                name = f"group/{o['name']}"
+            self.ok("admin", "DELETE", f"/api/admin/quotas/{name}")
+        for e in self.ok("admin", "GET", "/api/admin/exemptions")["exemptions"]:
+            self.ok("admin", "DELETE", f"/api/admin/exemptions/{e['user']}")
+        for host in self.ok("admin", "GET", "/api/inventory")["hosts"]:
+            for g in host["gpus"]:
+                if g["drained"]:
+                    body = {"drained": False}
+                    self.ok("admin", "POST", f"/api/gpus/{g['uuid']}/drain", body)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(tmp_path_factory.mktemp("attack-hub"), hosts=HOSTS, profiles=SIM_PROFILES)
+    try:
+        tokens: dict[str, str | None] = {
+            "anon": None,
+            "ann": hub.add_user("ann"),
+            "bob": hub.add_user("bob"),
+            "admin": hub.add_user("admin"),
+            "service": hub.service_token,
+        }
+        # A token with exactly the scopes the gpuslice spawner gives ann's server
+        # (GPUSliceMixin.server_token_scopes): what her server extension calls the service with.
+        r = hub.hub_api(
+            "POST",
+            "/users/ann/tokens",
+            json={
+                "note": "ann's server, as the spawner scopes it",
+                "expires_in": 3600,
+                "scopes": [
+                    "users:activity!user=ann",
+                    "access:servers!server=ann/",
+                    "access:services!service=gpuslice",
+                ],
+            },
+        )
+        assert r.status_code == 201, r.text
+        tokens["ann_server"] = r.json()["token"]
+        w = World(hub, tokens)
+        w.session.cookies.set_policy(NoCookies())
+        w.alloc, w.bob_alloc = w.new_alloc("ann"), w.new_alloc("bob")
+        w.job, w.bob_job = w.new_job("ann"), w.new_job("bob")
+        inventory = w.ok("admin", "GET", "/api/inventory")
+        w.gpu = next(
+            g["uuid"]
+            for g in inventory["hosts"][0]["gpus"]
+            if g["mig_mode"] != "enabled" and not g["holders"]
+        )
+        me = w.ok("ann_server", "GET", "/api/allocations")["allocations"]
+        assert [a["id"] for a in me] == [w.alloc], "ann's server token must reach the service"
+        yield w
+    finally:
+        hub.stop()
+
+
+# -- how each operation is called ----------------------------------------------------------
+
+
+def _quota(w: World) -> None:
+    w.ok("admin", "PUT", "/api/admin/quotas/user/ann", {"max_slices": 50, "reason": "matrix"})
+
+
+def _default_quota(w: World) -> None:
+    w.ok("admin", "PUT", "/api/admin/quotas/default_user", {"max_slices": 50, "reason": "m"})
+
+
+def _exemption(w: World) -> None:
+    w.ok("admin", "PUT", "/api/admin/exemptions/ann", {"reason": "matrix", "hours": 1})
+
+
+def _undrained(w: World) -> None:
+    w.ok("admin", "POST", f"/api/gpus/{w.gpu}/drain", {"drained": False})
+
+
+BODIES: dict[tuple[str, str], Callable[[World], Any]] = {
+    ("POST", "/api/allocations"): lambda w: {
+        "user": "ann",
+        "profile": "share-250",
+        "server_name": f"m{next(w.counter)}",
+    },
+    ("POST", "/api/allocations/{allocation_id}/reclaim"): lambda w: {
+        "reason": "matrix",
+        "idle_seconds": 1,
+    },
+    ("POST", "/api/events"): lambda w: {
+        "kind": "idle-warning",
+        "reason": "matrix",
+        "detail": {"allocation_id": w.alloc, "idle_seconds": 1},
+    },
+    ("POST", "/api/allocations/{allocation_id}/usage"): lambda w: {
+        "utilization": 10,
+        "memory_mib": 1,
+        "idle_seconds": 0,
+        "interval_seconds": 60,
+    },
+    ("POST", "/api/gpus/{gpu_uuid}/drain"): lambda w: {"drained": True, "reason": "matrix"},
+    ("PUT", "/api/admin/quotas/{subject}/{name}"): lambda w: {
+        "max_slices": 40,
+        "max_milli": 4000,
+        "reason": "matrix",
+    },
+    ("DELETE", "/api/admin/quotas/{subject}/{name}"): lambda w: {"reason": "matrix"},
+    ("PUT", "/api/admin/quotas/default_user"): lambda w: {
+        "max_slices": 40,
+        "max_milli": 4000,
+        "reason": "matrix",
+    },
+    ("DELETE", "/api/admin/quotas/default_user"): lambda w: {"reason": "matrix"},
+    ("PUT", "/api/admin/exemptions/{user}"): lambda w: {"reason": "matrix", "hours": 2},
+    ("DELETE", "/api/admin/exemptions/{user}"): lambda w: {"reason": "matrix"},
+    ("POST", "/api/jobs"): lambda w: {"user": "ann", **QUEUED_JOB},
+    ("DELETE", "/api/jobs/{job_id}"): lambda w: {"reason": "matrix"},
+    ("POST", "/api/jobs/{job_id}/preempt"): lambda w: {"reason": "matrix"},
+}
+QUERIES: dict[tuple[str, str], Callable[[World], str]] = {
+    ("GET", "/api/idle-policy"): lambda w: f"?allocation_id={w.alloc}",
+    ("DELETE", "/api/allocations/{allocation_id}"): lambda w: "?reason=matrix",
+}
+# Run before the refused calls and before each allowed one: the thing a DELETE removes exists,
+# the GPU a drain drains is not drained yet.
+PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
+    ("DELETE", "/api/admin/quotas/{subject}/{name}"): _quota,
+    ("DELETE", "/api/admin/quotas/default_user"): _default_quota,
+    ("DELETE", "/api/admin/exemptions/{user}"): _exemption,
+    ("POST", "/api/gpus/{gpu_uuid}/drain"): _undrained,
+}
+# Each allowed call of these gets a resource of its own (they end or stop it).
+FRESH: dict[tuple[str, str], Callable[[World], dict[str, str]]] = {
+    ("DELETE", "/api/allocations/{allocation_id}"): lambda w: {"allocation_id": str(w.new_alloc())},
+    ("POST", "/api/allocations/{allocation_id}/reclaim"): lambda w: {
+        "allocation_id": str(w.new_alloc())
+    },
+    ("DELETE", "/api/jobs/{job_id}"): lambda w: {"job_id": str(w.new_job())},
+}
+
+
+def url(op: tuple[str, str], params: dict[str, str], query: str = "") -> str:
+    return re.sub(r"\{([^}]+)\}", lambda m: params[m.group(1)], op[1]) + query
+
+
+def call(w: World, op: tuple[str, str], identity: str, params: dict[str, str] | None = None):
+    query = QUERIES[op](w) if op in QUERIES else ""
+    body = BODIES[op](w) if op in BODIES else None
+    return w.send(identity, op[0], url(op, params or w.params(), query), body)
+
+
+def others(w: World, identity: str) -> tuple[set[str], set[int], set[int]]:
+    """Whose data ``identity`` must never see: (users, their allocations, their jobs)."""
+    users = {"anon": {"ann", "bob"}, "bob": {"ann"}, "ann": {"bob"}, "ann_server": {"bob"}}.get(
+        identity, set()
+    )
+    allocs = set().union(*(w.allocs[u] for u in users)) if users else set()
+    jobs = set().union(*(w.jobs[u] for u in users)) if users else set()
+    return users, allocs, jobs
+
+
+def problems_with(
+    w: World, op: tuple[str, str], identity: str, want: str, ok: frozenset[int], r: Any
+) -> list[str]:
+    s = r.status_code
+    where = f"{op_id(op)} as {identity}: {s}"
+    found: list[str] = []
+    is_api = op[1].startswith("/api/")
+    json_type = r.headers.get("Content-Type", "").startswith("application/json")
+    message = ""
+    if s >= 500:
+        found.append(f"{where} server error: {r.text[:300]}")
+    if json_type or (is_api and s >= 400):
+        if s >= 400:
+            found += [f"{where} {p}" for p in error_problems(s, r.content)]
+        else:
+            try:
+                strict_json(r.content)
+            except ValueError as e:
+                found.append(f"{where} invalid JSON ({e})")
+        if s >= 400 and not found:
+            message = strict_json(r.content)["message"]
+    if want == A:
+        hiding = s == 404 and re.match(r"no (job|allocation) \d", message)
+        if not (200 <= s < 300 or s in ok) or hiding:
+            found.append(f"{where}, expected to be allowed: {r.text[:300]}")
+    elif want == D and s not in (403, 404):
+        found.append(f"{where}, expected a refusal (403/404): {r.text[:300]}")
+    elif want == H and s != 404:
+        found.append(f"{where}, expected 404 (as for a job that does not exist): {r.text[:300]}")
+    elif want == LOGIN and s != 302:
+        found.append(f"{where}, expected a redirect to the hub's login")
+    users, allocs, jobs = others(w, identity)
+    if users:
+        if json_type and s < 500:
+            try:
+                data = strict_json(r.content)
+            except ValueError:
+                data = None
+            found += [
+                f"{where} carries another user's data: {x}"
+                for x in leaks(data, users, allocs, jobs)
+            ]
+        named = names_in_text(r.text, users) if identity != "anon" or s != 302 else []
+        found += [f"{where} names {u}: {r.text[:300]}" for u in named]
+    return found
+
+
+# -- 1. the authorization matrix -------------------------------------------------------------
+
+
+def test_the_table_covers_every_documented_operation():
+    missing = [op_id(op) for op in OPS if op not in TABLE]
+    stale = [op_id(op) for op in TABLE if op not in OPS]
+    assert not missing, f"operations in docs/openapi.yaml without a row in TABLE: {missing}"
+    assert not stale, f"TABLE rows for operations the spec no longer has: {stale}"
+    assert all(set(w) == set(IDENTITIES) for w, _ in TABLE.values())
+    for op, make in BODIES.items():
+        assert op in OPS, op
+
+
+@pytest.mark.parametrize("op", OPS, ids=op_id)
+def test_authorization_matrix(world: World, op: tuple[str, str]):
+    if op not in TABLE:
+        pytest.fail(f"{op_id(op)} has no row in TABLE: decide who may call it")
+    expect, ok = TABLE[op]
+    w = world
+    found: list[str] = []
+    writes = op[0] != "GET"
+    try:
+        if op in PREPARE:
+            PREPARE[op](w)
+        before = w.snapshot() if writes else None
+        for identity in IDENTITIES:
+            if expect[identity] != A:
+                r = call(w, op, identity)
+                found += problems_with(w, op, identity, expect[identity], ok, r)
+        if writes:
+            after = w.snapshot()
+            for key in before:
+                if before[key] != after[key]:
+                    found.append(
+                        f"{op_id(op)}: a refused call wrote {key}: {before[key]} -> {after[key]}"
+                    )
+        for identity in IDENTITIES:
+            if expect[identity] == A:
+                if op in PREPARE:
+                    PREPARE[op](w)
+                params = {**w.params(), **FRESH[op](w)} if op in FRESH else None
+                r = call(w, op, identity, params)
+                found += problems_with(w, op, identity, A, ok, r)
+    finally:
+        w.tidy()
+    assert not found, "\n".join(found)
+
+
+def test_no_user_acts_or_lists_as_another(world: World):
+    """What the matrix does not reach: naming another user in a query or a body."""
+    w = world
+    found = []
+    before = w.snapshot()
+    for identity in ("bob", "ann_server"):
+        target = "ann" if identity == "bob" else "bob"
+        for path in (
+            f"/api/allocations?user={target}",
+            f"/api/events?user={target}",
+            f"/api/jobs?user={target}",
+            f"/api/profiles?user={target}",
+            f"/api/allocations?user={target}&state=all",
+        ):
+            r = w.send(identity, "GET", path)
+            if r.status_code != 403:
+                found.append(f"GET {path} as {identity}: {r.status_code} {r.text[:200]}")
+    # bob reports on his own allocation, in ann's name
+    for body in (
+        {"kind": "idle-culled", "user": "ann", "detail": {"allocation_id": w.bob_alloc}},
+        {"kind": "idle-warning", "detail": {"allocation_id": w.alloc}},
+    ):
+        r = w.send("bob", "POST", "/api/events", body)
+        if r.status_code != 403:
+            found.append(f"POST /api/events {body} as bob: {r.status_code} {r.text[:200]}")
+    for body in (
+        {**QUEUED_JOB, "user": "ann"},
+        {**QUEUED_JOB, "groups": ["physics"]},
+    ):
+        r = w.send("bob", "POST", "/api/jobs", body)
+        if r.status_code != 403:
+            found.append(f"POST /api/jobs as bob with {set(body) - set(QUEUED_JOB)}: {r.text}")
+    # a user cannot allocate, not even for themself, nor state groups
+    for body in (
+        {"profile": "share-250", "server_name": "x"},
+        {"profile": "share-250", "server_name": "x", "user": "bob"},
+        {"profile": "mig-3g.40gb", "server_name": "x", "groups": ["physics"]},
+    ):
+        for identity in ("bob", "ann_server", "admin"):
+            r = w.send(identity, "POST", "/api/allocations", body)
+            if r.status_code != 403:
+                found.append(f"POST /api/allocations {body} as {identity}: {r.status_code}")
+    after = w.snapshot()
+    found += [f"refused impersonation wrote {k}" for k in before if before[k] != after[k]]
+    w.tidy()
+    assert not found, "\n".join(found)
+
+
+# -- 2. bad input ------------------------------------------------------------------------
+
+
+def attacker(op: tuple[str, str]) -> str:
+    """The identity allowed to make the call: bad input must fail on the input itself."""
+    expect, _ = TABLE[op]
+    return next(i for i in ("admin", "ann", "service") if expect[i] == A)
+
+
+def documented_fields(op: tuple[str, str]) -> tuple[dict[str, Any], list[str]]:
+    schema = body_schema(SPEC, SPEC["paths"][op[1]][op[0].lower()])
+    if schema is None:  # an undocumented {"reason"} body
+        return {"reason": {"type": "string"}}, []
+    return schema.get("properties", {}), schema.get("required", [])
+
+
+def limit_for(op: tuple[str, str]) -> int:
+    traits = GPUSliceService.class_traits()
+    key = "max_notebook_bytes" if op == ("POST", "/api/jobs") else "max_body_bytes"
+    return int(traits[key].default_value)
+
+
+def hostile_bodies(w: World, op: tuple[str, str]) -> list[tuple[str, bytes, set[int] | None]]:
+    """(what, raw body, the 4xx it must get or None for any 4xx)."""
+    base = BODIES[op](w)
+    fields, required = documented_fields(op)
+    out: list[tuple[str, bytes, set[int] | None]] = []
+    for name, schema in fields.items():
+        for label, value in wrong_types(schema, name in required):
+            out.append((f"{name} = {label}", json.dumps({**base, name: value}).encode(), None))
+    two_mib = 2 * 1024 * 1024
+    out.append(("a 2 MiB body", big_body(two_mib), {413} if two_mib > limit_for(op) else None))
+    out.append(("a 50 000-deep array", deep_array(50_000), None))
+    numbers = [n for n, s in fields.items() if s.get("type") in ("number", "integer")]
+    for name in numbers or ["reason"]:
+        for literal in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"):
+            out.append((f"{name} = {literal.decode()}", with_raw(base, name, literal), None))
+    strings = [n for n, s in fields.items() if s.get("type") == "string"]
+    out.append(("a lone surrogate", b'{"reason": "\\ud800"}', None))
+    out.append(("a lone surrogate in a key", b'{"\\udfff": 1}', None))
+    for name in strings:
+        out.append((f"{name} = a lone surrogate", with_raw(base, name, b'"\\ud800"'), None))
+        out.append((f"{name} = invalid UTF-8", with_raw(base, name, b'"\xc3\x28\xff"'), None))
+    out.append(("invalid UTF-8", b'{"reason": "\xff\xfe"}', None))
+    out.append(("a 200 000-key object", many_keys(200_000), None))
+    for name, schema in fields.items():
+        if schema.get("type") == "object":
+            nested = with_raw(base, name, many_keys(200_000))
+            out.append((f"{name} = a 200 000-key object", nested, None))
+    for raw in (b"[]", b"null", b"1", b'"reason"', b"{", b'{"reason": "x"} trailing'):
+        out.append((f"the body {raw.decode()!r}", raw, None))
+    return out
+
+
+@pytest.mark.parametrize("op", BODY_OPS, ids=op_id)
+def test_bad_bodies_are_4xx_with_a_message_and_write_nothing(world: World, op: tuple[str, str]):
+    w = world
+    identity = attacker(op)
+    found: list[str] = []
+    try:
+        if op in PREPARE:
+            PREPARE[op](w)
+        before = w.snapshot()
+        for what, raw, statuses in hostile_bodies(w, op):
+            query = QUERIES[op](w) if op in QUERIES else ""
+            r = w.send(identity, op[0], url(op, w.params(), query), raw=raw)
+            where = f"{op_id(op)} as {identity} with {what}: {r.status_code}"
+            if not 400 <= r.status_code < 500:
+                found.append(f"{where} {r.text[:300]}")
+            elif statuses and r.status_code not in statuses:
+                found.append(f"{where}, expected {sorted(statuses)}: {r.text[:200]}")
+            found += [f"{where} {p}" for p in error_problems(r.status_code, r.content)]
+        after = w.snapshot()
+        found += [
+            f"{op_id(op)}: bad input wrote {k}: {before[k]} -> {after[k]}"
+            for k in before
+            if before[k] != after[k]
+        ]
+    finally:
+        w.tidy()
+    assert not found, "\n".join(found)
+
+
+BAD_IDS = ("99999999999999999999999", "-1", "1e3", "0", "%ff", "x" * 300)
+
+
+@pytest.mark.parametrize("op", PATH_OPS, ids=op_id)
+def test_bad_path_ids_are_4xx_with_a_message_and_write_nothing(world: World, op: tuple[str, str]):
+    w = world
+    identity = attacker(op)
+    found: list[str] = []
+    try:
+        if op in PREPARE:
+            PREPARE[op](w)
+        before = w.snapshot() if op[0] != "GET" else None
+        for name in re.findall(r"\{([^}]+)\}", op[1]):
+            for bad in BAD_IDS:
+                r = call(w, op, identity, {**w.params(), name: bad})
+                where = f"{op_id(op)} as {identity} with {name}={bad[:30]}: {r.status_code}"
+                if not 400 <= r.status_code < 500:
+                    found.append(f"{where} {r.text[:300]}")
+                found += [f"{where} {p}" for p in error_problems(r.status_code, r.content)]
+        if before is not None:
+            after = w.snapshot()
+            found += [
+                f"{op_id(op)}: a bad path wrote {k}: {before[k]} -> {after[k]}"
+                for k in before
+                if before[k] != after[k]
+            ]
+    finally:
+        w.tidy()
+    assert not found, "\n".join(found)
+
+
+# -- 3. afterwards ---------------------------------------------------------------------------
+
+
+def test_the_admin_read_side_is_still_healthy(world: World):
+    w = world
+    for path in (
+        "/api/admin/overview",
+        "/api/admin/usage",
+        "/api/admin/quotas",
+        "/api/admin/actions",
+        "/api/events?limit=5000",
+        "/api/inventory",
+        "/api/profiles",
+    ):
+        r = w.send("admin", "GET", path)
+        assert r.status_code == 200, (path, r.status_code, r.text[:500])
+        strict_json(r.content)
+    r = w.send("admin", "GET", "/metrics")
+    assert r.status_code == 200, r.text[:500]
+    assert r.headers["Content-Type"].startswith("text/plain")
+    assert "gpuslice_" in r.text
+    assert w.send("anon", "GET", "/api/health").status_code == 200

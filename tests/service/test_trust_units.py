@@ -1,0 +1,147 @@
+"""The pieces behind the trust boundaries, without a hub: request bodies, the merged hub
+config, the job environment, and which silent allocations the service reclaims."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from traitlets.config import Config
+
+from gpuslice.extension.policy import PolicyConfig
+from gpuslice.jsonbody import BodyError, parse_json_object
+from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.hubconfig import configure_jupyterhub
+from gpuslice_hub.jobs.accounts import Account, forbidden_names, job_environment
+from gpuslice_hub.ledger import Caller
+from gpuslice_hub.silent import find_silent
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "needle"),
+    [
+        (b'{"a": NaN}', 400, "NaN"),
+        (b'{"a": -Infinity}', 400, "-Infinity"),
+        (b'{"a": 1e400}', 400, "too large"),
+        (b'{"a": "\\ud800"}', 400, "not valid Unicode"),
+        (b'{"\\udfff": 1}', 400, "not valid Unicode"),
+        (b'{"a": "\xff"}', 400, "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nested deeper"),
+        (b'{"a": ' + b"[" * 40 + b"]" * 40 + b"}", 400, "nested deeper"),
+        (b'{"a": "' + b"x" * 70_000 + b'"}', 400, "longer than"),
+        (b'{"a": 1}' + b" " * (1 << 20), 413, "larger than"),
+        (b'{"b": 1}', 400, "unknown field 'b'"),
+        (b"[]", 400, "JSON object"),
+    ],
+)
+def test_bodies_that_could_not_be_stored_or_served_are_refused(raw, status, needle):
+    with pytest.raises(BodyError) as e:
+        parse_json_object(raw, {"a"})
+    assert e.value.status == status and needle in str(e.value)
+
+
+def test_a_fine_body_passes_and_a_notebook_limit_can_be_larger():
+    assert parse_json_object(b'{"a": [1, 2.5, "\\u00e9"]}', {"a"}) == {"a": [1, 2.5, "é"]}
+    big = json.dumps({"a": "x" * 200_000}).encode()
+    assert parse_json_object(big, {"a"}, max_string=1 << 20)["a"] == "x" * 200_000
+
+
+def test_hub_config_is_merged_whatever_the_order():
+    c = Config()
+    c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:users:activity"]}]
+    c.JupyterHub.custom_scopes = {"custom:site:thing": {"description": "site's own"}}
+    configure_jupyterhub(c, config_file="g.py", admin_users={"ada"}, metrics_services={"prom"})
+    # an admin's later lines replace the lists: gpuslice's entries are merged back in
+    c.JupyterHub.services = [{"name": "prom", "api_token": "t"}]
+    c.JupyterHub.load_roles = [*c.JupyterHub.load_roles, {"name": "ops", "scopes": ["admin:users"]}]
+    c.JupyterHub.custom_scopes = {"custom:later": {"description": "x"}}
+    assert sorted(s["name"] for s in c.JupyterHub.services) == ["gpuslice", "prom"]
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    # the site's user role keeps its scope and gains the service access
+    assert roles["user"]["scopes"] == [
+        "self",
+        "read:users:activity",
+        "access:services!service=gpuslice",
+    ]
+    assert roles["gpuslice-metrics"]["services"] == ["prom"]
+    assert "custom:gpuslice:admin" not in roles["gpuslice-metrics"]["scopes"]
+    assert roles["gpuslice-admin"]["users"] == ["ada"] and "ops" in roles
+    assert {"custom:later", "custom:gpuslice:admin", "custom:gpuslice:metrics"} <= set(
+        c.JupyterHub.custom_scopes
+    )
+    # a user cannot switch idle reclaim off from ~/.jupyter
+    assert c.Spawner.disable_user_config is True
+    # what the hub loads (a merged copy) still has it all
+    loaded = Config()
+    loaded.merge(c)
+    assert sorted(s["name"] for s in loaded.JupyterHub.services) == ["gpuslice", "prom"]
+
+
+def test_a_job_environment_is_an_allow_list():
+    account = Account("ann", 1234, 1234, (1234,), "/nonexistent-home", "/bin/bash")
+    service_env = {
+        "JUPYTERHUB_API_TOKEN": "secret",
+        "JPY_API_TOKEN": "secret",
+        "GPUSLICE_SERVICE_TOKEN": "secret",
+        "LANG": "C.UTF-8",
+        "DATABASE_URL": "postgresql://x:pw@db",
+        "PATH": "/opt/service/bin:/usr/bin",
+    }
+    env = job_environment(
+        account,
+        "/jobs/7",
+        "/venv/bin/python",
+        {"GPUSLICE_JOB_ID": "7"},
+        keep=["LANG", "JUPYTERHUB_API_TOKEN"],
+        extra={"HF_HOME": "/scratch/hf", "JPY_X": "y"},
+        source=service_env,
+    )
+    assert env == {
+        "HOME": "/jobs/7",  # the account's home does not exist here
+        "USER": "ann",
+        "LOGNAME": "ann",
+        "SHELL": "/bin/bash",
+        "PATH": "/venv/bin:/usr/local/bin:/usr/bin:/bin",
+        "JUPYTER_RUNTIME_DIR": "/jobs/7/.runtime",
+        "PYTHONUNBUFFERED": "1",
+        "LANG": "C.UTF-8",
+        "HF_HOME": "/scratch/hf",
+        "GPUSLICE_JOB_ID": "7",
+    }
+    assert forbidden_names(["LANG", "jupyterhub_api_url", "JPY_COOKIE"]) == [
+        "jupyterhub_api_url",
+        "JPY_COOKIE",
+    ]
+
+
+def test_only_allocations_silent_past_their_idle_timeout_are_found(make_ledger):
+    ledger = make_ledger()
+    config = PolicyConfig.parse({"profiles": {"gpu-1": {"idle_timeout": 0}}})
+
+    def policy_for(a):
+        profile = ledger.profiles[a.profile]
+        return config.resolve(a.user, a.groups, a.profile, profile.idle_timeout)
+
+    def caller(user):
+        return Caller(user, (), "spawner")
+
+    quiet, _ = ledger.allocate(caller("ann"), "mig-1g.10gb", "", "interactive", 0, False)
+    talks, _ = ledger.allocate(caller("bob"), "mig-1g.10gb", "", "interactive", 0, False)
+    never, _ = ledger.allocate(caller("cy"), "gpu-1", "", "interactive", 0, False)
+    exempt, _ = ledger.allocate(caller("dee"), "share-250", "", "interactive", 0, False)
+    ledger.record_usage(talks["id"], 10.0, 100.0, 0.0, 60.0)
+    timeout = ledger.profiles["mig-1g.10gb"].idle_timeout  # 600 s in SIM_PROFILES
+    soon = utcnow() + timedelta(seconds=timeout + 50)
+    later = utcnow() + timedelta(seconds=timeout + 200)
+
+    def found(now, exempt_users=()):
+        items = find_silent(ledger, policy_for, lambda u: u in exempt_users, 100, now)
+        return sorted(i.allocation.id for i in items)
+
+    assert found(soon) == []  # within timeout + grace
+    # ann and bob's allocations are silent past 600 + 100 s; gpu-1 has no idle timeout; the
+    # share-250 profile has none either (no idle_timeout in SIM_PROFILES)
+    assert found(later) == sorted([quiet["id"], talks["id"]])
+    assert found(later, exempt_users={"ann", "bob"}) == []
+    assert never["id"] not in found(later) and exempt["id"] not in found(later)
