@@ -36,6 +36,7 @@ from .admin.sampler import start_sampler
 from .api.admin import admin_handlers
 from .api.admin_views import AdminOverviewHandler, AdminUsageHandler
 from .api.allocations import AllocationHandler, AllocationsHandler
+from .api.base import NotFoundHandler
 from .api.events import EventsHandler
 from .api.inventory import HealthHandler, InventoryHandler, ProfilesHandler
 from .api.jobs import job_handlers
@@ -341,6 +342,7 @@ class GPUSliceService(Application):
         ]
         return web.Application(
             handlers,
+            default_handler_class=NotFoundHandler,
             gpuslice=self,
             hub_auth=hub_auth,
             cookie_secret=os.urandom(32),

@@ -370,14 +370,15 @@ class Ledger:
     ) -> tuple[dict[str, Any], bool]:
         """Release once; a second release is a no-op that reports ``released=False``.
 
-        ``owner``: when given, only that user's allocation may be released (403 otherwise).
+        ``owner``: when given, only that user's allocation may be released (404 otherwise).
         """
         with self.db.writing() as s:
             view = load_allocation(s, alloc_id)
             if view is None:
                 raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
             if owner is not None and view.user != owner:
-                raise RequestError(403, f"{owner} may not see or change {view.user}'s allocations")
+                # the same answer as for one that does not exist: ids are not a side channel
+                raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
             if not view.active:
                 return allocation_json(view, self._gpus(s)), False
             self._release(s, view, actor, reason)

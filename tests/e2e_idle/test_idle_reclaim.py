@@ -219,7 +219,7 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
     assert "GPU idle" in kinds[1][1]
     culled = idle_events(hub, "ann")[-1]
     assert culled["detail"]["reclaimed_gpu_hours"] > 0
-    metrics = hub.api("GET", "/metrics", hub.service_token).text
+    metrics = hub.api("GET", "/metrics", hub.add_user("admin")).text
     assert f'gpuslice_idle_culls_total{{profile="{PROFILE}",scope="server"}} 1.0' in metrics
     hours = re.search(rf'gpuslice_reclaimed_gpu_hours_total{{profile="{PROFILE}"}} (\S+)', metrics)
     assert hours and float(hours.group(1)) == pytest.approx(culled["detail"]["reclaimed_gpu_hours"])

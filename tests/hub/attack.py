@@ -101,6 +101,20 @@ def body_schema(spec: dict[str, Any], operation: dict[str, Any]) -> dict[str, An
     return resolve(spec, resolve(spec, body)["content"]["application/json"]["schema"])
 
 
+def fields(spec: dict[str, Any], schema: dict[str, Any]) -> dict[str, tuple[dict, bool]]:
+    """Every documented field of an object schema, nested ones dotted (``detail.scope``):
+    name -> (its schema, whether it is required)."""
+    out: dict[str, tuple[dict, bool]] = {}
+    required = set(schema.get("required", []))
+    for name, prop in schema.get("properties", {}).items():
+        prop = resolve(spec, prop)
+        out[name] = (prop, name in required)
+        if prop.get("type") == "object":
+            for sub, (sub_schema, sub_required) in fields(spec, prop).items():
+                out[f"{name}.{sub}"] = (sub_schema, sub_required)
+    return out
+
+
 # One value of each JSON type (and the falsy ones, which ``x or default`` code lets through).
 SAMPLES: list[tuple[str, Any]] = [
     ("a string", "x"),
@@ -148,10 +162,22 @@ def wrong_types(schema: dict[str, Any], required: bool) -> list[tuple[str, Any]]
     return out
 
 
+def patched(base: dict[str, Any], field: str, value: Any) -> dict[str, Any]:
+    """A copy of ``base`` with ``field`` (dotted for a nested one: ``detail.idle_seconds``)
+    set to ``value``."""
+    out = json.loads(json.dumps(base))
+    *parents, last = field.split(".")
+    node = out
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return out
+
+
 def with_raw(base: dict[str, Any], field: str, literal: bytes) -> bytes:
     """``base`` as JSON with ``field``'s value replaced by the raw bytes ``literal``."""
     marker = "@@raw-value@@"
-    text = json.dumps({**base, field: marker}).encode()
+    text = json.dumps(patched(base, field, marker)).encode()
     return text.replace(json.dumps(marker).encode(), literal)
 
 

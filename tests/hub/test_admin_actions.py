@@ -52,7 +52,8 @@ def test_admin_endpoints_need_the_admin_scope(clean):
 
 
 def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_config(clean):
-    ann, admin = clean.add_user("ann"), clean.add_user("admin")
+    clean.add_user("ann")
+    admin = clean.add_user("admin")
     assert allocate(clean, "ann", "a").status_code == 201
     # bad input is refused naming the field, and changes nothing
     for body, needle in [

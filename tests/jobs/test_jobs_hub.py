@@ -97,6 +97,43 @@ def output_result(hub, token, job_id) -> dict:
     return json.loads(text.split("RESULT", 1)[1])
 
 
+FORGE = (
+    "import json, os, time\n"
+    "forged = {'status': 'preempted', 'cells_done': 'x', 'cells_total': -5, 'attempt': [1],\n"
+    "          'lost_work_seconds': 1e308, 'last_checkpoint_at': 4e12, 'error': 7,\n"
+    "          'utilization': 1e9, 'memory_mib': -1, 'utilization_at': 'now',\n"
+    "          'kernel_pid': 1}\n"
+    "end = time.time() + 4\n"
+    "while time.time() < end:\n"
+    "    json.dump(forged, open('state.json.tmp', 'w'))\n"
+    "    os.replace('state.json.tmp', 'state.json')\n"
+    "    time.sleep(0.05)"
+)
+
+
+def test_a_job_forging_its_state_cannot_stop_the_scheduler_or_poison_figures(jobs_hub):
+    """state.json is in the job's own folder: the service takes it as claims, checked."""
+    hub = jobs_hub
+    alice = hub.add_user("alice")
+    admin = hub.add_user("admin", admin=True)
+    forger = submit(hub, alice, cells=[FORGE, "print('RESULT', json.dumps({}))"]).json()
+    running = wait_state(hub, alice, forger["id"], ("running", "completed", "failed"))
+    # while it claims "preempted", the local backend keeps its slice (only an exit frees it)
+    if running["state"] == "running":
+        allocs = hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"]
+        assert [a["user"] for a in allocs] == ["alice"]
+    done = wait_state(hub, alice, forger["id"], ("completed", "failed"), timeout=120)
+    assert done["state"] == "completed", done
+    assert done["preemptions"] == 0 and done["lost_work_seconds"] == 0
+    # the scheduler went on: the next job runs and completes
+    nxt = submit(hub, alice, cells=["x = 1"]).json()
+    assert wait_state(hub, alice, nxt["id"], ("completed", "failed"))["state"] == "completed"
+    for path in ("/api/admin/overview", "/api/admin/usage", f"/api/jobs/{forger['id']}"):
+        r = hub.api("GET", path, admin)
+        assert r.status_code == 200, r.text
+        assert "NaN" not in r.text and "Infinity" not in r.text, path
+
+
 def test_bad_submissions_and_who_sees_what(jobs_hub):
     hub = jobs_hub
     alice, bob = hub.add_user("alice"), hub.add_user("bob")
@@ -109,6 +146,11 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         ({"checkpoint_interval": 0}, 400, "checkpoint_interval"),
         ({"notebook": {"cells": "nope"}}, 400, "not a valid notebook"),
         ({"colour": "red"}, 400, "unknown field 'colour'"),
+        ({"priority": {"a": 1}}, 400, "field 'priority'"),
+        ({"name": ["x"]}, 400, "field 'name'"),
+        ({"parameters": {"big": "x" * 70_000}}, 400, "larger than"),
+        ({"user": "bob"}, 403, "only its owner"),
+        ({"groups": ["physics"]}, 403, "looked up on the hub"),
     ]
     for extra, status, needle in cases:
         r = submit(hub, alice, **extra)

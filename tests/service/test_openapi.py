@@ -160,8 +160,11 @@ def test_a_running_service_answers_as_documented(spec: dict[str, Any], hub_facto
     r = hub.api("POST", f"/api/gpus/{gpu}/drain", ann, json={"drained": True})
     assert r.status_code == 403  # admins only
     check(spec, "/api/gpus/{gpu_uuid}/drain", "post", r)
+    r = hub.api("POST", f"/api/gpus/{gpu}/drain", hub.service_token, json={"drained": True})
+    assert r.status_code == 403  # the spawner's token carries no admin action
+    admin = hub.add_user("admin")
     for drained in (True, False):
-        r = hub.api("POST", f"/api/gpus/{gpu}/drain", hub.service_token, json={"drained": drained})
+        r = hub.api("POST", f"/api/gpus/{gpu}/drain", admin, json={"drained": drained})
         assert check(spec, "/api/gpus/{gpu_uuid}/drain", "post", r)["drained"] is drained
     jobs = hub.api("GET", "/api/jobs", ann)
     assert check(spec, "/api/jobs", "get", jobs)["jobs"] == []
@@ -173,5 +176,5 @@ def test_a_running_service_answers_as_documented(spec: dict[str, Any], hub_facto
     assert r.status_code == 400
     check(spec, "/api/allocations", "get", r)
     check(spec, "/metrics", "get", hub.api("GET", "/metrics", ann))  # 403 for a user
-    metrics = hub.api("GET", "/metrics", hub.service_token)
+    metrics = hub.api("GET", "/metrics", admin)
     assert metrics.status_code == 200 and "gpuslice_" in metrics.text

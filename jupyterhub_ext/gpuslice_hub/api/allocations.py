@@ -72,18 +72,13 @@ class AllocationsHandler(BaseHandler):
 class AllocationHandler(BaseHandler):
     @api_authenticated
     async def get(self, alloc_id: str) -> None:
-        ident = self.identity()
-        alloc = self.ledger.get(self.db_id(alloc_id, "allocation"))
-        if alloc is None:
-            raise RequestError(404, f"no allocation {alloc_id}")
-        self.check_user_access(ident, alloc["user"])
-        self.write_json(alloc)
+        self.write_json(self.visible_allocation(self.identity(), alloc_id))
 
     @api_authenticated
     async def delete(self, alloc_id: str) -> None:
         ident = self.identity()
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
-        owner = None if ident.is_admin else ident.name
+        owner = None if ident.sees_all else ident.name
         alloc, released = self.ledger.release(
             self.db_id(alloc_id, "allocation"), ident.name, reason, owner=owner
         )

@@ -27,10 +27,17 @@ class Identity:
     kind: str  # "user" | "service"
     name: str
     groups: tuple[str, ...]
+    # The admin scope: see everything, and the admin actions (drain, preempt, quotas, ...).
     is_admin: bool
-    # The gpuslice service's own token: the hub-side spawner uses it and may act for a user.
+    # The gpuslice service's own token: the hub-side spawner uses it to allocate for a user
+    # and to read every allocation; it carries no admin action.
     is_trusted: bool
     scopes: frozenset[str] = frozenset()
+
+    @property
+    def sees_all(self) -> bool:
+        """May read (and the spawner release) every user's allocations, events and jobs."""
+        return self.is_admin or self.is_trusted
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
@@ -54,13 +61,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             kind=kind,
             name=model["name"],
             groups=tuple(model.get("groups") or ()),
-            is_admin=is_admin or trusted,
+            is_admin=is_admin,
             is_trusted=trusted,
             scopes=frozenset(scopes),
         )
 
     async def resolve_caller(self, ident: Identity, body: dict[str, Any], action: str) -> Caller:
-        """Who a request acts for: the caller, or (admins and the spawner) ``body["user"]``.
+        """Who a request acts for: the caller, or (only the spawner) ``body["user"]``.
 
         ``action`` completes the refusal messages, e.g. "allocate" or "submit jobs".
         Only the hub-side spawner (the service's own token) may state a user's groups;
@@ -75,7 +82,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             return Caller(ident.name, ident.groups, ident.name)
         if not isinstance(user, str) or not user:
             raise RequestError(400, "field 'user' must be a user name")
-        if not ident.is_admin:
+        if not ident.is_trusted:
             raise RequestError(403, f"{ident.name} may not {action} for {user}")
         groups = body.get("groups")
         if groups is not None and not ident.is_trusted:
@@ -92,26 +99,28 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def listed_user(self, ident: Identity, what: str) -> str | None:
         """The ``?user=`` a listing is for: anyone for admins (None: all), else oneself."""
         user = self.get_argument("user", None)
-        if ident.is_admin:
+        if ident.sees_all:
             return user
         if user not in (None, ident.name):
             raise RequestError(403, f"{ident.name} may not list {user}'s {what}")
         return ident.name
 
-    def check_user_access(self, ident: Identity, owner: str) -> None:
-        if not ident.is_admin and ident.name != owner:
-            raise RequestError(403, f"{ident.name} may not see or change {owner}'s allocations")
+    def visible_allocation(self, ident: Identity, alloc_id: int | str) -> dict[str, Any]:
+        """The allocation, if the caller may see it (its owner, an admin, the spawner).
+        Anyone else gets the answer a missing one gets: ids are not a side channel."""
+        if isinstance(alloc_id, str):
+            alloc_id = self.db_id(alloc_id, "allocation")
+        alloc: dict[str, Any] | None = self.ledger.get(alloc_id) if alloc_id > 0 else None
+        if alloc is None or not (ident.sees_all or alloc["user"] == ident.name):
+            raise RequestError(404, f"no allocation {alloc_id}")
+        return alloc
 
     def held_allocation(self, ident: Identity, alloc_id: int | str) -> dict[str, Any]:
         """A live interactive allocation that the caller holds: its owner's own token or its
         server's token. The only allocations a client may report on; admins are no holders."""
-        if isinstance(alloc_id, str):
-            alloc_id = self.db_id(alloc_id, "allocation")
-        alloc: dict[str, Any] | None = None
-        if 0 < alloc_id <= MAX_DB_ID:
-            alloc = self.ledger.get(alloc_id)
-        if alloc is None:
+        if isinstance(alloc_id, int) and not 0 < alloc_id <= MAX_DB_ID:
             raise RequestError(404, f"no allocation {alloc_id}")
+        alloc = self.visible_allocation(ident, alloc_id)
         if ident.kind != "user" or ident.name != alloc["user"]:
             raise RequestError(
                 403, f"only the holder of allocation {alloc_id} may report on it or release it"
@@ -177,6 +186,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             self.finish(dumps({"status": e.status, "message": e.message, **e.detail}))
             return
         super()._handle_request_exception(e)  # type: ignore[misc]
+
+
+class NotFoundHandler(BaseHandler):
+    """Every path the service does not serve: a JSON 404 like every other refusal."""
+
+    def prepare(self) -> None:
+        raise RequestError(404, f"no such route: {self.request.path[:200]}")
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])

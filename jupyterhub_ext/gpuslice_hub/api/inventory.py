@@ -29,7 +29,7 @@ class InventoryHandler(BaseHandler):
         hosts, gpus, active = self.ledger.snapshot()
         holders: dict[str, list[dict[str, Any]]] = {}
         for a in active:
-            visible = ident.is_admin or a.user == ident.name
+            visible = ident.sees_all or a.user == ident.name
             for c in a.claims:
                 entry = {
                     "allocation_id": a.id if visible else None,
@@ -57,7 +57,7 @@ class ProfilesHandler(BaseHandler):
         user = self.get_argument("user", None)
         groups = ident.groups
         if user is not None and user != ident.name:
-            if not ident.is_admin:
+            if not ident.sees_all:
                 raise RequestError(403, f"{ident.name} may not see {user}'s availability")
             looked_up = await self.service.hub_api.user_groups(user)
             if looked_up is None:

@@ -24,7 +24,7 @@ class JobsBase(BaseHandler):
         job = self.jobs.row(self.db_id(job_id, "job"))
         if job is None:
             raise RequestError(404, f"no job {job_id}")
-        if not ident.is_admin and job.user != ident.name:
+        if not ident.sees_all and job.user != ident.name:
             # the same answer as for a job that does not exist: ids are not a side channel
             raise RequestError(404, f"no job {job_id}")
         return job
@@ -65,6 +65,8 @@ class JobHandler(JobsBase):
     async def delete(self, job_id: str) -> None:
         ident = self.identity()
         job = self.owned(ident, job_id)
+        if not ident.is_admin and job.user != ident.name:
+            raise RequestError(403, "only the job's owner or an admin may cancel it")
         reason = self.optional_reason()
         self.write_json(self.jobs.cancel(job.id, ident.name, reason[:255]))
 

@@ -22,8 +22,9 @@ class IdlePolicyHandler(BaseHandler):
         raw = self.get_argument("allocation_id", None)
         user, profile = ident.name, None
         if raw is not None:
-            alloc = self._allocation(raw)
-            self.check_user_access(ident, alloc["user"])
+            if not (raw.isascii() and raw.isdigit()):
+                raise RequestError(400, f"query argument allocation_id must be an integer: {raw!r}")
+            alloc = self.visible_allocation(ident, raw)
             user, profile = alloc["user"], alloc["profile"]
         groups = await self._groups(ident, user)
         parsed = self.service.parsed_profiles.get(profile) if profile else None
@@ -37,14 +38,6 @@ class IdlePolicyHandler(BaseHandler):
             why = f"exempted by {exemption['set_by']}{until}: {exemption['reason']}"
             policy = replace(policy, exempt=True, exempt_reason=why)
         self.write_json({"user": user, "profile": profile, "policy": policy.to_json()})
-
-    def _allocation(self, raw: str) -> dict[str, Any]:
-        if not (raw.isascii() and raw.isdigit()):
-            raise RequestError(400, f"query argument allocation_id must be an integer: {raw!r}")
-        alloc = self.ledger.get(self.db_id(raw, "allocation"))
-        if alloc is None:
-            raise RequestError(404, f"no allocation {raw}")
-        return alloc  # type: ignore[no-any-return]
 
     async def _groups(self, ident: Identity, user: str) -> tuple[str, ...]:
         # A server's token carries no group scope; the service looks the groups up itself.

@@ -256,15 +256,17 @@ class JobManager(LoggingConfigurable):
                 400, f"field 'max_runtime' must be 1 to {self.max_runtime_limit:g} seconds"
             )
         try:
-            parameters = validate_parameters(body.get("parameters") or {})
+            raw = body.get("parameters")
+            parameters = validate_parameters({} if raw is None else raw)
         except ValueError as e:
             raise RequestError(400, f"field 'parameters': {e}") from None
         path = body.get("path", "")
         if not isinstance(path, str) or len(path) > 1024:
             raise RequestError(400, "field 'path' must be the notebook's path (a string)")
-        name = body.get("name") or Path(path).stem or "notebook"
-        if not isinstance(name, str):
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
             raise RequestError(400, "field 'name' must be a string")
+        name = name or Path(path).stem or "notebook"
         name = _NAME.sub("-", name).strip("-.")[:60] or "notebook"
         return {
             "name": name,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from .accounts import Account, AccountError, job_environment
 from .backends.base import RunStatus
 from .manager import JobManager, aware
 from .ordering import queue_order
+from .runner_state import runner_claims
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
@@ -56,7 +58,11 @@ class Scheduler:
         with self.jobs.db.reading() as s:
             active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
         for job in active:
-            self._watch(job, now)
+            try:
+                self._watch(job, now)
+            except Exception:
+                # one job's trouble (its folder, its backend) never stops the others' pass
+                self.log.exception("job %s: watching it failed; will retry", job.id)
         self._expire_reservations(now)
         if not self.jobs.reservations:
             self._start_queued(now)
@@ -65,8 +71,14 @@ class Scheduler:
 
     def _watch(self, job: JobRow, now: datetime) -> None:
         status = self.jobs.backend.poll(job.backend_ref or {})
-        runner = JobDir(Path(job.job_dir)).state()
-        if status.alive and runner.get("status") == "preempted" and job.state != "starting":
+        runner = runner_claims(JobDir(Path(job.job_dir)).state())
+        requeued = getattr(self.jobs.backend, "requeues_itself", False)
+        if (
+            status.alive
+            and requeued
+            and runner.get("status") == "preempted"
+            and job.state != "starting"
+        ):
             # The backend preempted and requeued the run itself (Slurm PreemptMode=REQUEUE):
             # the runner has checkpointed; give the slices back until it runs again.
             self._finished(job, RunStatus(False, EXIT_PREEMPTED), runner, now)
@@ -85,10 +97,7 @@ class Scheduler:
             return
         self._usage_seen[job.id] = str(at)
         util, memory = runner.get("utilization"), runner.get("memory_mib")
-        util = min(100.0, max(0.0, float(util))) if isinstance(util, int | float) else None
-        memory = max(0.0, float(memory)) if isinstance(memory, int | float) else None
-        interval = runner.get("utilization_interval")
-        interval = float(interval) if isinstance(interval, int | float) else 0.0
+        interval = runner.get("utilization_interval", 0.0)
         for alloc_id in job.allocation_ids or []:
             self.jobs.ledger.record_usage(int(alloc_id), util, memory, 0.0, interval)
 
@@ -148,7 +157,8 @@ class Scheduler:
             transition(s, row, "preempting", "the runner was signalled by its backend")
             row.preemptions += 1
         if code == EXIT_PREEMPTED:
-            lost = float(runner.get("lost_work_seconds") or 0.0)
+            # the runner's own figure, but never more than this attempt ran
+            lost = min(runner.get("lost_work_seconds", 0.0), self._attempt_seconds(row, now))
             how = "checkpointed and exited"
         else:
             lost = self._unsaved(row, runner, now)
@@ -365,12 +375,13 @@ def _devices(grant: dict[str, Any]) -> str:
 
 def _copy_progress(row: JobRow, runner: dict[str, Any]) -> None:
     if "cells_done" in runner:
-        row.cells_done = int(runner["cells_done"])
+        row.cells_done = runner["cells_done"]
     if "cells_total" in runner:
-        row.cells_total = int(runner["cells_total"])
-    saved = max(
-        float(runner.get("last_checkpoint_at") or 0),
-        JobDir(Path(row.job_dir)).last_save_time(),
+        row.cells_total = runner["cells_total"]
+    # both come from the job's folder: never later than now
+    saved = min(
+        max(runner.get("last_checkpoint_at", 0.0), JobDir(Path(row.job_dir)).last_save_time()),
+        time.time(),
     )
     if saved:
         row.last_checkpoint_at = datetime.fromtimestamp(saved, tz=utcnow().tzinfo)

@@ -3,12 +3,16 @@ cell tagged ``parameters`` (or first, when there is none), overriding its defaul
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import nbformat
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+# Parameters are settings, not data: the injected cell stays readable and the row small.
+MAX_PARAMETERS = 100
+MAX_PARAMETERS_BYTES = 64 * 1024
 PARAM_TYPES = (str, int, float, bool, type(None))
 
 
@@ -20,6 +24,14 @@ def validate(parameters: Any) -> dict[str, Any]:
     """Names must be identifiers, values JSON scalars or lists/dicts of them."""
     if not isinstance(parameters, dict):
         raise ParameterError("parameters must be a JSON object of name: value")
+    if len(parameters) > MAX_PARAMETERS:
+        raise ParameterError(f"at most {MAX_PARAMETERS} parameters")
+    try:
+        size = len(json.dumps(parameters, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ParameterError(f"parameters must be JSON values: {e}") from None
+    if size > MAX_PARAMETERS_BYTES:
+        raise ParameterError(f"parameters are larger than {MAX_PARAMETERS_BYTES} bytes in all")
     for name, value in parameters.items():
         if not isinstance(name, str) or not _IDENT.match(name) or name.startswith("__"):
             raise ParameterError(f"parameter name {name!r} is not a Python identifier")

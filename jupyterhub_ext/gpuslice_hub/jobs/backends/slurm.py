@@ -91,6 +91,9 @@ def batch_script(
 
 class SlurmBackend:
     name = "slurm"
+    # Slurm preempts and requeues a job itself (PreemptMode=REQUEUE): a runner that says it
+    # was preempted while Slurm still lists the job is waiting to run again.
+    requeues_itself = True
 
     def __init__(
         self,
