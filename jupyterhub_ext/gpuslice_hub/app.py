@@ -188,8 +188,9 @@ class GPUSliceService(Application):
         help="""Stop the server of an interactive allocation under an idle policy when it has
         sent no usage report for its idle timeout plus this many seconds (0: never). Idle
         reclaim runs in the user's server; this catches a server whose extension was
-        disabled or died. Checked every ``reconcile_interval``; it relies on the servers'
-        usage reports (the server extension's ``usage_report_interval``, 60 s by default,
+        disabled or died. Checked every ``reconcile_interval``; an allocation younger than
+        ``reconcile_grace`` (its server may still be starting) is left alone. It relies on the
+        servers' usage reports (the server extension's ``usage_report_interval``, 60 s by default,
         must stay well below this).""",
     ).tag(config=True)
 
@@ -447,6 +448,8 @@ class GPUSliceService(Application):
             lambda user: store is not None and store.exemption(user) is not None,
             self.reclaim_silent_after,
             now or utcnow(),
+            # a spawn in progress has made no report yet, as for the reconciler
+            min_age=self.reconcile_grace,
         )
         stopped = []
         for item in found:

@@ -40,9 +40,11 @@ def find_silent(
     is_exempt: Callable[[str], bool],
     grace: float,
     now: datetime,
+    min_age: float = 0.0,
 ) -> list[Silent]:
     """Interactive allocations under an idle policy whose holder has been silent (no usage
-    report, or none since it was made) for longer than its idle timeout plus ``grace``."""
+    report, or none since it was made) for longer than its idle timeout plus ``grace``.
+    One younger than ``min_age`` seconds is left alone: its server may still be starting."""
     with ledger.db.reading() as s:
         active = [a for a in load_active(s) if a.purpose == "interactive"]
         rows = s.execute(select(UsageReportRow.allocation_id, UsageReportRow.reported_at))
@@ -53,6 +55,8 @@ def find_silent(
         if policy.exempt or policy.idle_timeout <= 0 or is_exempt(a.user):
             continue
         last = utc(a.created_at)
+        if (now - last).total_seconds() < min_age:
+            continue
         if a.id in reported:
             last = max(last, utc(reported[a.id]))
         silent = (now - last).total_seconds()
