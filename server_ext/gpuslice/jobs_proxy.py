@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 JOBS_FOLDER = "gpu-jobs"
 # The service's job ids are 64-bit signed integers; a longer one names no job.
 MAX_JOB_ID = 2**63 - 1
+# The service's default max_notebook_bytes: a larger notebook is refused before it is sent.
+MAX_NOTEBOOK_BYTES = 16 * 1024 * 1024
 # The marker file is a few dozen bytes; read no more than this of it.
 MAX_MARKER_BYTES = 4096
 TERMINAL = {"completed", "failed", "cancelled", "timed-out"}
@@ -125,6 +127,10 @@ class Service:
         try:
             resp = await AsyncHTTPClient().fetch(req)
         except HTTPClientError as e:
+            if e.code == 599:  # tornado's own code for a timeout: no HTTP status to pass on
+                raise ProxyError(
+                    504, f"the gpuslice service did not answer within {self.timeout:g} s"
+                ) from None
             message = f"the gpuslice service answered {e.code}"
             if e.response is not None and e.response.body:
                 with contextlib.suppress(ValueError, AttributeError):
@@ -395,7 +401,14 @@ class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
         try:
             # a notebook the user picked may have other names; a snapshot in gpu-jobs may not
             single = PurePosixPath(source).parts[0] == JOBS_FOLDER
-            notebook = json.loads(read_beneath(root, source, single=single))
+            raw = read_beneath(root, source, MAX_NOTEBOOK_BYTES + 1, single=single)
+            if len(raw) > MAX_NOTEBOOK_BYTES:
+                raise web.HTTPError(
+                    413,
+                    f"{source!r} is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB: clear its "
+                    "outputs, or keep large data next to it rather than in it",
+                )
+            notebook = json.loads(raw)
         except FileNotFoundError:
             raise web.HTTPError(404, f"no notebook at {source!r}") from None
         except OSError as e:

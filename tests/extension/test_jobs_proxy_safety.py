@@ -509,3 +509,29 @@ def test_the_largest_job_id_reaches_the_service(jobs, env):
     assert ("GET", f"/svc/api/jobs/{MAX_ID}") in jobs.job_calls()
     code, reply = fetch(env, api("jobs/0001"))  # leading zeros name job 1
     assert code == 404 and ("GET", "/svc/api/jobs/1") in jobs.job_calls()
+
+
+def test_a_notebook_over_the_services_limit_is_refused_before_it_is_sent(jobs, env, root):
+    from gpuslice.jobs_proxy import MAX_NOTEBOOK_BYTES
+
+    big = root / "work" / "big.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="y" * MAX_NOTEBOOK_BYTES)]
+    nbformat.write(nb, big)
+    code, reply = fetch(env, api("jobs"), "POST", submit_body(path="work/big.ipynb"))
+    refused(code, reply, "larger than 16 MiB", "clear its outputs")
+    assert code == 413 and jobs.posted() == []
+
+
+def test_a_service_that_does_not_answer_in_time_is_a_504_that_says_so(env, root):
+    """Tornado reports a timeout as 599, which is no HTTP status: the browser gets 504."""
+    with socket.socket() as listener:  # accepts connections, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        settings = env.app.web_app.settings
+        settings["gpuslice_jobs_service"] = Service(
+            f"http://127.0.0.1:{port}/svc/", "server-token", timeout=0.5
+        )
+        code, reply = fetch(env, api("jobs/1"))
+    assert code == 504 and "did not answer within 0.5 s" in reply["message"], reply
