@@ -147,3 +147,26 @@ def test_only_allocations_silent_past_their_idle_timeout_are_found(make_ledger):
     # a young allocation's server may still be starting: left alone
     assert find_silent(ledger, policy_for, lambda u: False, 100, later, min_age=1e6) == []
     assert never["id"] not in found(later) and exempt["id"] not in found(later)
+
+
+def test_figures_stored_by_an_older_version_cannot_break_metrics_or_json(make_ledger):
+    """Before the service computed reclaimed GPU-hours itself, a client could store anything
+    there: such records count as 0, and every API answer stays strict JSON."""
+    from prometheus_client import generate_latest
+
+    from gpuslice_hub.admin.accounting import reclaimed
+    from gpuslice_hub.api.base import dumps
+    from gpuslice_hub.metrics import make_registry
+
+    ledger = make_ledger()
+    for junk in ("lots", -5, 1e300, [1], {"a": 1}, True):
+        ledger.record_event("idle-culled", "ann", "ann", "old", {"reclaimed_gpu_hours": junk})
+    ledger.record_event("idle-culled", "ann", "service", "ok", {"reclaimed_gpu_hours": 1.5})
+    registry, _ = make_registry(ledger)
+    text = generate_latest(registry).decode()
+    assert 'gpuslice_reclaimed_gpu_hours_total{profile=""} 1.5' in text
+    assert reclaimed(ledger, utcnow())["total"] == 1.5
+    assert json.loads(dumps({"a": float("nan"), "b": [float("inf"), 1.0]})) == {
+        "a": None,
+        "b": [None, 1.0],
+    }
