@@ -311,14 +311,16 @@ def test_release_button_and_the_services_checks(idle_hub):
     [alloc] = active_allocations(hub, "fay")
     stranger = hub.add_user("gus")
     reclaim = f"/api/allocations/{alloc['id']}/reclaim"
-    # Only the holder may reclaim a slice (not another user, not an admin, not the service
-    # token); only the owner or an admin may read its policy.
+    # Only the holder may reclaim a slice: not an admin, not the service token (403), and
+    # another user is told nothing (404); only the owner or an admin may read its policy.
     admin = hub.add_user("admin")
-    for token in (stranger, admin, hub.service_token):
+    r = hub.api("POST", reclaim, stranger, json={"reason": "mine now", "idle_seconds": 1e6})
+    assert r.status_code == 404 and "fay" not in r.text
+    for token in (admin, hub.service_token):
         r = hub.api("POST", reclaim, token, json={"reason": "mine now", "idle_seconds": 1e6})
         assert r.status_code == 403 and "only the holder" in r.json()["message"], r.text
     r = hub.api("GET", f"/api/idle-policy?allocation_id={alloc['id']}", stranger)
-    assert r.status_code == 403
+    assert r.status_code == 404  # as if it did not exist: ids are not a side channel
     assert hub.api("POST", "/api/allocations/99999/reclaim", fay.token, json={}).status_code == 404
     for body in ({"reason": ""}, {"idle_seconds": -1}, {"voluntary": "yes"}, {"why": "x"}):
         r = hub.api("POST", reclaim, fay.token, json=body)

@@ -161,7 +161,9 @@ def test_usage_reports_come_from_the_holder_only_and_are_validated(clean):
     held = allocate(clean, "ann", "").json()
     path = f"/api/allocations/{held['id']}/usage"
     report = {"utilization": 37.5, "memory_mib": 900, "idle_seconds": 0, "interval_seconds": 60}
-    assert clean.api("POST", path, bob, json=report).status_code == 403
+    assert clean.api("POST", path, bob, json=report).status_code == 404  # not bob's to know
+    admin = clean.add_user("admin")
+    assert clean.api("POST", path, admin, json=report).status_code == 403  # no holder
     for body, needle in [
         ({**report, "utilization": 101}, "utilization"),
         ({**report, "utilization": "busy"}, "utilization"),

@@ -68,8 +68,8 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
     hub = hub_factory(spawner="gpuslice-simple", profiles=PROFILES)
     # colleagues hold both 1g.10gb instances and one whole GPU
     for user, profile in (("bob", "mig-1g.10gb"), ("cat", "mig-1g.10gb"), ("dan", "gpu-1")):
-        token = hub.add_user(user)
-        r = hub.api("POST", "/api/allocations", token, json={"profile": profile})
+        hub.add_user(user)
+        r = hub.allocate(user, profile)
         assert r.status_code == 201, r.text
     hub.add_user("ann")
 
