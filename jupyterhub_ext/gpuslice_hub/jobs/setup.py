@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .accounts import forbidden_names
+from .accounts import Account, forbidden_names
 from .backends import LocalBackend
 from .backends.slurm import SlurmBackend
 from .manager import JobManager
@@ -63,7 +63,7 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             "%s is on: every user's batch job runs as the service's account (%s), with its "
             "rights to the ledger and job folders. Only for a single-user or demo hub.",
             AS_SERVICE,
-            os.environ.get("USER") or os.geteuid(),
+            Account.current().name,
         )
         return
     if app.job_backend == "local" and os.geteuid() != 0:
