@@ -66,6 +66,12 @@ def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
         hint = (
             '<p class="gpuslice-none text-danger">Nothing is free for you right now. '
             "Try again later, or submit your notebook as a batch job.</p>"
+            # Start would only be refused: the hub's button (below this, in the same form)
+            # is disabled once the page is parsed
+            "<script>(() => { const form = document.currentScript.closest('form');"
+            " const off = () => form?.querySelectorAll('[type=submit]')"
+            ".forEach(b => { b.disabled = true; });"
+            " document.addEventListener('DOMContentLoaded', off); })();</script>"
         )
     banner = ""
     if simulated:

@@ -12,9 +12,11 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
+from html import escape
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, Spawner
+from tornado import web
 from traitlets import Float, Integer, Unicode, default
 
 from gpuslice_hub.client import ServiceClient, ServiceError
@@ -23,13 +25,33 @@ from .env import slice_env
 from .form import render_form
 
 
-class SliceRefused(Exception):
-    """A spawn the service refused; JupyterHub shows the message to the researcher."""
+class SliceRefused(web.HTTPError):
+    """A spawn the service refused. As an HTTP error (4xx, or 503 while the service is
+    down), JupyterHub shows the message on the spawn form or the progress page, answers the
+    REST API with that status and message, and logs one line instead of a traceback."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(status, "%s", message)
+        self.message = message
         self.jupyterhub_message = message
         self.jupyterhub_html_message = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def refusal(e: ServiceError, log: Any) -> SliceRefused:
+    """What a researcher reads when the service refuses or cannot be reached: the service's
+    own words for a refusal; for an outage a plain sentence (the service's internal URL and
+    the error go to the hub's log, for the admin)."""
+    if 400 <= e.status < 500:
+        return SliceRefused(e.message, e.status)
+    log.error("gpuslice service error during a spawn: %s", e.message)
+    return SliceRefused(
+        "The GPU service is not answering right now, so no GPU slice could be reserved. "
+        "Try again in a minute; if it persists, tell your JupyterHub admin.",
+        503,
+    )
 
 
 class GPUSliceMixin(Spawner):
@@ -112,25 +134,34 @@ class GPUSliceMixin(Spawner):
         try:
             data = await self.client.profiles(self.user.name)  # type: ignore[attr-defined]
         except ServiceError as e:
-            return f"<p class='text-danger'>GPU availability is unknown: {e.message}</p>"
+            return f"<p class='text-danger'>{escape(refusal(e, self.log).message)}</p>"  # type: ignore[attr-defined]
         return render_form(data["profiles"], simulated=bool(data.get("simulated")))
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         return {"profile": (formdata.get("profile") or [""])[0]}
 
+    if "apply_user_options" in Spawner.class_trait_names():  # JupyterHub 5.3+
+
+        @default("apply_user_options")
+        def _default_apply_user_options(self) -> Any:
+            # The hub's hook for user_options. start() checks and uses them (a bad option
+            # is a 400 that names it, logged as one line; the hub logs a traceback for any
+            # error raised in this hook), so the hook only says they are handled.
+            return lambda spawner, options: None
+
     def _chosen_profile(self) -> str:
         """The requested profile; ``user_options`` are untrusted (they may come via the API)."""
         options = self.user_options or {}  # type: ignore[attr-defined]
         if not isinstance(options, dict):
-            raise SliceRefused("Spawn options must be an object naming a 'profile'.")
+            raise SliceRefused("Spawn options must be an object naming a 'profile'.", 400)
         unknown = set(options) - {"profile"}
         if unknown:
             raise SliceRefused(
-                f"Unknown spawn option {sorted(unknown)[0]!r}; only 'profile' is accepted."
+                f"Unknown spawn option {sorted(unknown)[0]!r}; only 'profile' is accepted.", 400
             )
         profile = options.get("profile") or self.default_profile
         if not isinstance(profile, str) or not profile:
-            raise SliceRefused("No GPU profile was chosen: pick one in the spawn form.")
+            raise SliceRefused("No GPU slice was chosen: pick one in the spawn form.", 400)
         return profile
 
     # -- progress --------------------------------------------------------------------------
@@ -196,8 +227,9 @@ class GPUSliceMixin(Spawner):
                     purpose="interactive",
                 )
             except ServiceError as e:
-                self._progress(100, f"Refused: {e.message}")
-                raise SliceRefused(e.message) from None
+                refused = refusal(e, self.log)  # type: ignore[attr-defined]
+                self._progress(100, f"Refused: {refused.message}")
+                raise refused from None
             if "id" in grant:
                 return grant
             # 202: a preemptible batch job is checkpointing to make room for this server
@@ -205,7 +237,7 @@ class GPUSliceMixin(Spawner):
             if loop.time() > deadline:
                 message = f"Gave up after {self.preempt_wait_timeout:g} s: {message}"
                 self._progress(100, message)
-                raise SliceRefused(message)
+                raise SliceRefused(message, 409)
             percent = min(percent + 2, 35)
             self._progress(percent, message)
             await asyncio.sleep(min(float(grant.get("retry_after") or 2), 10.0))

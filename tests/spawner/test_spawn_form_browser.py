@@ -111,3 +111,42 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
     assert [a["profile"] for a in held] == ["share-250"]
     hub.hub_api("DELETE", "/users/ann/server")
     hub.wait_gone("ann")
+
+
+def test_a_stale_form_shows_the_refusal_and_start_is_off_with_nothing_to_pick(hub_factory: Any):
+    need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
+    sync_api = need_module("playwright.sync_api")
+    hub = hub_factory(spawner="gpuslice-simple", profiles=PROFILES[:1])  # two 1g.10gb slices
+    hub.add_user("ann")
+    hub.add_user("bob")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 760})
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", "ann")
+            page.fill("#password_input", "test-password")
+            page.click("#login_submit")
+            page.wait_for_url("**/hub/**")
+            page.goto(f"{hub.url}/hub/spawn")
+            page.locator(".gpuslice-form").wait_for()
+            start = page.locator("form#spawn_form [type=submit]").first
+            assert start.is_enabled()
+            # while ann reads the form, colleagues take both slices
+            for server in ("a", "b"):
+                assert hub.allocate("bob", "mig-1g.10gb", server).status_code == 201
+            with page.expect_response("**/hub/spawn**") as answer:
+                start.click()
+            assert answer.value.status == 409
+            # the service's own words, on the form (not "500: Internal Server Error")
+            page.get_by_text("No mig-1g.10gb free (2 of 2 in use)").wait_for()
+            assert "Internal Server Error" not in page.content()
+            # the form came back with the current picture: nothing to pick, Start is off
+            assert page.locator(".gpuslice-none").is_visible()
+            assert page.locator("form#spawn_form [type=submit]").first.is_disabled()
+        finally:
+            browser.close()
+    assert hub.server_model("ann") is None or not hub.server_model("ann").get("ready")
+    assert (
+        hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()["allocations"] == []
+    )
