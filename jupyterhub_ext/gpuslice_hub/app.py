@@ -49,6 +49,7 @@ from .db.models import utcnow
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .errors import ConfigError
 from .hubapi import HubAPI
+from .idle import effective_policy
 from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
 from .ledger import Ledger
@@ -289,6 +290,13 @@ class GPUSliceService(Application):
             config = PolicyConfig.parse(self.idle_policy)
         except PolicyError as e:
             raise ConfigError(e.key, e.message) from None
+        if "idle_timeout" in self.idle_policy:
+            # every profile has its own idle_timeout, which a default here never overrides
+            raise ConfigError(
+                "idle_policy.idle_timeout",
+                "would never apply: set idle_timeout on each profile, or per profile in "
+                "idle_policy['profiles']",
+            )
         for name in config.profiles:
             if name not in self.parsed_profiles:
                 raise ConfigError(f"idle_policy.profiles.{name}", "no such profile")
@@ -438,9 +446,9 @@ class GPUSliceService(Application):
         store = self.admin_settings
 
         def policy_for(a: Any) -> Any:
-            profile = self.parsed_profiles.get(a.profile)
-            timeout = profile.idle_timeout if profile else None
-            return self.idle_policy_config.resolve(a.user, a.groups, a.profile, timeout)
+            return effective_policy(
+                self.idle_policy_config, self.parsed_profiles, a.user, a.groups, a.profile, None
+            )
 
         found = find_silent(
             self.ledger,

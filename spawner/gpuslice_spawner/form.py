@@ -12,11 +12,29 @@ def _memory(p: dict[str, Any]) -> str:
     return ""
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 60} min" if seconds >= 60 else f"{seconds} s"
+
+
 def _idle(p: dict[str, Any]) -> str:
-    t = p.get("idle_timeout") or 0
-    if not t:
+    """What idle reclaim will do to a server on this profile, as the service resolves it
+    for this user (``idle`` in ``api/profiles``: the admin's policy and exemptions)."""
+    idle = p.get("idle") or {"timeout": p.get("idle_timeout") or 0, "action": "server"}
+    if idle.get("exempt"):
+        return "not reclaimed when idle (you are exempt)"
+    timeout = idle.get("timeout") or 0
+    if not timeout:
         return "never reclaimed when idle"
-    return f"reclaimed after {t // 60} min idle" if t >= 60 else f"reclaimed after {t} s idle"
+    if idle.get("action") == "server":
+        return f"reclaimed after {_duration(timeout)} idle (the server is stopped)"
+    # action "kernel": the kernels go, the slice stays with the server
+    return (
+        f"idle kernels are shut down after {_duration(timeout)}; the slice is held until "
+        "you stop the server"
+    )
 
 
 # Scoped to the form, on top of the hub page's Bootstrap: rows that cannot be chosen are

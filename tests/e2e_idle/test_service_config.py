@@ -57,6 +57,8 @@ def test_a_valid_policy_resolves_per_profile_and_user():
         ),
         ({"idle_timeout": 100, "warning_lead": 200}, "idle_policy.warning_lead"),
         ({"exempt_users": "ann"}, "idle_policy.exempt_users"),
+        # a setting that would do nothing: every profile's own idle_timeout wins over it
+        ({"idle_timeout": 600}, "idle_policy.idle_timeout"),
     ],
 )
 def test_a_bad_policy_is_refused_naming_the_key(policy, key):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RequestError
+from ..idle import announced, effective_policy
 from ..serialize import inventory_json, iso
 from .base import BaseHandler, api_authenticated
 
@@ -66,10 +67,21 @@ class ProfilesHandler(BaseHandler):
         else:
             user = ident.name
         inv = self.service.inventory
+        profiles = self.ledger.availability(user, groups)
+        # what idle reclaim will do on each, as the user's server will apply it
+        store = self.service.admin_settings
+        exemption = store.exemption(user) if store is not None else None
+        for entry in profiles:
+            policy = effective_policy(
+                self.service.idle_policy_config,
+                self.service.parsed_profiles,
+                user,
+                groups,
+                entry["name"],
+                exemption,
+            )
+            entry["idle"] = announced(policy)
+            entry["idle_timeout"] = entry["idle"]["timeout"]
         self.write_json(
-            {
-                "user": user,
-                "simulated": bool(inv and inv.simulated),
-                "profiles": self.ledger.availability(user, groups),
-            }
+            {"user": user, "simulated": bool(inv and inv.simulated), "profiles": profiles}
         )

@@ -3,12 +3,12 @@ whose slice its extension found idle (or whose owner pressed "release")."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from tornado.httpclient import HTTPClientError
 
 from ..errors import RequestError
+from ..idle import effective_policy
 from .base import BaseHandler, Identity, allocation_age, api_authenticated
 
 
@@ -27,16 +27,15 @@ class IdlePolicyHandler(BaseHandler):
             alloc = self.visible_allocation(ident, raw)
             user, profile = alloc["user"], alloc["profile"]
         groups = await self._groups(ident, user)
-        parsed = self.service.parsed_profiles.get(profile) if profile else None
-        policy = self.service.idle_policy_config.resolve(
-            user, groups, profile, parsed.idle_timeout if parsed else None
-        )
         store = self.service.admin_settings
-        exemption = store.exemption(user) if store is not None and not policy.exempt else None
-        if exemption is not None:
-            until = f" until {exemption['expires_at']}" if exemption["expires_at"] else ""
-            why = f"exempted by {exemption['set_by']}{until}: {exemption['reason']}"
-            policy = replace(policy, exempt=True, exempt_reason=why)
+        policy = effective_policy(
+            self.service.idle_policy_config,
+            self.service.parsed_profiles,
+            user,
+            groups,
+            profile,
+            store.exemption(user) if store is not None else None,
+        )
         self.write_json({"user": user, "profile": profile, "policy": policy.to_json()})
 
     async def _groups(self, ident: Identity, user: str) -> tuple[str, ...]:
