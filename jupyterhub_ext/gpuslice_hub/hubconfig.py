@@ -17,6 +17,7 @@ assignment, see :class:`_MergingSection`).
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -45,7 +46,7 @@ def configure_jupyterhub(
     *,
     config_file: str,
     name: str = "gpuslice",
-    url: str = "http://127.0.0.1:10101",
+    url: str | None = None,
     admin_users: Iterable[str] = (),
     admin_groups: Iterable[str] = (),
     metrics_services: Iterable[str] = (),
@@ -59,6 +60,9 @@ def configure_jupyterhub(
     ``metrics_services``: hub services (e.g. Prometheus' scraper) given the read-only
     ``custom:gpuslice:metrics`` scope, enough for ``/metrics`` and nothing else."""
     token = api_token or secrets.token_hex(32)
+    # A free loopback port unless the admin names one: two hubs on one host (or a port
+    # some other program holds) must not make the service crash-loop on a fixed default.
+    url = url or f"http://127.0.0.1:{free_port()}"
     service = {
         "name": name,
         "url": url,
@@ -112,6 +116,13 @@ def configure_jupyterhub(
         c.GPUSliceMixin.service_token = token
         c.GPUSliceMixin.service_name = name
     return token
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def merge_services(current: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[dict]:

@@ -72,6 +72,13 @@ def test_hub_config_is_merged_whatever_the_order():
     )
     # a user cannot switch idle reclaim off from ~/.jupyter
     assert c.Spawner.disable_user_config is True
+    # no fixed default port: two hubs on one host get a service each
+    other = Config()
+    configure_jupyterhub(other, config_file="g.py")
+    ours = next(s for s in c.JupyterHub.services if s["name"] == "gpuslice")["url"]
+    theirs = other.JupyterHub.services[0]["url"]
+    assert ours.startswith("http://127.0.0.1:") and ours != theirs
+    assert c.GPUSliceMixin.service_url == ours + "/services/gpuslice/"
     # what the hub loads (a merged copy) still has it all
     loaded = Config()
     loaded.merge(c)
