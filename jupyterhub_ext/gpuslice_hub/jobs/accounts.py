@@ -52,8 +52,14 @@ class Account:
 
     @classmethod
     def current(cls) -> Account:
-        """The service's own account (``run_jobs_as_service_user``)."""
-        pw = pwd.getpwuid(os.geteuid())
+        """The service's own account (``run_jobs_as_service_user``); a uid with no passwd
+        entry (as in some containers) is named by its number."""
+        uid = os.geteuid()
+        try:
+            pw = pwd.getpwuid(uid)
+        except KeyError:
+            home = os.environ.get("HOME", "/")
+            return cls(str(uid), uid, os.getegid(), tuple(os.getgroups()), home, "/bin/sh")
         return cls(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgroups()), pw.pw_dir, pw.pw_shell)
 
     @property

@@ -52,6 +52,11 @@ def start_jobs(app: GPUSliceService) -> JobManager:
 def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
     """Refuse to start a backend that would run users' jobs with the service's rights, or
     hand them the service's variables; warn loudly when an admin chose to."""
+    for name, value in manager.job_environment.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name or "=" in name:
+            raise ConfigError(
+                "JobManager.job_environment", f"{name!r}: names and values must be strings"
+            )
     for key in ("job_env_keep", "job_environment"):
         bad = forbidden_names(getattr(manager, key))
         if bad:

@@ -1,0 +1,65 @@
+"""Start-up checks of the job backends: a service that would run users' jobs with its own
+rights, or hand them its credentials, refuses to start and names the setting."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpuslice_hub.errors import ConfigError
+from gpuslice_hub.jobs.backends import LocalBackend
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.setup import check_job_settings
+from tests.harness.engines import need
+
+
+def manager(root: Path, **traits) -> JobManager:
+    return JobManager(None, None, LocalBackend(), root, **traits)  # type: ignore[arg-type]
+
+
+def app(backend: str = "local") -> SimpleNamespace:
+    return SimpleNamespace(job_backend=backend, log=logging.getLogger("test"))
+
+
+@pytest.mark.parametrize(
+    ("traits", "key"),
+    [
+        ({"job_env_keep": ["LANG", "JUPYTERHUB_API_TOKEN"]}, "JobManager.job_env_keep"),
+        ({"job_environment": {"JPY_API_TOKEN": "x"}}, "JobManager.job_environment"),
+        ({"job_environment": {"N": 3}}, "JobManager.job_environment"),
+    ],
+)
+def test_credentials_and_bad_values_never_reach_a_job(tmp_path, traits, key):
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app(), manager(tmp_path / "jobs", **traits))
+    assert e.value.key == key
+
+
+def test_a_local_backend_that_cannot_switch_users_refuses_to_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app(), manager(tmp_path / "jobs"))
+    assert e.value.key == "JobManager.run_jobs_as_service_user"
+    assert "uid 4242" in str(e.value) and "run_jobs_as_service_user = True" in str(e.value)
+
+
+def test_running_jobs_as_the_service_is_allowed_but_announced(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    with caplog.at_level(logging.WARNING, "test"):
+        check_job_settings(app(), manager(tmp_path / "jobs", run_jobs_as_service_user=True))
+    assert "every user's batch job runs as the service's account" in caplog.text
+
+
+def test_a_jobs_root_other_users_cannot_reach_is_refused(tmp_path):
+    need(os.geteuid() == 0, "root (the service runs jobs as their owners only as root)")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app(), manager(private / "jobs"))
+    assert e.value.key == "jobs_root" and str(private) in str(e.value)
+    jobs = manager(private / "jobs").root
+    assert oct(jobs.stat().st_mode & 0o777) == "0o711"
