@@ -12,9 +12,13 @@ from .placement.engine import Policy
 
 
 def build_hosts(
-    hosts: Iterable[Any], gpus: Iterable[Any], active: Iterable[Any]
+    hosts: Iterable[Any],
+    gpus: Iterable[Any],
+    active: Iterable[Any],
+    ignore_drain: bool = False,
 ) -> list[HostState]:
-    """Free capacity per present host, after subtracting every active allocation."""
+    """Free capacity per present host, after subtracting every active allocation.
+    ``ignore_drain``: count drained GPUs as if in service (what a drain takes away)."""
     states: dict[str, HostState] = {}
     for rank, h in enumerate(sorted((h for h in hosts if h.present), key=lambda h: h.name)):
         states[h.name] = HostState(h.name, h.cpu_milli, h.memory_mib, [], rank)
@@ -27,7 +31,8 @@ def build_hosts(
             for m in g.mig_instances
             if m.present
         ]
-        state = GPUState(g.uuid, g.model, g.memory_mib, mig=slots, drained=g.drained)
+        drained = g.drained and not ignore_drain
+        state = GPUState(g.uuid, g.model, g.memory_mib, mig=slots, drained=drained)
         states[g.host].gpus.append(state)
         by_uuid[g.uuid] = state
     for a in active:

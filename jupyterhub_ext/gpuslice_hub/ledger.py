@@ -92,6 +92,7 @@ class Ledger:
         self._quota_cache: tuple[int, Quotas] | None = None
         self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
         self._totals_cache: tuple[int, dict[str, int]] | None = None
+        self._undrained_cache: tuple[int, dict[str, int]] | None = None
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -348,7 +349,7 @@ class Ledger:
     def _no_capacity(
         self, inv: InventoryView, caller: Caller, profile: Profile, hosts: list[HostState]
     ) -> RequestError:
-        total = count_fits(profile.request(), build_hosts(inv.hosts, inv.gpus, []), self.policy)
+        total = self._totals(inv)[profile.name]
         others = []
         for other in self.profiles.values():
             if other.name == profile.name or not other.allowed_for(caller.groups):
@@ -356,9 +357,11 @@ class Ledger:
             free = count_fits(other.request(), hosts, self.policy)
             if free:
                 others.append(f"{other.name} has {free} free")
-        message = f"No {profile.name} free ({total} of {total} in use)"
-        if total == 0:
-            message = f"No {profile.name} can be placed: no host has {profile.summary()}"
+        why = self._none_free(profile, total, inv)
+        if total:  # "all in use (...)": said as "No X free (...)"
+            message = f"No {profile.name} free {why.removeprefix('all in use ')}"
+        else:
+            message = f"No {profile.name} can be placed: {why}"
         if others:
             message += "; " + ", ".join(others)
         return RequestError(409, message, code="no_capacity", alternatives=others)
@@ -518,14 +521,24 @@ class Ledger:
     def _totals(self, inv: InventoryView) -> dict[str, int]:
         """How many of each profile an empty cluster holds: changes with the inventory only."""
         cached = self._totals_cache
-        if cached is not None and cached[0] == inv.generation:
-            return cached[1]
-        empty = build_hosts(inv.hosts, inv.gpus, [])
-        totals = {
+        if cached is None or cached[0] != inv.generation:
+            cached = (inv.generation, self._count_empty(inv, ignore_drain=False))
+            self._totals_cache = cached
+        return cached[1]
+
+    def _undrained_totals(self, inv: InventoryView) -> dict[str, int]:
+        """``_totals`` with the drained GPUs back in service: what a drain takes away."""
+        cached = self._undrained_cache
+        if cached is None or cached[0] != inv.generation:
+            cached = (inv.generation, self._count_empty(inv, ignore_drain=True))
+            self._undrained_cache = cached
+        return cached[1]
+
+    def _count_empty(self, inv: InventoryView, ignore_drain: bool) -> dict[str, int]:
+        empty = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
+        return {
             name: count_fits(p.request(), empty, self.policy) for name, p in self.profiles.items()
         }
-        self._totals_cache = (inv.generation, totals)
-        return totals
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not."""
@@ -543,11 +556,7 @@ class Ledger:
                 if not allowed:
                     reason = "not allowed for your groups"
                 elif free == 0:
-                    reason = (
-                        f"all in use ({total} of {total} in use)"
-                        if total
-                        else f"no host offers {p.summary()}"
-                    )
+                    reason = self._none_free(p, total, inv)
                 else:
                     want = Usage(p.quota_weight, p.request().total_gpu_milli or _mig_milli(p, inv))
                     charge = self.effective_quotas(s).check(user, groups, want, holdings)
@@ -558,6 +567,16 @@ class Ledger:
                 )
                 out.append(entry)
             return out
+
+    def _none_free(self, p: Profile, total: int, inv: InventoryView) -> str:
+        """Why none of ``p`` is free, saying so when a drain is (part of) the reason."""
+        drained = self._undrained_totals(inv)[p.name] - total
+        if total == 0:
+            if drained > 0:
+                return "every GPU that offers it is drained for maintenance"
+            return f"no host has {p.summary()}"
+        more = f"; {drained} more on GPUs drained for maintenance" if drained > 0 else ""
+        return f"all in use ({total} of {total} in use{more})"
 
     def effective_quotas(self, s: Session) -> Quotas:
         """The configured quotas with the admins' runtime overrides applied.

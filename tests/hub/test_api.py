@@ -215,6 +215,16 @@ def test_admin_drains_a_gpu_and_it_takes_no_new_slices(clean):
             assert r.json()["assignments"][0]["gpu_uuid"] != gpu
     profiles = {p["name"]: p for p in clean.api("GET", "/api/profiles", admin).json()["profiles"]}
     assert profiles["gpu-1"]["total"] == 1
+    # the shares took the one whole GPU left in service: the drain is named as a reason
+    profiles = {p["name"]: p for p in clean.api("GET", "/api/profiles", ann).json()["profiles"]}
+    assert profiles["gpu-1"]["reason"] == (
+        "all in use (1 of 1 in use; 1 more on GPUs drained for maintenance)"
+    )
+    r = clean.allocate("ann", "gpu-1", "another")
+    assert r.status_code == 409
+    assert r.json()["message"].startswith(
+        "No gpu-1 free (1 of 1 in use; 1 more on GPUs drained for maintenance)"
+    )
     events = clean.api("GET", "/api/events", admin).json()["events"]
     assert any(e["kind"] == "gpu-drained" and e["reason"] == "ECC errors" for e in events)
     r = clean.api("POST", f"/api/gpus/{gpu}/drain", admin, json={"drained": False})
