@@ -172,9 +172,14 @@ export async function submitJob(
     }
     try {
       const job = await api.submit(built.value);
-      Notification.success(`Submitted ${job.name || path} as job ${job.id} (${job.state}).`, {
-        autoClose: 5000
-      });
+      const submitted = `Submitted ${job.name || path} as job ${job.id} (${job.state}).`;
+      const warnings = job.warnings ?? [];
+      if (warnings.length) {
+        // e.g. a parameter the notebook assigns again: the job would compute with another value
+        Notification.warning(`${submitted} Check: ${warnings.join('; ')}.`, { autoClose: false });
+      } else {
+        Notification.success(submitted, { autoClose: 5000 });
+      }
       onSubmitted(job);
       return job;
     } catch (error) {

@@ -111,6 +111,8 @@ export interface IJob {
   path?: string | null;
   log_tail: string | null;
   transitions: ITransition[];
+  /** Only in the answer to a submission: what may make the result not what was asked. */
+  warnings?: string[];
 }
 
 /** Fields left out take the service's defaults (it refuses nulls). */

@@ -71,6 +71,7 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         ["epochs = 1\n", "print('trained for', epochs, 'epochs')\n"],
         parameters_cell=True,
     )
+    write_notebook(home / "untagged.ipynb", ["epochs = 1\n", "print('epochs', epochs)\n"])
 
     with chromium(sync_api, tmp_path) as page:
         spawn_in_browser(page, hub, "ann", "share-250")
@@ -161,5 +162,19 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         tab.wait_for()
         page.locator(".jp-OutputArea-output", has_text="trained for 3 epochs").wait_for()
         assert card.get_by_role("button", name="Resubmit").is_visible()
+
+        # A notebook with no parameters cell that sets the parameter itself: the job would
+        # compute with its own value, and the lab says so when it is submitted.
+        page.goto(f"{hub.url}/user/ann/lab/tree/untagged.ipynb")
+        page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpuslice-submit"]').click()
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator("textarea[name=parameters]").fill("epochs = 3")
+        page.wait_for_function(
+            "() => document.querySelector('.jp-Dialog select[name=profile]')?.value"
+        )
+        dialog.get_by_role("button", name="Submit").click()
+        warning = page.locator(".Toastify__toast", has_text="is assigned again in code cell 1")
+        warning.wait_for(timeout=60_000)
+        assert "no cell tagged 'parameters'" in warning.inner_text()
     hub.hub_api("DELETE", "/users/ann/server")
     hub.wait_gone("ann")

@@ -111,6 +111,29 @@ FORGE = (
 )
 
 
+def test_an_overwritten_parameter_is_said_at_submission_and_in_the_log(jobs_hub):
+    """The issue's example: no cell tagged parameters, the first cell sets n itself."""
+    hub = jobs_hub
+    alice = hub.add_user("alice")
+    nb = notebook(["n = 5", "print('RESULT', n)"], tag_first_as_parameters=False)
+    body = {"path": "p.ipynb", "profile": "gpu-1", "notebook": json.loads(nbformat.writes(nb))}
+    r = hub.api("POST", "/api/jobs", alice, json={**body, "parameters": {"n": 3}})
+    assert r.status_code == 201, r.text
+    warnings = r.json()["warnings"]
+    assert any("no cell tagged 'parameters'" in w for w in warnings), warnings
+    assert any("parameter n is assigned again in code cell 1" in w for w in warnings), warnings
+    done = wait_state(hub, alice, r.json()["id"], ("completed", "failed"))
+    log = hub.api("GET", f"/api/jobs/{done['id']}/log", alice).json()["log"]
+    assert "warning: parameter n is assigned again in code cell 1" in log
+    # the run itself follows papermill's rule: injected first, then overwritten by the cell
+    r = hub.api("GET", f"/api/jobs/{done['id']}/output", alice)
+    assert "RESULT 5" in r.text
+    # a notebook that takes its parameters properly gets no warning
+    clean = submit(hub, alice, parameters={"steps": 5})
+    assert clean.json()["warnings"] == []
+    wait_state(hub, alice, clean.json()["id"], ("completed", "failed"))
+
+
 def test_a_job_forging_its_state_cannot_stop_the_scheduler_or_poison_figures(jobs_hub):
     """state.json is in the job's own folder: the service takes it as claims, checked."""
     hub = jobs_hub

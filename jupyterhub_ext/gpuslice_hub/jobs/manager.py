@@ -20,6 +20,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from gpuslice.run.jobdir import JobDir
+from gpuslice.run.params import parameter_warnings
 
 from ..db.engine import Database
 from ..db.jobs_models import JobRow, JobTransitionRow
@@ -230,6 +231,9 @@ class JobManager(LoggingConfigurable):
             job.job_dir = str(job_dir)
             out = job_json(job)
         self.wake.set()
+        # Said when submitting (the lab shows them) and again in the job's log by the runner:
+        # a parameter the notebook overwrites gives a result computed with another value.
+        out["warnings"] = parameter_warnings(nb, spec["parameters"])
         return out
 
     def _validate(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ cell tagged ``parameters`` (or first, when there is none), overriding its defaul
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any
@@ -57,6 +58,14 @@ def _check_value(name: str, value: Any, depth: int) -> None:
     raise ParameterError(f"parameter {name} has an unsupported type {type(value).__name__}")
 
 
+def injection_point(nb: nbformat.NotebookNode) -> int:
+    """Where the injected cell goes: after the cell tagged ``parameters``, else first."""
+    for i, c in enumerate(nb.cells):
+        if "parameters" in c.get("metadata", {}).get("tags", []):
+            return i + 1
+    return 0
+
+
 def inject(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> None:
     """Insert the injected-parameters cell (Python kernels only: values as Python literals)."""
     if not parameters:
@@ -65,9 +74,85 @@ def inject(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> None:
     lines += [f"{name} = {value!r}" for name, value in parameters.items()]
     cell = nbformat.v4.new_code_cell("\n".join(lines))
     cell.metadata["tags"] = ["injected-parameters"]
-    at = 0
-    for i, c in enumerate(nb.cells):
-        if "parameters" in c.get("metadata", {}).get("tags", []):
-            at = i + 1
-            break
-    nb.cells.insert(at, cell)
+    nb.cells.insert(injection_point(nb), cell)
+
+
+def parameter_warnings(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> list[str]:
+    """What a researcher must know before trusting the result: the notebook has no cell
+    tagged ``parameters`` (the values go first, papermill's rule), or a later cell assigns
+    a parameter again, so the value given is overwritten and the job computes with another.
+    Cells that are not plain Python (magics, other languages) are not looked into."""
+    if not parameters:
+        return []
+    at = injection_point(nb)
+    warnings = []
+    if at == 0:
+        warnings.append(
+            "the notebook has no cell tagged 'parameters': the parameters are set before "
+            "its first cell"
+        )
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"]
+    for number, (index, cell) in enumerate(code, start=1):
+        if index < at:
+            continue
+        source = cell.get("source", "")
+        # nbformat JSON may hold a cell's source as a list of lines
+        text = "".join(source) if isinstance(source, list) else str(source)
+        for name, line in _assigned(text):
+            if name in parameters:
+                warnings.append(
+                    f"parameter {name} is assigned again in code cell {number} (line {line}): "
+                    f"the value given ({parameters[name]!r}) is overwritten there"
+                )
+    return warnings
+
+
+def _module_scope(tree: ast.AST) -> list[ast.AST]:
+    """Every node that runs in the notebook's namespace: not inside a function, class,
+    lambda or comprehension (their names are their own)."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if node is not tree and isinstance(
+            node,
+            ast.FunctionDef
+            | ast.AsyncFunctionDef
+            | ast.ClassDef
+            | ast.Lambda
+            | ast.ListComp
+            | ast.SetComp
+            | ast.DictComp
+            | ast.GeneratorExp,
+        ):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _assigned(source: str) -> list[tuple[str, int]]:
+    """Top-level names a cell binds (assignments, for loops, imports, defs), with lines."""
+    lines = [ln if not ln.lstrip().startswith(("%", "!")) else "" for ln in source.splitlines()]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return []
+    out = []
+    for node in _module_scope(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.NamedExpr):
+            targets = [node.target]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.append((node.name, node.lineno))
+            continue
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            out += [((a.asname or a.name).split(".")[0], node.lineno) for a in node.names]
+            continue
+        for target in targets:
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Name) and isinstance(leaf.ctx, ast.Store):
+                    out.append((leaf.id, leaf.lineno))
+    return sorted(set(out), key=lambda x: (x[1], x[0]))

@@ -23,7 +23,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from .jobdir import EXIT_FAILED, EXIT_PREEMPTED, JobDir, write_json_atomic
-from .params import inject
+from .params import inject, parameter_warnings
 from .usage import JobUsage, default_usage_interval
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -53,7 +53,10 @@ class Runner:
             return nbformat.read(self.jd.output_path, as_version=4), True
         nb = nbformat.read(self.jd.input_path, as_version=4)
         if self._is_python(nb):
-            inject(nb, self.spec.get("parameters") or {})
+            parameters = self.spec.get("parameters") or {}
+            for warning in parameter_warnings(nb, parameters):
+                self.jd.log(f"warning: {warning}")
+            inject(nb, parameters)
         elif self.spec.get("parameters"):
             self.jd.log("parameters not injected (not a Python kernel); see $GPUSLICE_PARAMETERS")
         return nb, False
