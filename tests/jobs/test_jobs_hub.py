@@ -266,6 +266,10 @@ def test_sigkilled_runner_is_requeued_and_finishes(jobs_hub):
     assert j["restarts"] == 1
     done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=180)
     assert done["state"] == "completed", done
+    # the second attempt is recorded once its own runner has started: the killed runner's
+    # state.json still said "running, attempt 1"
+    started = [t["reason"] for t in done["transitions"] if t["state"] == "running"]
+    assert started == ["runner started (attempt 1)", "runner started (attempt 2)"], started
     result = output_result(hub, alice, job_id)
     assert result["first_step"] > 0
     np.testing.assert_array_equal(result["w"], expected_w(300, 0.05))

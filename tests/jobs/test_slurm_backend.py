@@ -86,7 +86,11 @@ def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm,
     out = (d / "slurm.out").read_text()
     assert out.count("DUE TO PREEMPTION") == 1  # appended to, not overwritten, on restart
     log = (d / "job.log").read_text()
-    assert "attempt 2" in log and "resumed from the namespace snapshot" in log
+    # preempted in the loop's cell before any namespace snapshot: the log says the cells
+    # run again from the top (the loop itself resumes from its own checkpoint, first_step)
+    assert "attempt 2" in log
+    assert "no namespace snapshot was taken: running from the first cell" in log
+    assert "resumed from the namespace snapshot after cell 0" not in log
 
 
 @pytest.mark.slurm

@@ -55,7 +55,8 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
     for key, (lo, hi) in numbers.items():
         if (x := _number(state.get(key), lo, hi)) is not None:
             out[key] = x
-    at = state.get("utilization_at")
-    if isinstance(at, str) and len(at) <= 64:
-        out["utilization_at"] = at
+    for key in ("utilization_at", "attempt_token"):
+        text = state.get(key)
+        if isinstance(text, str) and len(text) <= 64:
+            out[key] = text
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +34,7 @@ from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
 EXIT_PREEMPTED = 75
+ATTEMPT_TOKEN = "GPUSLICE_ATTEMPT_TOKEN"
 
 
 class Scheduler:
@@ -109,7 +111,7 @@ class Scheduler:
             if row is None or row.state != job.state:
                 return
             _copy_progress(row, runner)
-            if row.state == "starting" and runner.get("status") == "running":
+            if row.state == "starting" and self._this_attempt(row, runner, "running"):
                 transition(s, row, "running", f"runner started (attempt {runner.get('attempt')})")
             if over_time and row.state in ("running", "preempting"):
                 transition(s, row, "timed-out", f"ran past its max runtime {job.max_runtime:g}s")
@@ -124,6 +126,14 @@ class Scheduler:
         if job.state == "preempting" and deadline is not None and now >= deadline:
             self.jobs.log_line(job, "grace period over: killing the runner")
             self.jobs.backend.kill(job.backend_ref or {})
+
+    @staticmethod
+    def _this_attempt(row: JobRow, runner: dict[str, Any], status: str) -> bool:
+        """The runner of the current attempt says ``status``: a state.json left by an
+        earlier attempt does not count. (Slurm may start the same script again after its own
+        requeue: the token is the same then, and so is the job's attempt for the service.)"""
+        token = (row.backend_ref or {}).get("attempt_token")
+        return runner.get("status") == status and runner.get("attempt_token") == token
 
     def _finished(
         self, job: JobRow, status: RunStatus, runner: dict[str, Any], now: datetime
@@ -302,6 +312,9 @@ class Scheduler:
             self._fail(job, str(e), grants)
             return
         env = self._env(job, grants, account)
+        # Names this start: the runner writes it into its state, so a state.json left by an
+        # earlier attempt (a crashed runner's "running") is never taken for this one's.
+        token = env[ATTEMPT_TOKEN] = secrets.token_hex(8)
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "queued":
@@ -334,7 +347,11 @@ class Scheduler:
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is not None:
-                row.backend_ref = ref
+                if ref.get("resume"):
+                    # the backend runs the same submission again (Slurm's own requeue): its
+                    # runner has the token it was submitted with
+                    token = (job.backend_ref or {}).get("attempt_token", token)
+                row.backend_ref = {**ref, "attempt_token": token}
 
     def _fail(self, job: JobRow, error: str, grants: list[dict[str, Any]]) -> None:
         with self.jobs.db.writing() as s:

@@ -159,7 +159,12 @@ class Runner:
         attempt = int(self.jd.state().get("attempt", 0)) + 1
         code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
         self.jd.write_state(
-            status="running", attempt=attempt, cells_total=len(code_cells), pid=os.getpid()
+            status="running",
+            attempt=attempt,
+            cells_total=len(code_cells),
+            pid=os.getpid(),
+            # which start of the job this is, as the service named it
+            attempt_token=os.environ.get("GPUSLICE_ATTEMPT_TOKEN"),
         )
         self.jd.log(f"attempt {attempt}: {len(code_cells)} code cells, pid {os.getpid()}")
         os.environ.update(
@@ -193,7 +198,11 @@ class Runner:
                     self._forward()
                 if resuming:
                     start = await self._restore()
-                    self.jd.log(f"resumed from the namespace snapshot after cell {start}")
+                    self.jd.log(
+                        f"resumed from the namespace snapshot after cell {start}"
+                        if start
+                        else "no namespace snapshot was taken: running from the first cell"
+                    )
             elif resuming:
                 self.jd.log("not a Python kernel: rerunning from the top")
             return await self._cells(nb, code_cells, start)
