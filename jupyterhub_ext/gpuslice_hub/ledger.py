@@ -57,6 +57,12 @@ CLAIMS = cast(Table, ClaimRow.__table__)
 EVENTS = cast(Table, EventRow.__table__)
 
 PURPOSES = ("interactive", "batch")
+# Events of a stop the service asked for, and how a release that follows one reads.
+RECLAIM_KINDS = {
+    "idle-culled": "idle-culled",
+    "release-requested": "released by its owner",
+    "reclaim-silent": "reclaimed: its server stopped reporting",
+}
 REFUSALS = ("forbidden_profile", "over_quota", "no_capacity")
 
 
@@ -163,7 +169,8 @@ class Ledger:
             if changed:
                 bump_generation(s)
                 kind = "gpu-drained" if drained else "gpu-undrained"
-                self._event(s, kind, None, actor, None, None, reason or None, {"gpu": gpu_uuid})
+                detail = {"gpu": gpu_uuid, "host": row.host, "index": row.index}
+                self._event(s, kind, None, actor, None, None, reason or None, detail)
             return {"uuid": gpu_uuid, "drained": drained, "changed": changed}
 
     # -- allocation --------------------------------------------------------------------
@@ -369,11 +376,18 @@ class Ledger:
     # -- release -----------------------------------------------------------------------
 
     def release(
-        self, alloc_id: int, actor: str, reason: str, owner: str | None = None
+        self,
+        alloc_id: int,
+        actor: str,
+        reason: str,
+        owner: str | None = None,
+        server_stopped: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         """Release once; a second release is a no-op that reports ``released=False``.
 
         ``owner``: when given, only that user's allocation may be released (404 otherwise).
+        ``server_stopped``: the spawner releases the slice of a server the hub stopped; when
+        the service asked for that stop, the release says why (see ``_why_stopped``).
         """
         with self.db.writing() as s:
             view = load_allocation(s, alloc_id)
@@ -384,8 +398,26 @@ class Ledger:
                 raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
             if not view.active:
                 return allocation_json(view, self._gpus(s)), False
+            if server_stopped:
+                reason = self._why_stopped(s, alloc_id) or reason
             self._release(s, view, actor, reason)
             return allocation_json(view, self._gpus(s)), True
+
+    @staticmethod
+    def _why_stopped(s: Session, alloc_id: int) -> str | None:
+        """A server the service asked the hub to stop (idle cull, the owner's release, a
+        silent server) is released by its spawner as "server stopped": the release keeps the
+        real reason, from the service's own record of the request."""
+        row = s.execute(
+            select(EVENTS.c.kind, EVENTS.c.reason)
+            .where(EVENTS.c.allocation_id == alloc_id, EVENTS.c.kind.in_(RECLAIM_KINDS))
+            .order_by(EVENTS.c.id.desc())
+            .limit(1)
+        ).first()
+        if row is None:
+            return None
+        kind, reason = row
+        return f"{RECLAIM_KINDS[kind]}: {reason}" if reason else RECLAIM_KINDS[kind]
 
     def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:
         now = utcnow()

@@ -210,10 +210,14 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
     # The exact lead is tested with a test clock (tests/extension); here, with real time
     # and a loaded machine, the warning must arrive before the deadline it announces.
     assert deadline > warned_at
+    held = active_allocations(hub, "ann")
     hub.wait_gone("ann", timeout=60)
     gone_at = time.time()
     assert gone_at >= deadline - 0.5
     assert active_allocations(hub, "ann") == []
+    # the release says it was an idle cull (the spawner only knows its server stopped)
+    released = hub.api("GET", f"/api/allocations/{held[0]['id']}", hub.service_token).json()
+    assert released["release_reason"].startswith("idle-culled: "), released
     kinds = [(e["kind"], e["reason"]) for e in idle_events(hub, "ann")]
     assert [k for k, _ in kinds] == ["idle-warning", "idle-culled"]
     assert "GPU idle" in kinds[1][1]
@@ -334,6 +338,8 @@ def test_release_button_and_the_services_checks(idle_hub):
     assert r.status_code == 202, r.text
     hub.wait_gone("fay", timeout=60)
     assert active_allocations(hub, "fay") == []
+    released = hub.api("GET", f"/api/allocations/{alloc['id']}", hub.service_token).json()
+    assert released["release_reason"].startswith("released by its owner"), released
     r = hub.api("GET", "/api/events?user=fay", hub.service_token)
     kinds = [e["kind"] for e in r.json()["events"]]
     assert "release-requested" in kinds and "idle-culled" not in kinds

@@ -347,6 +347,10 @@ def test_max_runtime_and_all_or_nothing_slices(jobs_hub):
     assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
     assert hub.api("DELETE", f"/api/jobs/{wide}", alice).json()["state"] == "cancelled"
     assert hub.api("DELETE", f"/api/jobs/{wide}", alice).status_code == 409
+    # her own cancellation is no admin action: the admin panel's action log does not list it
+    admin = hub.add_user("admin", admin=True)
+    actions = hub.api("GET", "/api/admin/actions", admin).json()["actions"]
+    assert not [a for a in actions if a.get("detail", {}).get("job_id") == wide], actions
 
     slow = submit(hub, alice, cells=NO_CHECKPOINT_LOOP, max_runtime=3).json()["id"]
     done = wait_state(hub, alice, slow, ("timed-out", "completed", "failed"), timeout=60)

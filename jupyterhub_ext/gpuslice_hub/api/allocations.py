@@ -80,6 +80,11 @@ class AllocationHandler(BaseHandler):
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
         owner = None if ident.sees_all else ident.name
         alloc, released = self.ledger.release(
-            self.db_id(alloc_id, "allocation"), ident.name, reason, owner=owner
+            self.db_id(alloc_id, "allocation"),
+            ident.name,
+            reason,
+            owner=owner,
+            # the hub's spawner releases after a stop, which may be one the service asked for
+            server_stopped=ident.is_trusted,
         )
         self.write_json({**alloc, "released_now": released})

@@ -331,7 +331,9 @@ class JobManager(LoggingConfigurable):
             ref, allocs = dict(job.backend_ref or {}), list(job.allocation_ids or [])
             was_active = job.state in ACTIVE
             detail = {"job_id": job_id, "name": job.name, "state": job.state}
-            record_admin_event(s, "job-cancel-requested", job.user, actor, reason, detail)
+            # an owner cancelling their own job is no admin action (not in the action log)
+            kind = "job-cancelled-by-owner" if actor == job.user else "job-cancel-requested"
+            record_admin_event(s, kind, job.user, actor, reason, detail)
             why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
             transition(s, job, "cancelled", why)
             job.allocation_ids = []

@@ -692,7 +692,9 @@
         d.job_id !== undefined
           ? `job ${d.job_id}${a.user ? ` of ${a.user}` : ''}`
           : d.gpu
-            ? `GPU ${d.gpu}`
+            ? d.host !== undefined
+              ? `GPU ${d.index} on ${d.host} (${d.gpu})`
+              : d.gpu
             : d.subject
               ? `${d.subject} ${d.name || ''}`.trim()
               : a.user || '';
