@@ -1,10 +1,10 @@
 // gpuslice in JupyterLab: status bar item, idle warnings, "Submit as GPU job", Jobs panel.
 import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette, Notification } from '@jupyterlab/apputils';
+import { ICommandPalette, IToolbarWidgetRegistry, Notification } from '@jupyterlab/apputils';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, type NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { LabIcon } from '@jupyterlab/ui-components';
+import { LabIcon, ToolbarButton } from '@jupyterlab/ui-components';
 
 import { createApi } from './connection';
 import { IdleNotifier } from './idle';
@@ -46,13 +46,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpuslice-labextension:plugin',
   description: 'GPU slice status, idle warnings and batch jobs for gpuslice',
   autoStart: true,
-  optional: [IStatusBar, ICommandPalette, INotebookTracker, IDefaultFileBrowser],
+  optional: [
+    IStatusBar,
+    ICommandPalette,
+    INotebookTracker,
+    IDefaultFileBrowser,
+    IToolbarWidgetRegistry
+  ],
   activate: (
     app: JupyterFrontEnd,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
     tracker: INotebookTracker | null,
-    browser: IDefaultFileBrowser | null
+    browser: IDefaultFileBrowser | null,
+    toolbars: IToolbarWidgetRegistry | null
   ) => {
     const api = createApi(app.serviceManager.serverSettings);
 
@@ -101,6 +108,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
         });
       }
     });
+    // The notebook toolbar's button submits the notebook it belongs to, not whichever one
+    // the lab considers current (they differ after restored tabs or in split views).
+    toolbars?.addFactory<NotebookPanel>(
+      'Notebook',
+      'gpuslice-submit',
+      notebook =>
+        new ToolbarButton({
+          icon: gpuIcon,
+          tooltip: 'Submit as GPU job…',
+          onClick: () => void app.commands.execute(SUBMIT_COMMAND, { path: notebook.context.path })
+        })
+    );
     palette?.addItem({ command: SUBMIT_COMMAND, category: 'GPU' });
     palette?.addItem({ command: JOBS_COMMAND, category: 'GPU' });
   }

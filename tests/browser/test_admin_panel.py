@@ -113,6 +113,14 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         dialog = page.locator("#gs-confirm")
         dialog.wait_for(state="visible")
         assert f"Preempt job {job_id}" in dialog.inner_text()
+        # what it costs is said before confirming (from the job as the panel last loaded it:
+        # saved every step, or not yet saved in this run)
+        said = dialog.inner_text()
+        assert "It gives its slice back and is requeued." in said, said
+        assert (
+            "It resumes from its last checkpoint, saved" in said
+            or "It has no checkpoint from this run" in said
+        ), said
         dialog.get_by_role("button", name="Confirm").click()  # no reason yet: refused
         page.get_by_text("Say why: the reason is recorded").wait_for()
         page.fill("#gs-confirm-reason", "make room for the workshop")

@@ -475,6 +475,28 @@
     );
   }
 
+  // What a preemption will cost, said before it is confirmed: a job that never saved
+  // anything in this run starts over (unless it saves within the grace period).
+  function preemptWarning(job, now) {
+    const starts = (job.transitions || []).filter(t => t.state === 'starting');
+    const started = starts.length ? Date.parse(starts[starts.length - 1].at) : NaN;
+    const saved = job.last_checkpoint_at ? Date.parse(job.last_checkpoint_at) : NaN;
+    const requeue = 'It gives its slice back and is requeued. ';
+    if (Number.isNaN(saved) || (!Number.isNaN(started) && saved < started)) {
+      const ran = Number.isNaN(started) ? '' : ` (${duration((now - started) / 1000)} so far)`;
+      return (
+        requeue +
+        'It has no checkpoint from this run: unless it saves one within the grace period, ' +
+        `all the work of this run${ran} is lost and it starts over.`
+      );
+    }
+    return (
+      requeue +
+      `It resumes from its last checkpoint, saved ${duration((now - saved) / 1000)} ago; ` +
+      'work since then is redone unless it saves again within the grace period.'
+    );
+  }
+
   const expanded = new Set();
 
   function renderJobs(jobs) {
@@ -492,7 +514,7 @@
               onclick: () =>
                 confirmAction(
                   `Preempt job ${job.id} (${job.name}) of ${job.user}`,
-                  'The job checkpoints, gives its slice back and is requeued; it resumes from the checkpoint.',
+                  preemptWarning(job, Date.now()),
                   reason => api('POST', `jobs/${job.id}/preempt`, { reason })
                 )
             },
