@@ -172,13 +172,16 @@ export async function submitJob(
     }
     try {
       const job = await api.submit(built.value);
-      const submitted = `Submitted ${job.name || path} as job ${job.id} (${job.state}).`;
       const warnings = job.warnings ?? [];
       if (warnings.length) {
-        // e.g. a parameter the notebook assigns again: the job would compute with another value
-        Notification.warning(`${submitted} Check: ${warnings.join('; ')}.`, { autoClose: false });
+        // e.g. a parameter the notebook sets again: the job computes with another value.
+        // Notifications are short: the first warning, the rest are in the job's log.
+        const more = warnings.length > 1 ? ` (+${warnings.length - 1} in the job's log)` : '';
+        Notification.warning(`Job ${job.id}: ${warnings[0]}${more}`, { autoClose: false });
       } else {
-        Notification.success(submitted, { autoClose: 5000 });
+        Notification.success(`Submitted ${job.name || path} as job ${job.id} (${job.state}).`, {
+          autoClose: 5000
+        });
       }
       onSubmitted(job);
       return job;

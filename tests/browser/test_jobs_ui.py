@@ -166,15 +166,24 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         # A notebook with no parameters cell that sets the parameter itself: the job would
         # compute with its own value, and the lab says so when it is submitted.
         page.goto(f"{hub.url}/user/ann/lab/tree/untagged.ipynb")
-        page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpuslice-submit"]').click()
+        # The lab restores the train.ipynb tab too; once untagged.ipynb is on screen, its
+        # toolbar's button submits it, whichever notebook the lab considers current.
+        page.locator(
+            ".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current", has_text="untagged.ipynb"
+        ).wait_for()
+        visible = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar"
+        page.locator(f'{visible} [data-jp-item-name="gpuslice-submit"]').click()
         dialog = page.locator(".jp-Dialog")
+        # the button submits the notebook whose toolbar it is in, not the restored train tab
+        dialog.get_by_text("Submit as GPU job").first.wait_for()
+        assert "untagged.ipynb" in dialog.locator(".jp-gpuslice-submit-path").inner_text()
         dialog.locator("textarea[name=parameters]").fill("epochs = 3")
         page.wait_for_function(
             "() => document.querySelector('.jp-Dialog select[name=profile]')?.value"
         )
         dialog.get_by_role("button", name="Submit").click()
-        warning = page.locator(".Toastify__toast", has_text="is assigned again in code cell 1")
+        warning = page.locator(".Toastify__toast", has_text="is set again in code cell 1")
         warning.wait_for(timeout=60_000)
-        assert "no cell tagged 'parameters'" in warning.inner_text()
+        assert "your value 3 is overwritten (+1 in the job's log)" in warning.inner_text()
     hub.hub_api("DELETE", "/users/ann/server")
     hub.wait_gone("ann")

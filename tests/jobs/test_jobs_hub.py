@@ -120,11 +120,11 @@ def test_an_overwritten_parameter_is_said_at_submission_and_in_the_log(jobs_hub)
     r = hub.api("POST", "/api/jobs", alice, json={**body, "parameters": {"n": 3}})
     assert r.status_code == 201, r.text
     warnings = r.json()["warnings"]
-    assert any("no cell tagged 'parameters'" in w for w in warnings), warnings
-    assert any("parameter n is assigned again in code cell 1" in w for w in warnings), warnings
+    assert any("no cell is tagged 'parameters'" in w for w in warnings), warnings
+    assert any("parameter n is set again in code cell 1" in w for w in warnings), warnings
     done = wait_state(hub, alice, r.json()["id"], ("completed", "failed"))
     log = hub.api("GET", f"/api/jobs/{done['id']}/log", alice).json()["log"]
-    assert "warning: parameter n is assigned again in code cell 1" in log
+    assert "warning: parameter n is set again in code cell 1" in log
     # the run itself follows papermill's rule: injected first, then overwritten by the cell
     r = hub.api("GET", f"/api/jobs/{done['id']}/output", alice)
     assert "RESULT 5" in r.text

@@ -18,10 +18,8 @@ def nb(*sources: str, tagged: int | None = None) -> nbformat.NotebookNode:
 def test_the_issue_example_no_parameters_cell_and_the_value_overwritten():
     warnings = parameter_warnings(nb("n = 5", "print(n)"), {"n": 3})
     assert warnings == [
-        "the notebook has no cell tagged 'parameters': the parameters are set before its "
-        "first cell",
-        "parameter n is assigned again in code cell 1 (line 1): the value given (3) is "
-        "overwritten there",
+        "parameter n is set again in code cell 1 (line 1): your value 3 is overwritten",
+        "no cell is tagged 'parameters': the values are set before the first cell",
     ]
 
 

@@ -86,11 +86,6 @@ def parameter_warnings(nb: nbformat.NotebookNode, parameters: dict[str, Any]) ->
         return []
     at = injection_point(nb)
     warnings = []
-    if at == 0:
-        warnings.append(
-            "the notebook has no cell tagged 'parameters': the parameters are set before "
-            "its first cell"
-        )
     code = [(i, c) for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"]
     for number, (index, cell) in enumerate(code, start=1):
         if index < at:
@@ -101,9 +96,12 @@ def parameter_warnings(nb: nbformat.NotebookNode, parameters: dict[str, Any]) ->
         for name, line in _assigned(text):
             if name in parameters:
                 warnings.append(
-                    f"parameter {name} is assigned again in code cell {number} (line {line}): "
-                    f"the value given ({parameters[name]!r}) is overwritten there"
+                    f"parameter {name} is set again in code cell {number} (line {line}): "
+                    f"your value {parameters[name]!r} is overwritten"
                 )
+    # the overwrites first: they change the result (short: JupyterLab shows the first)
+    if at == 0:
+        warnings.append("no cell is tagged 'parameters': the values are set before the first cell")
     return warnings
 
 
