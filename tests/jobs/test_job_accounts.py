@@ -38,7 +38,7 @@ JOB_VARS = {
     "GPUSLICE_PROFILE",
     "GPUSLICE_USAGE_INTERVAL",
     "GPUSLICE_SIMULATED",
-    "GPUSLICE_ATTEMPT_TOKEN",
+    "GPUSLICE_ATTEMPT_ID",
 }
 KEPT = {"LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ"}
 # Set on the node by slurmstepd (job, gres, TMPDIR) and the batch shell, not by gpuslice.

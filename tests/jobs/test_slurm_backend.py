@@ -4,6 +4,7 @@ partition (PreemptMode=REQUEUE) checkpoints, is requeued by Slurm, and resumes."
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -86,11 +87,15 @@ def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm,
     out = (d / "slurm.out").read_text()
     assert out.count("DUE TO PREEMPTION") == 1  # appended to, not overwritten, on restart
     log = (d / "job.log").read_text()
-    # preempted in the loop's cell before any namespace snapshot: the log says the cells
-    # run again from the top (the loop itself resumes from its own checkpoint, first_step)
+    # the log says truly where the cells resumed: after the last namespace snapshot, or
+    # from the top when none was taken before the preemption (the loop itself resumes from
+    # its own checkpoint either way: first_step above)
     assert "attempt 2" in log
-    assert "no namespace snapshot was taken: running from the first cell" in log
-    assert "resumed from the namespace snapshot after cell 0" not in log
+    resumed = re.search(r"resumed from the namespace snapshot after cell (\d+)", log)
+    if resumed:
+        assert int(resumed.group(1)) > 0, log
+    else:
+        assert "no namespace snapshot was taken: running from the first cell" in log, log
 
 
 @pytest.mark.slurm

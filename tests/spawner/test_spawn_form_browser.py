@@ -62,6 +62,16 @@ PROFILES = [
 ]
 
 
+def open_spawn_form(page: Any, hub: Any, user: str) -> None:
+    """Log in through the hub's login page and open the spawn form."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "test-password")
+    page.click("#login_submit")
+    page.wait_for_url("**/hub/**")
+    page.goto(f"{hub.url}/hub/spawn")
+
+
 def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
     need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
     sync_api = need_module("playwright.sync_api")
@@ -77,12 +87,7 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 760})
-            page.goto(f"{hub.url}/hub/login")
-            page.fill("#username_input", "ann")
-            page.fill("#password_input", "test-password")
-            page.click("#login_submit")
-            page.wait_for_url("**/hub/**")
-            page.goto(f"{hub.url}/hub/spawn")
+            open_spawn_form(page, hub, "ann")
             form = page.locator(".gpuslice-form")
             form.wait_for()
 
@@ -123,12 +128,7 @@ def test_a_stale_form_shows_the_refusal_and_start_is_off_with_nothing_to_pick(hu
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 760})
-            page.goto(f"{hub.url}/hub/login")
-            page.fill("#username_input", "ann")
-            page.fill("#password_input", "test-password")
-            page.click("#login_submit")
-            page.wait_for_url("**/hub/**")
-            page.goto(f"{hub.url}/hub/spawn")
+            open_spawn_form(page, hub, "ann")
             page.locator(".gpuslice-form").wait_for()
             start = page.locator("form#spawn_form [type=submit]").first
             assert start.is_enabled()

@@ -55,7 +55,7 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
     for key, (lo, hi) in numbers.items():
         if (x := _number(state.get(key), lo, hi)) is not None:
             out[key] = x
-    for key in ("utilization_at", "attempt_token"):
+    for key in ("utilization_at", "attempt_id"):
         text = state.get(key)
         if isinstance(text, str) and len(text) <= 64:
             out[key] = text

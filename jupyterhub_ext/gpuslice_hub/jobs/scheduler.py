@@ -34,7 +34,7 @@ from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
 EXIT_PREEMPTED = 75
-ATTEMPT_TOKEN = "GPUSLICE_ATTEMPT_TOKEN"
+ATTEMPT_ID = "GPUSLICE_ATTEMPT_ID"
 
 
 class Scheduler:
@@ -131,9 +131,9 @@ class Scheduler:
     def _this_attempt(row: JobRow, runner: dict[str, Any], status: str) -> bool:
         """The runner of the current attempt says ``status``: a state.json left by an
         earlier attempt does not count. (Slurm may start the same script again after its own
-        requeue: the token is the same then, and so is the job's attempt for the service.)"""
-        token = (row.backend_ref or {}).get("attempt_token")
-        return runner.get("status") == status and runner.get("attempt_token") == token
+        requeue: the id is the same then, and so is the job's attempt for the service.)"""
+        attempt = (row.backend_ref or {}).get("attempt_id")
+        return runner.get("status") == status and runner.get("attempt_id") == attempt
 
     def _finished(
         self, job: JobRow, status: RunStatus, runner: dict[str, Any], now: datetime
@@ -314,7 +314,7 @@ class Scheduler:
         env = self._env(job, grants, account)
         # Names this start: the runner writes it into its state, so a state.json left by an
         # earlier attempt (a crashed runner's "running") is never taken for this one's.
-        token = env[ATTEMPT_TOKEN] = secrets.token_hex(8)
+        attempt = env[ATTEMPT_ID] = secrets.token_hex(8)
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "queued":
@@ -349,9 +349,9 @@ class Scheduler:
             if row is not None:
                 if ref.get("resume"):
                     # the backend runs the same submission again (Slurm's own requeue): its
-                    # runner has the token it was submitted with
-                    token = (job.backend_ref or {}).get("attempt_token", token)
-                row.backend_ref = {**ref, "attempt_token": token}
+                    # runner has the attempt id it was submitted with
+                    attempt = (job.backend_ref or {}).get("attempt_id", attempt)
+                row.backend_ref = {**ref, "attempt_id": attempt}
 
     def _fail(self, job: JobRow, error: str, grants: list[dict[str, Any]]) -> None:
         with self.jobs.db.writing() as s:

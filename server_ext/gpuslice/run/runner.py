@@ -164,7 +164,7 @@ class Runner:
             cells_total=len(code_cells),
             pid=os.getpid(),
             # which start of the job this is, as the service named it
-            attempt_token=os.environ.get("GPUSLICE_ATTEMPT_TOKEN"),
+            attempt_id=os.environ.get("GPUSLICE_ATTEMPT_ID"),
         )
         self.jd.log(f"attempt {attempt}: {len(code_cells)} code cells, pid {os.getpid()}")
         os.environ.update(
