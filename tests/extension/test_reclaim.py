@@ -76,6 +76,23 @@ def test_keepalive_moves_the_deadline_and_is_bounded():
     assert [(t, d.action) for t, d in got] == [(110, "warning"), (130, "culled")]
 
 
+def test_activity_after_a_keepalive_never_brings_the_cull_forward():
+    # Server mode: kept alive until 40, then a kernel starts at 9 (activity, then a new
+    # idle run from 10). That run alone would be culled at 20; the promise holds it to 40.
+    r = Reclaimer(IdlePolicy(action="server", idle_timeout=10, warning_lead=5, max_extension=50))
+    got = run(r, range(0, 10), kernels=())
+    assert [(t, d.action) for t, d in got] == [(5, "warning")]
+    [d] = r.extend(["k"], 30, now=8)
+    assert d.deadline == 40
+    states = {"k": BUSY, SERVER_KEY: idle(0, 9)}  # the kernel just started
+    assert r.observe(9, states, {}) == [] and r.deadline("k") is None
+    out = []
+    for t in range(10, 60):
+        states = {"k": idle(10, t), SERVER_KEY: idle(0, t)}
+        out += [(t, d.action) for d in r.observe(t, states, {})]
+    assert out == [(35, "warning"), (40, "culled")]
+
+
 def test_keepalive_after_the_deadline_counts_from_now():
     r = Reclaimer(POLICY)
     run(r, [150])  # late warning, cull at 170

@@ -9,7 +9,8 @@ kernel's :class:`~gpuslice.activity.IdleState` and whether it is active right no
   less than ``warning_lead`` after its warning: if the warning went out late (the server
   just started, a tick stalled), the deadline moves back to warning + lead.
 * A kernel that is executing or using the GPU at this tick is never culled, and its
-  idle run (with its warning and extensions) ends there.
+  idle run (with its warning and extensions) ends there. A deadline the user was given by
+  keep-alive is a promise, though: a later idle run is never culled before it.
 * With ``action="server"`` there is one deadline for the whole server: every kernel and
   the server's own GPU processes must be idle, and the run starts when the last of them
   went idle.
@@ -44,6 +45,9 @@ class _Watch:
     culled: bool = False
     last_active: float | None = None
     retry_at: float | None = None
+    # The deadline keep-alive last announced. It outlives the idle run: starting a kernel
+    # (activity, so a new run) must not bring back a cull the user was told was put off.
+    promised: float | None = None
 
     def new_run(self, idle_since: float | None) -> None:
         self.idle_since = idle_since
@@ -137,6 +141,8 @@ class Reclaimer:
         if w.idle_since is None or not self.policy.enabled:
             return None
         base = w.idle_since + self.policy.idle_timeout + w.extra
+        if w.promised is not None:
+            base = max(base, w.promised)
         if w.warned_at is not None:
             base = max(base, w.warned_at + self.policy.warning_lead)
         return base
@@ -200,6 +206,7 @@ class Reclaimer:
             new = max(current, now) + seconds
             w.extra = new - (w.idle_since + self.policy.idle_timeout)
             w.used += seconds
+            w.promised = new
             w.warned_at = w.warned_deadline = None
             decisions.append(
                 Decision(
