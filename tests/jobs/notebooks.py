@@ -50,3 +50,9 @@ def make_job_dir(
     spec = {"id": 1, "name": "t", "parameters": parameters or {}, "checkpoint_interval": interval}
     (root / "job.json").write_text(json.dumps(spec))
     return root
+
+
+def loop_checkpoint_written(job_dir: Path) -> bool:
+    """Whether a checkpoint loop has written its first checkpoint (each cell's default
+    checkpoint is named after the cell: ``checkpoints/cell-<n>.ckpt``)."""
+    return any((job_dir / "checkpoints").glob("cell-*.ckpt"))

@@ -94,3 +94,99 @@ def test_a_failed_write_keeps_the_previous_good_checkpoint(tmp_path: Path):
     assert state is not None
     np.testing.assert_array_equal(state["w"], np.ones(1000))
     assert [p.name for p in tmp_path.iterdir()] == ["c.ckpt"]  # no temporary file left
+
+
+@pytest.fixture
+def batch_job(tmp_path: Path, monkeypatch):
+    """gpuslice.checkpoint as a batch job's kernel sees it, state reset around the test."""
+    monkeypatch.setenv("GPUSLICE_JOB_DIR", str(tmp_path))
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.setattr(gckpt, "_opened", set())
+    monkeypatch.setattr(gckpt, "_cell", None)
+    monkeypatch.setattr(gckpt, "_preempted", False)
+    monkeypatch.setattr(gckpt, "_raised", False)
+    return tmp_path
+
+
+def _sum_loop(ck, total_steps, save_every, state=None, preempt_at=None):
+    total = state["total"] if state else 0
+    try:
+        for step in ck.steps(total_steps):
+            total += step
+            if step % save_every == 0:
+                ck.save(total=total)
+            if step == preempt_at:
+                gckpt.request_preemption()
+    except gckpt.Preempted:
+        return None
+    return total
+
+
+@pytest.mark.parametrize("save_every", [1, 3, 4])
+def test_saving_every_few_steps_never_skips_work_after_a_resume(batch_job, save_every):
+    # The state saved in a step is written under that step, even when the write comes
+    # later (interval 0: due at every step; the preemption comes mid-way between saves).
+    ck = gckpt.Checkpoint(str(batch_job / "a.ckpt"), interval=0)
+    ck.restore()
+    assert _sum_loop(ck, 10, save_every, preempt_at=6) is None
+    gckpt._preempted = False
+    again = gckpt.Checkpoint(str(batch_job / "a.ckpt"), interval=0)
+    state = again.restore()
+    assert again.step <= 7 and state is not None
+    assert _sum_loop(again, 10, save_every, state) == sum(range(10))
+
+
+def test_in_place_updates_saved_every_few_steps_resume_exactly(batch_job):
+    # save(w=w) keeps a reference; w changes in place afterwards. A state saved in an
+    # earlier step must not be written later under a newer step number.
+    ck = gckpt.Checkpoint(str(batch_job / "w.ckpt"), interval=0)
+    w = np.zeros(3)
+    with pytest.raises(gckpt.Preempted):
+        for step in ck.steps(5):
+            w += 1
+            if step % 2 == 0:
+                ck.save(w=w)
+            if step == 3:
+                gckpt.request_preemption()
+    gckpt._preempted = False
+    again = gckpt.Checkpoint(str(batch_job / "w.ckpt"), interval=0)
+    w = again.restore()["w"]
+    assert again.step == 3  # saved in step 2: steps 0-2 are in it
+    for _ in again.steps(5):
+        w += 1
+    np.testing.assert_array_equal(w, np.full(3, 5.0))
+
+
+def test_steps_refuse_a_saved_state_that_was_not_restored(batch_job):
+    ck = gckpt.Checkpoint(str(batch_job / "r.ckpt"), interval=0)
+    ck.save(total=3)
+    again = gckpt.Checkpoint(str(batch_job / "r.ckpt"), interval=0)
+    with pytest.raises(gckpt.CheckpointMisuse, match="call restore"):
+        next(again.steps(10))
+
+
+def test_each_cell_of_a_job_has_its_own_default_checkpoint(batch_job):
+    gckpt.begin_cell(2)
+    first = gckpt.open()
+    assert first.name == "cell-3" and first.path.endswith("checkpoints/cell-3.ckpt")
+    with pytest.raises(gckpt.CheckpointMisuse, match="already open in this job"):
+        gckpt.open()
+    gckpt.begin_cell(3)
+    assert gckpt.open().name == "cell-4"
+    gckpt.open("train")
+    with pytest.raises(gckpt.CheckpointMisuse, match="give each its own name"):
+        gckpt.open("train")
+
+
+def test_interactive_runs_do_not_resume_unless_asked(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("GPUSLICE_JOB_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    ck = gckpt.open()
+    assert ck.restore() is None
+    assert _sum_loop(ck, 5, 1) == 10
+    assert (tmp_path / ".gpuslice-checkpoints" / "default.ckpt").exists()
+    # a second run of the same cell starts over, and opening the name again is allowed
+    again = gckpt.open()
+    assert again.restore() is None and list(again.steps(5)) == [0, 1, 2, 3, 4]
+    asked = gckpt.open(resume=True)
+    assert asked.restore() == {"total": 10} and list(asked.steps(5)) == []

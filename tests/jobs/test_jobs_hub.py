@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.harness.hub import wait_for
-from tests.jobs.notebooks import TRAIN_CELLS, notebook
+from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written, notebook
 
 pytestmark = pytest.mark.hub
 
@@ -218,8 +218,8 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     wait_state(hub, alice, job_id, "running")
-    ckpt = job_dir(hub, job_id) / "checkpoints" / "default.ckpt"
-    wait_for(ckpt.exists, 60, "the training loop's first checkpoint")
+    d = job_dir(hub, job_id)
+    wait_for(lambda: loop_checkpoint_written(d), 60, "the training loop's first checkpoint")
 
     # bob wants the only GPU: the service preempts alice's job, the spawn waits for it
     r = hub.spawn("bob", {"profile": "gpu-1"})
@@ -258,7 +258,7 @@ def test_sigkilled_runner_is_requeued_and_finishes(jobs_hub):
     job_id = r.json()["id"]
     wait_state(hub, alice, job_id, "running")
     d = job_dir(hub, job_id)
-    wait_for((d / "checkpoints" / "default.ckpt").exists, 60, "a checkpoint")
+    wait_for(lambda: loop_checkpoint_written(d), 60, "a checkpoint")
     pid = json.loads((d / "state.json").read_text())["pid"]
     os.kill(pid, signal.SIGKILL)
     j = wait_state(hub, alice, job_id, "queued", timeout=30)

@@ -13,7 +13,7 @@ import nbformat
 import numpy as np
 
 from tests.harness.hub import wait_for
-from tests.jobs.notebooks import make_job_dir
+from tests.jobs.notebooks import loop_checkpoint_written, make_job_dir
 
 EXIT_PREEMPTED = 75
 
@@ -64,7 +64,7 @@ def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: P
     jd = make_job_dir(tmp_path / "job", parameters=params, interval=0.3)
     proc = start_runner(jd)
     # wait until the training loop has written at least one checkpoint of its own
-    wait_for(lambda: (jd / "checkpoints" / "default.ckpt").exists(), 60, "a step checkpoint")
+    wait_for(lambda: loop_checkpoint_written(jd), 60, "a step checkpoint")
     os.kill(proc.pid, signal.SIGTERM)
     proc.communicate(timeout=60)
     assert proc.returncode == EXIT_PREEMPTED, (jd / "job.log").read_text()
@@ -122,3 +122,36 @@ def test_signal_while_the_kernel_starts_is_a_preemption_not_a_failure(tmp_path: 
     assert proc.returncode == EXIT_PREEMPTED, (jd / "job.log").read_text()
     assert state(jd)["status"] == "preempted"
     assert run_to_end(jd) == 0
+
+
+def test_a_swallowed_preemption_is_still_a_preemption_and_saving_every_few_steps_is_exact(
+    tmp_path: Path,
+):
+    # Two traps at once: the loop saves only every 7th step, and a bare ``except:`` catches
+    # the Preempted that stops it. Counted as done, the cell would leave a partial sum.
+    cells = [
+        "import time\nimport gpuslice.checkpoint",
+        "ckpt = gpuslice.checkpoint.open()\nstate = ckpt.restore()\n"
+        "total = state['total'] if state else 0\n"
+        "try:\n"
+        "    for step in ckpt.steps(400):\n"
+        "        total += step\n"
+        "        if step % 7 == 0:\n"
+        "            ckpt.save(total=total)\n"
+        "        time.sleep(0.01)\n"
+        "except:\n"
+        "    print('carrying on')",
+        "open('result.txt', 'w').write(str(total))",
+    ]
+    jd = make_job_dir(tmp_path / "job", cells=cells, interval=0.3)
+    proc = start_runner(jd)
+    wait_for(lambda: loop_checkpoint_written(jd), 60, "a step checkpoint")
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    log = (jd / "job.log").read_text()
+    assert proc.returncode == EXIT_PREEMPTED, log
+    assert "cell 2 caught gpuslice's Preempted" in log and "preempted in cell 2" in log
+    assert state(jd)["cells_done"] == 1
+
+    assert run_to_end(jd) == 0, (jd / "job.log").read_text()
+    assert (jd / "result.txt").read_text() == str(sum(range(400)))

@@ -13,7 +13,7 @@ import pytest
 
 from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script
 from tests.harness.hub import wait_for
-from tests.jobs.notebooks import TRAIN_CELLS, make_job_dir
+from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written, make_job_dir
 from tests.jobs.test_jobs_hub import expected_w
 
 HOLD = 'while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 0.1; done\n'
@@ -60,7 +60,7 @@ def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm,
     )
     ref = backend.start(1, str(d), {"GPUSLICE_JOB_ID": "1"})
     slurm.wait_state(ref["slurm_job_id"], "RUNNING", timeout=60)
-    wait_for((d / "checkpoints" / "default.ckpt").exists, 90, "the loop's first checkpoint")
+    wait_for(lambda: loop_checkpoint_written(d), 90, "the loop's first checkpoint")
 
     winner = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
     slurm.wait_state(winner, "RUNNING", timeout=60)
@@ -125,7 +125,7 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
     job_id = r.json()["id"]
     wait_state(hub, alice, job_id, "running", timeout=90)
     d = hub.workdir / "gpuslice-jobs" / str(job_id)
-    wait_for((d / "checkpoints" / "default.ckpt").exists, 90, "the loop's first checkpoint")
+    wait_for(lambda: loop_checkpoint_written(d), 90, "the loop's first checkpoint")
 
     winner = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
     slurm.wait_state(winner, "RUNNING", timeout=60)

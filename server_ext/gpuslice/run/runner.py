@@ -220,6 +220,11 @@ class Runner:
                 return await self._preempted(n, at_boundary=True)
             index = code_cells[n]
             self.jd.write_state(current_cell=n)
+            if self.is_python:
+                # names the cell's default checkpoint, and clears "Preempted was raised"
+                await self._eval(
+                    f"__gpuslice_ckpt.begin_cell({n})\n__gpuslice_r = '0'", "__gpuslice_r"
+                )
             try:
                 await self.client.async_execute_cell(nb.cells[index], index)
             except DeadKernelError:
@@ -233,10 +238,14 @@ class Runner:
                 self._write_output(nb)
                 if e.ename == "Preempted":
                     return await self._preempted(n, at_boundary=False)
+                if await self._swallowed_preemption(n):
+                    return await self._preempted(n, at_boundary=False)
                 self.jd.log(f"cell {n + 1} failed: {e.ename}: {e.evalue}")
                 self.jd.write_state(status="failed", error=f"cell {n + 1}: {e.ename}: {e.evalue}")
                 return EXIT_FAILED
             self._write_output(nb)
+            if await self._swallowed_preemption(n):
+                return await self._preempted(n, at_boundary=False)
             self.jd.write_state(cells_done=n + 1)
             due = time.time() - max(self.last_snapshot, self.started) >= self.interval
             if self.is_python and (due or self.preempt_at is not None) and n + 1 < len(code_cells):
@@ -245,6 +254,26 @@ class Runner:
         self.jd.write_state(status="completed", cells_done=len(code_cells), current_cell=None)
         self.jd.log("completed")
         return 0
+
+    async def _swallowed_preemption(self, n: int) -> bool:
+        """Whether cell *n* ended (normally, or with another error) after a checkpoint
+        loop in it raised ``Preempted``: a bare ``except:`` caught it, and the loop did not
+        finish. The cell must be resumed, not counted as done."""
+        if self.preempt_at is None or not self.is_python:
+            return False
+        try:
+            raised = await self._eval(
+                "__gpuslice_r = str(int(__gpuslice_ckpt.raised_in_cell()))", "__gpuslice_r"
+            )
+        except RuntimeError:
+            return False
+        if raised:
+            self.jd.log(
+                f"warning: cell {n + 1} caught gpuslice's Preempted (a bare except: or "
+                "except BaseException:); its loop stopped early, so the cell is resumed "
+                "rather than counted as done"
+            )
+        return bool(raised)
 
     async def _preempted(self, n: int, at_boundary: bool) -> int:
         now = time.time()
