@@ -12,9 +12,8 @@ import {
   type NoticeType
 } from './idleview';
 import { refusalMessage } from './refusal';
+import { releaseGpu, saveAll } from './release';
 import type { IIdleEvent, IStatus } from './types';
-
-export const SAVE_ALL = 'docmanager:save-all';
 
 export class IdleNotifier {
   private readonly ids = new Map<string, string>();
@@ -24,7 +23,8 @@ export class IdleNotifier {
   constructor(
     private readonly app: JupyterFrontEnd,
     private readonly api: GpusliceApi,
-    private readonly onChange: () => void
+    private readonly onChange: () => void,
+    private readonly onReleased: () => void = () => undefined
   ) {
     app.serviceManager.events.stream.connect((_, emission) => {
       const event = asIdleEvent(emission as { schema_id?: string });
@@ -47,7 +47,7 @@ export class IdleNotifier {
     }
     const notice = idleNotice(event, Date.now());
     if (notice.saveNotebooks) {
-      await this.saveAll();
+      await saveAll(this.app);
     }
     this.show(
       notice.key,
@@ -100,28 +100,11 @@ export class IdleNotifier {
 
   private async release(key: string): Promise<void> {
     this.show(key, 'info', 'Saving notebooks, then releasing the GPU…', false, []);
-    await this.saveAll();
-    try {
-      await this.api.release();
-      this.show(
-        key,
-        'info',
-        'GPU released; this server is stopping. Your notebooks are saved.',
-        false,
-        []
-      );
-    } catch (error) {
-      this.show(key, 'error', refusalMessage(error, 'Releasing the GPU'), false, []);
-    }
-  }
-
-  private async saveAll(): Promise<void> {
-    if (this.app.commands.hasCommand(SAVE_ALL)) {
-      try {
-        await this.app.commands.execute(SAVE_ALL);
-      } catch (error) {
-        console.warn('gpuslice: saving notebooks before an idle cull failed', error);
-      }
+    const refused = await releaseGpu(this.app, this.api, this.onReleased);
+    if (refused) {
+      this.show(key, 'error', refused, false, []);
+    } else {
+      this.show(key, 'info', 'GPU released; this server is stopping.', false, []);
     }
   }
 

@@ -9,11 +9,13 @@ import { LabIcon, ToolbarButton } from '@jupyterlab/ui-components';
 import { createApi } from './connection';
 import { IdleNotifier } from './idle';
 import { JobsPanel } from './jobspanel';
+import { confirmRelease, releaseGpu } from './release';
 import { GpuStatusItem } from './statusbar';
 import { submitJob } from './submit';
 
 export const SUBMIT_COMMAND = 'gpuslice:submit-job';
 export const JOBS_COMMAND = 'gpuslice:show-jobs';
+export const RELEASE_COMMAND = 'gpuslice:release-gpu';
 
 const gpuIcon = new LabIcon({
   name: 'gpuslice:gpu',
@@ -64,7 +66,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const api = createApi(app.serviceManager.serverSettings);
 
     let status: GpuStatusItem | null = null;
-    const notifier = new IdleNotifier(app, api, () => void status?.refresh());
+    const released = (): void => status?.released();
+    const notifier = new IdleNotifier(app, api, () => void status?.refresh(), released);
     if (statusBar) {
       status = new GpuStatusItem(api, current => notifier.syncFromStatus(current));
       statusBar.registerStatusItem('gpuslice:status', {
@@ -120,7 +123,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
           onClick: () => void app.commands.execute(SUBMIT_COMMAND, { path: notebook.context.path })
         })
     );
+    app.commands.addCommand(RELEASE_COMMAND, {
+      label: 'Release GPU (save notebooks and stop this server)',
+      caption: "Give this server's GPU slice back to the pool",
+      execute: async () => {
+        if (!(await confirmRelease())) {
+          return;
+        }
+        const refused = await releaseGpu(app, api, released);
+        if (refused) {
+          Notification.error(refused, { autoClose: false });
+        }
+      }
+    });
     palette?.addItem({ command: SUBMIT_COMMAND, category: 'GPU' });
+    palette?.addItem({ command: RELEASE_COMMAND, category: 'GPU' });
     palette?.addItem({ command: JOBS_COMMAND, category: 'GPU' });
   }
 };

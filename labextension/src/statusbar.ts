@@ -2,6 +2,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { ApiError, type GpusliceApi } from './api';
+import { documentVisibility, VisiblePoller } from './poller';
 import { statusView } from './statusview';
 import type { IStatus } from './types';
 
@@ -10,7 +11,7 @@ const POLL_MS = 5000;
 export class GpuStatusItem extends Widget {
   private status: IStatus | null = null;
   private fetchedAt = 0;
-  private pollTimer: number | undefined;
+  private readonly poller: VisiblePoller;
   private tickTimer: number | undefined;
   private readonly label: HTMLSpanElement;
 
@@ -24,14 +25,19 @@ export class GpuStatusItem extends Widget {
     this.label.className = 'jp-gpuslice-status-text';
     this.node.appendChild(this.label);
     this.label.textContent = 'GPU …';
-    void this.refresh();
-    this.pollTimer = window.setInterval(() => void this.refresh(), POLL_MS);
+    // Only while the tab is on screen (see poller.ts); the events stream still brings
+    // warnings to a hidden tab.
+    this.poller = new VisiblePoller(() => void this.refresh(), POLL_MS, documentVisibility);
+    this.poller.start();
     // The countdown ticks every second between polls, from the last answer's deadlines.
     this.tickTimer = window.setInterval(() => this.render(), 1000);
   }
 
   /** Poll now (after a keep-alive, the deadline moved). */
   async refresh(): Promise<void> {
+    if (this.isDisposed) {
+      return;
+    }
     try {
       this.status = await this.api.status();
       this.fetchedAt = Date.now();
@@ -49,6 +55,17 @@ export class GpuStatusItem extends Widget {
     }
   }
 
+  /** The slice was given back and the server is stopping: nothing more to poll or count. */
+  released(): void {
+    this.stop();
+    this.status = null;
+    this.label.textContent = 'GPU released';
+    this.node.title =
+      'This server gave its GPU slice back and is stopping. Start your server from the hub ' +
+      'to get a GPU again.';
+    this.removeClass('jp-gpuslice-status-warning');
+  }
+
   private render(): void {
     if (!this.status) {
       return;
@@ -62,7 +79,7 @@ export class GpuStatusItem extends Widget {
   }
 
   private stop(): void {
-    window.clearInterval(this.pollTimer);
+    this.poller.stop();
     window.clearInterval(this.tickTimer);
   }
 

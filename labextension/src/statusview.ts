@@ -28,6 +28,30 @@ export function nearestDeadline(
   return best;
 }
 
+const KIND_NAMES: Record<string, string> = {
+  mig: 'MIG instance',
+  share: 'time-sliced share',
+  gpu: 'whole GPU'
+};
+
+/** Figures summed over the parts that report one; null where none does. */
+export function sumUsage(parts: { utilization: number | null; memory_mib: number | null }[]): {
+  utilization: number | null;
+  memory_mib: number | null;
+} {
+  const utils = parts.map(p => p.utilization).filter((v): v is number => typeof v === 'number');
+  const mems = parts.map(p => p.memory_mib).filter((v): v is number => typeof v === 'number');
+  return {
+    utilization: utils.length
+      ? Math.min(
+          100,
+          utils.reduce((a, b) => a + b, 0)
+        )
+      : null,
+    memory_mib: mems.length ? mems.reduce((a, b) => a + b, 0) : null
+  };
+}
+
 function memoryText(used: number | null | undefined, cap: number | null | undefined): string {
   return cap ? `${formatMemory(used ?? 0)} / ${formatMemory(cap)}` : formatMemory(used);
 }
@@ -43,10 +67,14 @@ export function statusView(status: IStatus, now: number): IStatusView {
     };
   }
   const server = status.server ?? { utilization: null, memory_mib: null };
+  // The slice's use across its kernels (a server without the total: its kernels summed).
+  const total = status.total ?? sumUsage([server, ...status.kernels]);
+  const name = slice.display_name || slice.profile;
+  const size = slice.memory_mib || slice.memory_cap_mib;
   const parts = [
-    `GPU ${slice.profile}`,
-    formatPercent(server.utilization),
-    memoryText(server.memory_mib, slice.memory_cap_mib)
+    `GPU ${name}`,
+    formatPercent(total.utilization),
+    memoryText(total.memory_mib, size)
   ];
   // A server-wide policy has one deadline for the whole server; treat it like a kernel's.
   const candidates = server.deadline
@@ -73,8 +101,10 @@ export function statusView(status: IStatus, now: number): IStatusView {
     parts.push(`idle ${formatCountdown(nearest.seconds)}`);
   }
   const title = [
-    `Slice: ${slice.profile} (${slice.kind}${slice.simulated ? ', SIMULATED GPU' : ''})`,
-    slice.memory_cap_mib ? `Memory cap: ${formatMemory(slice.memory_cap_mib)}` : null,
+    `Slice: ${name} (${slice.profile}, ${KIND_NAMES[slice.kind] ?? slice.kind}${slice.simulated ? ', SIMULATED GPU' : ''})`,
+    `In use: ${formatPercent(total.utilization)} of the GPU, ${formatMemory(total.memory_mib)}` +
+      (size ? ` of ${formatMemory(size)}` : ''),
+    slice.memory_cap_mib ? `Memory cap per kernel: ${formatMemory(slice.memory_cap_mib)}` : null,
     slice.devices.length ? `Devices: ${slice.devices.join(', ')}` : null,
     status.exempt ? 'Exempt from idle culling' : null,
     ...status.kernels.map(kernel => {

@@ -3,9 +3,14 @@
 
 export interface ISlice {
   profile: string;
+  /** As the spawn form showed it (older servers: absent). */
+  display_name?: string | null;
   kind: string;
   gpu_milli: number | null;
+  /** Enforced per kernel by the server extension; 0/null: none (or MPS enforces it). */
   memory_cap_mib: number | null;
+  /** The slice's GPU memory (share cap, MIG instance or whole GPU). */
+  memory_mib?: number | null;
   devices: string[];
   simulated: boolean;
   idle_timeout: number | null;
@@ -39,10 +44,17 @@ export interface IPolicy {
   max_extension: number | null;
 }
 
+export interface IUsage {
+  utilization: number | null;
+  memory_mib: number | null;
+}
+
 export interface IStatus {
   slice: ISlice | null;
   server: IServerUsage | null;
   kernels: IKernelActivity[];
+  /** The whole slice: every kernel and the server's own GPU processes. */
+  total?: IUsage | null;
   policy: IPolicy | null;
   exempt: boolean;
 }

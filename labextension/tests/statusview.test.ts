@@ -93,6 +93,42 @@ describe('statusView', () => {
     expect(statusView(status([], { slice: null }), NOW).text).toBe('GPU: none');
   });
 
+  it('shows the whole slice: every kernel, not only the server', () => {
+    // A busy kernel at 73 % with the server's own processes idle must not read 0 %.
+    const busy = status([kernel({ utilization: 73, memory_mib: 2048 })], {
+      server: { utilization: 0, memory_mib: 0 },
+      total: { utilization: 73, memory_mib: 2048 }
+    });
+    expect(statusView(busy, NOW).text).toBe('GPU share-250 · 73% · 2.0 GiB / 4.0 GiB');
+    // an older server without the total: its parts are summed
+    const older = status([kernel({ utilization: 40 }), kernel({ id: 'k2', utilization: 33 })], {
+      server: { utilization: 0, memory_mib: 0 }
+    });
+    expect(statusView(older, NOW).text).toContain(' · 73% · ');
+    expect(statusView(status([], { server: null }), NOW).text).toContain(' · – · ');
+  });
+
+  it('names the slice as the spawn form did and shows a MIG slice its memory', () => {
+    const mig = status([], {
+      slice: {
+        profile: 'mig-3g',
+        display_name: 'Half A100 (MIG 3g.40gb)',
+        kind: 'mig',
+        gpu_milli: 428,
+        memory_cap_mib: 0,
+        memory_mib: 40960,
+        devices: ['MIG-1'],
+        simulated: false,
+        idle_timeout: 1800
+      },
+      total: { utilization: 12, memory_mib: 1024 }
+    });
+    const view = statusView(mig, NOW);
+    expect(view.text).toBe('GPU Half A100 (MIG 3g.40gb) · 12% · 1.0 GiB / 40 GiB');
+    expect(view.title).toContain('(mig-3g, MIG instance)');
+    expect(view.title).not.toContain('Memory cap per kernel');
+  });
+
   it('finds the nearest non-exempt deadline', () => {
     expect(nearestDeadline([kernel({ deadline: null })], NOW)).toBeNull();
     const best = nearestDeadline(

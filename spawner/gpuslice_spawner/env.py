@@ -21,6 +21,7 @@ def slice_env(
         "GPUSLICE_ALLOCATION_ID": str(grant["id"]),
         "GPUSLICE_PROFILE": str(grant.get("profile", "")),
         "GPUSLICE_PROFILE_KIND": str(grant.get("kind", "")),
+        "GPUSLICE_PROFILE_DISPLAY_NAME": str(grant.get("display_name") or grant.get("profile", "")),
         "GPUSLICE_HOST": str(grant.get("host", "")),
         "GPUSLICE_GPU_MILLI": str(sum(int(a.get("milli", 0)) for a in assignments)),
         "GPUSLICE_SLICE": json.dumps(assignments, separators=(",", ":")),

@@ -145,9 +145,10 @@ def spawn_in_browser(page: Any, hub: Any, user: str, profile: str) -> None:
     page.wait_for_load_state()
 
 
-def find_in_palette(page: Any, label: str) -> None:
-    """Open the command palette and find ``label`` in it. Opening it is retried: the modal
-    palette closes when it loses focus, which a busy page can make it do at once."""
+def find_in_palette(page: Any, label: str, run: bool = False) -> None:
+    """Open the command palette and find ``label`` in it (``run``: and run it). Opening it
+    is retried: the modal palette closes when it loses focus, which a busy page can make it
+    do at once."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     palette = page.locator(".lm-CommandPalette-input")
@@ -160,7 +161,10 @@ def find_in_palette(page: Any, label: str) -> None:
         except PlaywrightTimeout:
             page.keyboard.press("Escape")
             continue
-        page.keyboard.press("Escape")
+        if run:
+            page.locator(".lm-CommandPalette-item", has_text=label).first.click()
+        else:
+            page.keyboard.press("Escape")
         return
     raise AssertionError(f"{label!r} not found in the command palette")
 

@@ -10,6 +10,8 @@ To refresh the screenshots in docs/images::
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from tests.harness.hub import wait_for
 
 from .lab import (
     chromium,
+    find_in_palette,
     hub_config_for_lab,
     need_browser_and_labextension,
     screenshot_path,
@@ -96,10 +99,18 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
         status = page.locator(".jp-gpuslice-status")
         status.wait_for(state="visible")
-        page.wait_for_function(f"() => {STATUS_TEXT}.includes('share-250')")
+        page.wait_for_function(f"() => {STATUS_TEXT}.includes('Quarter GPU')")
         text = status.inner_text()
-        assert "GPU share-250" in text and "(sim)" in text, text
+        # the name the spawn form showed, and the share's memory
+        assert "GPU Quarter GPU, time-sliced · " in text and "/ 20 GiB" in text, text
+        assert "(sim)" in text and "share-250" not in text, text
         assert "SIMULATED" in (status.get_attribute("title") or "")
+        # its text is centred like the status bar's own text items
+        ours = page.locator(".jp-gpuslice-status-text").bounding_box()
+        theirs = page.locator("#jp-main-statusbar .jp-StatusBar-TextItem").first.bounding_box()
+        assert ours and theirs
+        middle = [box["y"] + box["height"] / 2 for box in (ours, theirs)]
+        assert abs(middle[0] - middle[1]) <= 1.5, (ours, theirs)
         page.locator("#jp-main-statusbar").screenshot(
             path=str(screenshot_path(tmp_path, "lab-statusbar.png"))
         )
@@ -153,8 +164,40 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
             what="the warning to go once the user kept working",
         )
         page.screenshot(path=str(screenshot_path(tmp_path, "lab-kept-working.png")))
-    hub.hub_api("DELETE", "/users/ann/server")
-    hub.wait_gone("ann")
+
+        # A busy kernel: the item shows the slice's use across its kernels (it once showed
+        # only the server's own processes: 0 % while a kernel ran at 73 %).
+        editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+        editor.click()
+        page.keyboard.press("Control+a")
+        page.keyboard.type("while True:\n    pass")
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_function(f"() => /· ([2-9]\\d|100)% ·/.test({STATUS_TEXT})", timeout=60_000)
+
+        # The palette's release command: confirm, then the lab says what happened and polls
+        # no more (no orange countdown, no failing status requests).
+        polls: list[float] = []
+        page.on(
+            "request",
+            lambda r: polls.append(time.monotonic()) if "gpuslice/api/status" in r.url else None,
+        )
+        find_in_palette(page, "Release GPU", run=True)
+        confirm = page.locator(".jp-Dialog", has_text="Release the GPU?")
+        confirm.get_by_role("button", name="Release GPU").click()
+        done = page.locator(".jp-Dialog", has_text="GPU released")
+        done.wait_for(timeout=30_000)
+        assert "start your server from the hub" in done.inner_text()
+        released_at = time.monotonic()
+        page.wait_for_function(f"() => {STATUS_TEXT} === 'GPU released'")
+        assert "jp-gpuslice-status-warning" not in (status.get_attribute("class") or "")
+        done.get_by_role("button", name="Stay on this page").click()
+        hub.wait_gone("ann", timeout=60)
+        held = hub.api("GET", "/api/allocations?user=ann&state=all", hub.service_token).json()
+        reasons = [a["release_reason"] for a in held["allocations"]]
+        assert reasons == ["released by its owner: released by the user"], reasons
+        # two poll intervals with no status request from the tab
+        wait_for(lambda: time.monotonic() - released_at > 11, 20, "two poll intervals")
+        assert [t for t in polls if t > released_at + 0.5] == []
 
 
 def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path) -> None:
@@ -171,9 +214,13 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         toast.get_by_role("button", name="Save and release GPU").click()
-        page.locator(".Toastify__toast", has_text="GPU released").wait_for(timeout=30_000)
+        done = page.locator(".jp-Dialog", has_text="GPU released")
+        done.wait_for(timeout=30_000)
         assert "unsaved work" in notebook.read_text()
         hub.wait_gone("ann", timeout=60)
+        # how to get a GPU again: the hub's home, where the server starts from the form
+        done.get_by_role("button", name="Go to the hub").click()
+        page.wait_for_url(re.compile(r"/hub/home"), timeout=30_000)
     wait_for(
         lambda: (
             not hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()["allocations"]

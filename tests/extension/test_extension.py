@@ -165,9 +165,11 @@ def test_status_has_the_contract_and_polling_is_not_activity(env):
     assert set(status) >= {"slice", "server", "kernels", "policy", "exempt"}
     assert status["slice"] == {
         "profile": "share-250",
+        "display_name": "share-250",  # no $GPUSLICE_PROFILE_DISPLAY_NAME here
         "kind": "share",
         "gpu_milli": 0,
         "memory_cap_mib": 0,
+        "memory_mib": 0,  # no $GPUSLICE_SLICE here
         "devices": ["GPU-0"],
         "simulated": True,  # the fake driver labels itself
         "idle_timeout": TIMEOUT,
@@ -424,6 +426,19 @@ def test_gpu_processes_outside_kernels_count_for_the_server(env):
     server = env.fetch("gpuslice/api/status")[1]["server"]
     assert (server["utilization"], server["memory_mib"]) == (60.0, 1024.0)
     assert env.app.web_app.settings.get("gpuslice_last_activity") is not None
+
+
+def test_the_total_is_the_whole_slice_across_kernels_and_server(env):
+    _kid, pid = env.start_kernel()
+    env.gpu(
+        [
+            {"pid": pid, "used_memory_mib": 512, "sm_util": 30},
+            {"pid": os.getpid(), "used_memory_mib": 1024, "sm_util": 60},
+        ]
+    )
+    env.tick(0)
+    status = env.fetch("gpuslice/api/status")[1]
+    assert status["total"] == {"utilization": 90.0, "memory_mib": 1536.0}
 
 
 def test_batch_job_routes_are_registered_next_to_ours(env):

@@ -65,6 +65,8 @@ class AllocationsHandler(BaseHandler):
         )
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout
+        # the name the spawn form showed, for the lab's status bar
+        alloc["display_name"] = self.service.parsed_profiles[profile].display_name
         alloc["simulated"] = bool(self.service.inventory and self.service.inventory.simulated)
         self.write_json(alloc, 201 if created else 200)
 

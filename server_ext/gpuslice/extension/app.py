@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import json
 import os
 from typing import Any
 
@@ -46,6 +47,15 @@ from .service import ServiceClient
 
 API_PREFIX = "gpuslice/api"
 JOBS_PROXY = "gpuslice.jobs_proxy"
+
+
+def _slice_memory_mib() -> int:
+    """The slice's GPU memory, from the spawner's ``$GPUSLICE_SLICE`` assignments."""
+    try:
+        assignments = json.loads(os.environ.get("GPUSLICE_SLICE") or "[]")
+        return sum(int(a.get("memory_mib") or 0) for a in assignments)
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _env_int(name: str, fallback: int = 0) -> int:
@@ -278,7 +288,9 @@ class GPUSliceExtension(ExtensionApp):
             web_settings=self.serverapp.web_app.settings,
             slice_info=SliceInfo(
                 profile=profile,
+                display_name=os.environ.get("GPUSLICE_PROFILE_DISPLAY_NAME", "") or profile,
                 kind=os.environ.get("GPUSLICE_PROFILE_KIND", ""),
+                memory_mib=_slice_memory_mib(),
                 gpu_milli=_env_int("GPUSLICE_GPU_MILLI"),
                 memory_cap_mib=self.memory_cap_mib,
                 devices=tuple(visible_devices() or ()),

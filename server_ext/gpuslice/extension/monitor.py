@@ -30,9 +30,11 @@ log = logging.getLogger("gpuslice.extension")
 @dataclass
 class SliceInfo:
     profile: str = ""
+    display_name: str = ""  # as the spawn form showed it
     kind: str = ""
     gpu_milli: int = 0
-    memory_cap_mib: int = 0
+    memory_mib: int = 0  # the slice's GPU memory: the share's cap, the MIG instance's, the GPU's
+    memory_cap_mib: int = 0  # enforced per kernel by this extension (0: none, or MPS does)
     devices: tuple[str, ...] = ()
     simulated: bool = False
     user: str = ""
@@ -305,9 +307,11 @@ class Monitor:
         return {
             "slice": {
                 "profile": s.profile,
+                "display_name": s.display_name or s.profile,
                 "kind": s.kind,
                 "gpu_milli": s.gpu_milli,
                 "memory_cap_mib": s.memory_cap_mib,
+                "memory_mib": s.memory_mib,
                 "devices": list(s.devices),
                 "simulated": s.simulated or bool(report and report.simulated),
                 "idle_timeout": policy.idle_timeout,
@@ -317,6 +321,8 @@ class Monitor:
                 "deadline": events.iso(self.reclaimer.server_deadline()),
             },
             "kernels": kernels,
+            # the whole slice: every kernel and the server's own GPU processes
+            "total": _total_json(report),
             "policy": {
                 "action": policy.action,
                 "idle_timeout": policy.idle_timeout,
@@ -339,6 +345,18 @@ def _busy(a: Activity, threshold: float) -> bool:
 
 def _all(report: ActivityReport) -> list[Activity]:
     return [report.server, *report.kernels.values()]
+
+
+def _total_json(report: ActivityReport | None) -> dict[str, Any]:
+    """The slice's use: per-process figures summed (utilization as a percent of the GPU,
+    at most 100); None where nothing reported a figure."""
+    parts = _all(report) if report else []
+    utils = [a.util for a in parts if a.util is not None]
+    mems = [a.memory_bytes for a in parts if a.memory_bytes is not None]
+    return {
+        "utilization": min(100.0, round(sum(utils), 1)) if utils else None,
+        "memory_mib": round(sum(mems) / MiB, 1) if mems else None,
+    }
 
 
 def _activity_json(a: Activity | None) -> dict[str, Any]:
