@@ -600,6 +600,12 @@ class Ledger:
                 out.append(entry)
             return out
 
+    def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
+        """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
+        with self.db.reading() as s:
+            holdings = _holdings(load_active(s))
+            return self.effective_quotas(s).standing(user, tuple(groups), holdings)
+
     def _none_free(self, p: Profile, total: int, inv: InventoryView) -> str:
         """Why none of ``p`` is free, saying so when a drain is (part of) the reason."""
         drained = self._undrained_totals(inv)[p.name] - total

@@ -35,6 +35,16 @@ class Limit:
             parts.append(f"{used.milli / 1000:g} of {self.max_milli / 1000:g} GPUs")
         return " and ".join(parts) + " in use"
 
+    def standing(self, used: Usage) -> dict[str, Any]:
+        """This limit and what is held against it, for the people it limits."""
+        return {
+            "max_slices": self.max_slices,
+            "max_milli": self.max_milli,
+            "used_slices": round(used.slices, 3),
+            "used_milli": used.milli,
+            "text": self.describe(used),
+        }
+
 
 @dataclass
 class Usage:
@@ -71,13 +81,7 @@ class Quotas:
         self, user: str, groups: Iterable[str], want: Usage, holdings: Iterable[Holding]
     ) -> Charge | str:
         """The group to charge, or the reason the request is over quota."""
-        by_user = Usage()
-        by_group: dict[str, Usage] = {}
-        for h in holdings:
-            if h.user == user:
-                by_user.add(h.usage)
-            if h.charged_group is not None:
-                by_group.setdefault(h.charged_group, Usage()).add(h.usage)
+        by_user, by_group = _usage(user, holdings)
         limit = self.users.get(user, self.default_user)
         if limit is not None and not limit.room(by_user, want):
             return f"over your quota ({limit.describe(by_user)})"
@@ -95,6 +99,32 @@ class Quotas:
                     return Charge(lender, borrowed=True)
         g = mine[0]
         return f"over the quota of group {g} ({self.groups[g].describe(by_group.get(g, Usage()))})"
+
+    def standing(
+        self, user: str, groups: Iterable[str], holdings: Iterable[Holding]
+    ) -> list[dict[str, Any]]:
+        """Every quota that limits *user* (their own, then their groups'), with its use."""
+        by_user, by_group = _usage(user, holdings)
+        out = []
+        limit = self.users.get(user, self.default_user)
+        if limit is not None:
+            out.append({"scope": "user", "name": user, **limit.standing(by_user)})
+        for g in sorted(set(groups) & set(self.groups)):
+            used = by_group.get(g, Usage())
+            out.append({"scope": "group", "name": g, **self.groups[g].standing(used)})
+        return out
+
+
+def _usage(user: str, holdings: Iterable[Holding]) -> tuple[Usage, dict[str, Usage]]:
+    """What *user* holds, and what is charged to each group."""
+    by_user = Usage()
+    by_group: dict[str, Usage] = {}
+    for h in holdings:
+        if h.user == user:
+            by_user.add(h.usage)
+        if h.charged_group is not None:
+            by_group.setdefault(h.charged_group, Usage()).add(h.usage)
+    return by_user, by_group
 
 
 def _limit(raw: Any, key: str, groups: bool) -> Limit:

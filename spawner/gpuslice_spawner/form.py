@@ -50,7 +50,21 @@ _STYLE = """<style>
 </style>"""
 
 
-def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
+def quota_line(quota: list[dict[str, Any]] | None) -> str:
+    """ "Your quota: 1 of 2 slices in use; group physics: …", or "" when none limits you."""
+    parts = [
+        ("Your quota" if q.get("scope") == "user" else f"Group {q.get('name')}")
+        + f": {q.get('text', '')}"
+        for q in quota or []
+    ]
+    return "; ".join(parts)
+
+
+def render_form(
+    profiles: list[dict[str, Any]],
+    simulated: bool = False,
+    quota: list[dict[str, Any]] | None = None,
+) -> str:
     """HTML for JupyterHub's spawn page; the first available profile is preselected."""
     visible = [p for p in profiles if p.get("allowed", True)]
     if not visible:
@@ -97,6 +111,9 @@ def render_form(profiles: list[dict[str, Any]], simulated: bool = False) -> str:
             '<p class="gpuslice-simulated alert alert-warning">These GPUs are simulated '
             "(gpuslice demo mode): there is no real GPU behind them.</p>"
         )
+    quota_text = quota_line(quota)
+    if quota_text:
+        banner += f'<p class="gpuslice-quota small">{escape(quota_text)}.</p>'
     return f"""<div class="gpuslice-form">{_STYLE}{banner}
 <p>Choose a GPU slice for this server:</p>
 <div class="list-group">{"".join(rows)}</div>{hint}</div>"""

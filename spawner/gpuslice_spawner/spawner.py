@@ -135,7 +135,9 @@ class GPUSliceMixin(Spawner):
             data = await self.client.profiles(self.user.name)  # type: ignore[attr-defined]
         except ServiceError as e:
             return f"<p class='text-danger'>{escape(refusal(e, self.log).message)}</p>"  # type: ignore[attr-defined]
-        return render_form(data["profiles"], simulated=bool(data.get("simulated")))
+        return render_form(
+            data["profiles"], simulated=bool(data.get("simulated")), quota=data.get("quota")
+        )
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
         return {"profile": (formdata.get("profile") or [""])[0]}

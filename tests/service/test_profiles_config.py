@@ -103,3 +103,36 @@ def test_group_quota_and_borrowing_idle_quota():
     assert "group bio" in q.check("b2", ["bio"], want, [holding("b1", "bio")])
     # a user in no group with a quota is not limited by group quotas
     assert q.check("x", ["other"], want, used) == Charge(None)
+
+
+def test_standing_lists_every_quota_that_limits_a_user_with_its_use():
+    q = parse_quotas(
+        {
+            "default_user": {"max_slices": 2},
+            "users": {"vip": {"max_milli": 4000}},
+            "groups": {"physics": {"max_slices": 3}, "chem": {"max_slices": 1}},
+        }
+    )
+    held = [holding("ann", "physics"), holding("bob", "physics"), holding("cat", "chem")]
+    assert q.standing("ann", ["physics", "bio"], held) == [
+        {
+            "scope": "user",
+            "name": "ann",
+            "max_slices": 2,
+            "max_milli": None,
+            "used_slices": 1,
+            "used_milli": 250,
+            "text": "1 of 2 slices in use",
+        },
+        {
+            "scope": "group",
+            "name": "physics",
+            "max_slices": 3,
+            "max_milli": None,
+            "used_slices": 2,
+            "used_milli": 500,
+            "text": "2 of 3 slices in use",
+        },
+    ]
+    assert [s["text"] for s in q.standing("vip", [], held)] == ["0 of 4 GPUs in use"]
+    assert parse_quotas({}).standing("ann", ["physics"], held) == []

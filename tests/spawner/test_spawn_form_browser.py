@@ -75,7 +75,9 @@ def open_spawn_form(page: Any, hub: Any, user: str) -> None:
 def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
     need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
     sync_api = need_module("playwright.sync_api")
-    hub = hub_factory(spawner="gpuslice-simple", profiles=PROFILES)
+    hub = hub_factory(
+        spawner="gpuslice-simple", profiles=PROFILES, quotas={"default_user": {"max_slices": 2}}
+    )
     # colleagues hold both 1g.10gb instances and one whole GPU
     for user, profile in (("bob", "mig-1g.10gb"), ("cat", "mig-1g.10gb"), ("dan", "gpu-1")):
         hub.add_user(user)
@@ -100,6 +102,8 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
             assert medium.locator("input").is_checked()  # the first available is preselected
             assert "1 of 1 free" in page.locator('[data-profile="mig-3g.40gb"]').inner_text()
             assert "simulated" in form.inner_text()
+            # what her quota leaves her, before she picks
+            assert "Your quota: 0 of 2 slices in use." in form.inner_text()
 
             shot = os.environ.get("GPUSLICE_SCREENSHOT")
             if shot:
@@ -110,6 +114,22 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
             page.locator('[data-profile="share-250"] input').check()
             page.locator("form#spawn_form input[type=submit], form#spawn_form button").first.click()
             hub.wait_ready("ann")
+            page.wait_for_url("**/user/ann/**", timeout=60_000)  # the hub sends her there
+
+            # The service's overview page: styled like the admin panel, a way back to the
+            # hub, her quota and her slice; a drained GPU would read as such, not "in use".
+            page.goto(f"{hub.url}/services/gpuslice/")
+            quota = page.locator("#gs-quota")
+            quota.wait_for()
+            assert "You: 1 of 2 slices in use" in quota.inner_text()
+            held = page.locator("#gs-held").inner_text()
+            assert "The slices you hold" in held and "share-250" in held and "bob" not in held
+            profiles = page.locator("#gs-profiles").inner_text()
+            assert "Small MIG slice (1g.10gb)" in profiles and "all in use" in profiles
+            background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+            assert background == "rgb(246, 247, 249)", background  # admin.css applied
+            page.get_by_role("link", name="Hub home").click()
+            page.wait_for_url("**/hub/home")
         finally:
             browser.close()
     held = hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()["allocations"]

@@ -83,5 +83,10 @@ class ProfilesHandler(BaseHandler):
             entry["idle"] = announced(policy)
             entry["idle_timeout"] = entry["idle"]["timeout"]
         self.write_json(
-            {"user": user, "simulated": bool(inv and inv.simulated), "profiles": profiles}
+            {
+                "user": user,
+                "simulated": bool(inv and inv.simulated),
+                "profiles": profiles,
+                "quota": self.ledger.quota_standing(user, groups),
+            }
         )
