@@ -8,6 +8,7 @@ Screenshot for the docs: ``GPUSLICE_SCREENSHOTS=docs/images .venv/bin/pytest <th
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,22 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
 
         # The plot has samples: allocation and capacity over time.
         page.locator("#gs-plot svg path.gs-allocated").wait_for()
+        # Its gridlines sit at round numbers of GPUs, evenly spaced.
+        ticks = [float(t) for t in page.locator("#gs-plot svg text.gs-axis-y").all_text_contents()]
+        steps = {round(b - a, 6) for a, b in itertools.pairwise(ticks)}
+        assert ticks[0] == 0 and len(steps) == 1 and steps.pop() in (0.1, 0.2, 0.5, 1, 2, 5, 10), (
+            ticks
+        )
+        # A drained GPU leaves the capacity line (what can be handed out), and the legend
+        # says so, once a sample has been taken after the drain.
+        overview = hub.api("GET", "/api/admin/overview", admin).json()
+        gpu = overview["hosts"][0]["gpus"][0]
+        r = hub.api("POST", f"/api/gpus/{gpu['uuid']}/drain", admin, json={"reason": "fan"})
+        assert r.status_code == 200, r.text
+        page.locator("#gs-plot .gs-key-capacity", has_text="drained").wait_for(timeout=60_000)
+        legend = page.locator("#gs-plot .gs-key-capacity").inner_text()
+        total = overview["totals"]["gpus"]
+        assert f"in service {total - 1} of {total} GPUs (1 drained)" == legend, legend
         settled(page.locator("#gs-plot"))
         page.screenshot(path=str(screenshot_path(tmp_path, "admin-panel.png")), full_page=True)
 

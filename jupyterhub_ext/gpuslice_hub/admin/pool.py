@@ -87,6 +87,8 @@ def totals(pool: Pool, now: datetime) -> dict[str, Any]:
     return {
         # the hardware, drained GPUs included: their holders are still allocated on them
         "capacity_milli": 1000 * len(gpus),
+        # what can be handed out: a drained GPU keeps its holders but takes no new ones
+        "in_service_milli": 1000 * sum(1 for g in gpus if not g.drained),
         "allocated_milli": sum(a.gpu_milli for a in pool.active),
         "interactive_milli": sum(a.gpu_milli for a in pool.active if a.purpose != "batch"),
         "batch_milli": sum(a.gpu_milli for a in pool.active if a.purpose == "batch"),

@@ -22,6 +22,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # What a sample stores besides its timestamp, in the order the series lists them.
 FIELDS = (
     "capacity_milli",
+    "in_service_milli",
     "allocated_milli",
     "interactive_milli",
     "batch_milli",

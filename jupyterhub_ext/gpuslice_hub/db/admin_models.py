@@ -32,6 +32,8 @@ class UsageSampleRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     capacity_milli: Mapped[int] = mapped_column(Integer)
+    # capacity_milli without the drained GPUs; NULL in samples older than revision 0004
+    in_service_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allocated_milli: Mapped[int] = mapped_column(Integer)
     interactive_milli: Mapped[int] = mapped_column(Integer)
     batch_milli: Mapped[int] = mapped_column(Integer)

@@ -312,6 +312,13 @@
   // -- usage plot -----------------------------------------------------------------------
 
   // Ticks as fine as the span needs: seconds for a young pool, dates for a month.
+  /** The round step (1, 2 or 5 × 10^k, at least 0.1) nearest above ``raw``. */
+  function niceStep(raw) {
+    const power = 10 ** Math.floor(Math.log10(Math.max(raw, 0.1)));
+    const mult = [1, 2, 5, 10].find(f => f * power >= raw) ?? 10;
+    return Math.max(0.1, mult * power);
+  }
+
   function tickFormat(spanMs) {
     if (spanMs < 2 * 3600 * 1000) {
       return { hour: '2-digit', minute: '2-digit', second: '2-digit' };
@@ -344,11 +351,17 @@
     // A young pool has samples for only part of the window: plot from the first one.
     const t0 = Math.max(Date.parse(usage.from), Date.parse(pts[0].ts)),
       t1 = Math.max(Date.parse(usage.to), t0 + 1000);
-    const ymax =
-      Math.max(
-        1,
-        ...pts.map(p => Math.max(p.capacity_milli, p.allocated_milli, p.used_milli || 0))
-      ) * 1.08;
+    // The capacity line is what can be handed out: drained GPUs left out (older samples
+    // did not record it: the whole capacity).
+    const inService = p => p.in_service_milli ?? p.capacity_milli;
+    for (const p of pts) p.service_milli = inService(p);
+    const top = Math.max(
+      1,
+      ...pts.map(p => Math.max(p.capacity_milli, p.allocated_milli, p.used_milli || 0))
+    );
+    // Gridlines at round numbers of GPUs (1, 2, 5 × 10^k), up to five of them.
+    const step = Math.round(niceStep(top / 1000 / 4) * 1000);
+    const ymax = Math.ceil((top * 1.04) / step) * step;
     const x = iso => L + ((Date.parse(iso) - t0) / (t1 - t0)) * (W - L - R);
     const y = m => T + (1 - m / ymax) * (H - T - B);
     const NS = 'http://www.w3.org/2000/svg';
@@ -376,10 +389,14 @@
       role: 'img',
       'aria-label': 'GPUs allocated and utilized over time'
     });
-    for (let i = 0; i <= 4; i++) {
-      const m = (ymax / 4) * i;
+    for (let m = 0; m <= ymax + step / 2; m += step) {
       svg.append(s('line', { x1: L, x2: W - R, y1: y(m), y2: y(m), class: 'gs-grid' }));
-      const label = s('text', { x: L - 6, y: y(m) + 4, class: 'gs-axis', 'text-anchor': 'end' });
+      const label = s('text', {
+        x: L - 6,
+        y: y(m) + 4,
+        class: 'gs-axis gs-axis-y',
+        'text-anchor': 'end'
+      });
       label.textContent = gpus(m);
       svg.append(label);
     }
@@ -401,7 +418,7 @@
       line('allocated_milli').replace(/^M/, 'L') +
       `L${x(last.ts)},${y(0)}Z`;
     svg.append(s('path', { d: area, class: 'gs-allocated' }));
-    svg.append(s('path', { d: line('capacity_milli'), class: 'gs-capacity' }));
+    svg.append(s('path', { d: line('service_milli'), class: 'gs-capacity' }));
     svg.append(s('path', { d: line('used_milli'), class: 'gs-used' }));
     const legend = h(
       'p',
@@ -409,7 +426,10 @@
       h(
         'span',
         { className: 'gs-key gs-key-capacity' },
-        `capacity ${gpus(last.capacity_milli)} GPUs`
+        last.service_milli < last.capacity_milli
+          ? `in service ${gpus(last.service_milli)} of ${gpus(last.capacity_milli)} GPUs ` +
+              `(${gpus(last.capacity_milli - last.service_milli)} drained)`
+          : `capacity ${gpus(last.capacity_milli)} GPUs`
       ),
       h(
         'span',
