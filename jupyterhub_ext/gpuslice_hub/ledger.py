@@ -89,11 +89,12 @@ class Ledger:
         self.quotas = quotas
         self.policy = policy
         self.on_refusal = on_refusal or (lambda profile, code: None)
-        # Set by the job manager: (caller, profile, server_name) -> {"job_id", "retry_after",
-        # "message"} when it starts preempting a batch job for this spawn, else None.
-        self.preempt_hook: Callable[[Caller, Profile, str], dict[str, Any] | None] = (
-            lambda caller, profile, server_name: None
-        )
+        # Set by the job manager: (caller, profile, server_name, wait_seconds) -> {"job_id",
+        # "retry_after", "message"} when it starts preempting a batch job for this spawn; a
+        # str when one could be preempted but not within the spawn's wait (why not); None.
+        self.preempt_hook: Callable[
+            [Caller, Profile, str, float | None], dict[str, Any] | str | None
+        ] = lambda caller, profile, server_name, wait_seconds: None
         self.inventory_cache = InventoryCache()
         self._quota_cache: tuple[int, Quotas] | None = None
         self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
@@ -184,6 +185,7 @@ class Ledger:
         priority: int = 0,
         preemptible: bool = False,
         quiet: bool = False,
+        wait_seconds: float | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """Allocate a slice; returns (allocation, created). Raises RequestError on refusal.
 
@@ -191,7 +193,8 @@ class Ledger:
         allocation it already holds (a retried spawn must not hold two slices).
         ``quiet``: do not record refusals (the job scheduler retries every pass).
         An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
-        gets a 202 ``preempting`` answer when ``preempt_hook`` starts freeing a slice.
+        gets a 202 ``preempting`` answer when ``preempt_hook`` starts freeing a slice, but
+        only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
         """
         profile = self.profiles.get(profile_name)
         if profile is None:
@@ -200,11 +203,15 @@ class Ledger:
             raise RequestError(400, f"purpose must be one of {list(PURPOSES)}", code="bad_request")
         try:
             return self._allocate(caller, profile, server_name, purpose, priority, preemptible)
-        except RequestError as e:
+        except RequestError as refused:
+            e = refused
             code = e.detail.get("code")
             if code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
-                pending = self.preempt_hook(caller, profile, server_name)
-                if pending is not None:
+                pending = self.preempt_hook(caller, profile, server_name, wait_seconds)
+                if isinstance(pending, str):
+                    # a job could make room, not in time: the refusal says why not
+                    e = RequestError(409, f"{e.message}; {pending}", **e.detail)
+                elif pending is not None:
                     message = pending.pop("message")
                     raise RequestError(202, message, code="preempting", **pending) from None
             if code in REFUSALS and not quiet:
@@ -221,7 +228,9 @@ class Ledger:
                         {"code": e.detail["code"]},
                     )
                 self.on_refusal(profile.name, str(e.detail["code"]))
-            raise
+            if e is refused:
+                raise
+            raise e from None
 
     def _allocate(
         self,

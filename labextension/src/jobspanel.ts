@@ -11,6 +11,7 @@ import {
   asJobEvent,
   checkpointAge,
   isTerminal,
+  jobTimes,
   lostWork,
   newlyFinished,
   outputNotebook,
@@ -201,7 +202,7 @@ export class JobsPanel extends Widget {
     bar.append(fill);
     card.append(bar, el('div', 'jp-gpuslice-job-progress', prog.text));
 
-    const details = [checkpointAge(job, now), lostWork(job)];
+    const details = [jobTimes(job, now), checkpointAge(job, now), lostWork(job)];
     if (job.max_runtime) {
       details.push(`max ${formatDuration(job.max_runtime)}`);
     }

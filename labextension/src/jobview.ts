@@ -53,9 +53,45 @@ export function progress(job: Pick<IJob, 'cells_done' | 'cells_total'>): IProgre
   return { fraction: clamped / total, text: `${clamped} / ${total} cells` };
 }
 
-export function checkpointAge(job: Pick<IJob, 'last_checkpoint_at'>, now: number): string {
+export function checkpointAge(
+  job: Pick<IJob, 'last_checkpoint_at' | 'state'>,
+  now: number
+): string {
+  if (isTerminal(job.state)) {
+    return ''; // a finished job's checkpoints matter no more
+  }
   const age = secondsSince(job.last_checkpoint_at, now);
-  return age === null ? 'no checkpoint yet' : `checkpoint ${formatDuration(age)} ago`;
+  if (age === null) {
+    return job.state === 'running' || job.state === 'preempting' ? 'no checkpoint yet' : '';
+  }
+  return `checkpoint ${formatDuration(age)} ago`;
+}
+
+/** When it was submitted, started and finished, and how long it ran or has waited. */
+export function jobTimes(
+  job: Pick<IJob, 'state' | 'submitted_at' | 'started_at' | 'finished_at'>,
+  now: number
+): string {
+  const ago = (at: string | null) => {
+    const s = secondsSince(at, now);
+    return s === null ? null : `${formatDuration(s)} ago`;
+  };
+  const span = (from: string | null, to: string | null) => {
+    const a = Date.parse(from ?? ''),
+      b = to ? Date.parse(to) : now;
+    return Number.isNaN(a) || Number.isNaN(b) ? null : formatDuration(Math.max(0, (b - a) / 1000));
+  };
+  const submitted = ago(job.submitted_at);
+  if (!job.started_at) {
+    const waited = span(job.submitted_at, isTerminal(job.state) ? job.finished_at : null);
+    return submitted ? `submitted ${submitted}` + (waited ? `, waited ${waited}` : '') : '';
+  }
+  const ran = span(job.started_at, isTerminal(job.state) ? job.finished_at : null);
+  if (isTerminal(job.state)) {
+    const ended = ago(job.finished_at);
+    return [ended ? `ended ${ended}` : null, ran ? `ran ${ran}` : null].filter(Boolean).join(', ');
+  }
+  return `started ${ago(job.started_at) ?? ''}` + (ran ? `, running ${ran}` : '');
 }
 
 export function lostWork(job: Pick<IJob, 'lost_work_seconds' | 'restarts'>): string {
@@ -92,7 +128,9 @@ export function sortJobs(jobs: IJob[]): IJob[] {
  * The notebook "Open output" opens: the output path itself when it is a notebook, else
  * `output.ipynb` in the job's folder, which holds it once the job has finished.
  */
-export function outputNotebook(job: Pick<IJob, 'output_path' | 'state'>): string | null {
+export function outputNotebook(
+  job: Pick<IJob, 'output_path' | 'state'> & { cells_done?: number | null }
+): string | null {
   const path = job.output_path?.replace(/\/+$/, '');
   if (!path) {
     return null;
@@ -100,7 +138,12 @@ export function outputNotebook(job: Pick<IJob, 'output_path' | 'state'>): string
   if (path.endsWith('.ipynb')) {
     return path;
   }
-  return isTerminal(job.state) && job.state !== 'cancelled' ? `${path}/output.ipynb` : null;
+  if (!isTerminal(job.state)) {
+    return null;
+  }
+  // a cancelled job keeps the output of the cells that had finished, if any had
+  const cancelled = job.state === 'cancelled' || job.state === 'canceled';
+  return cancelled && !job.cells_done ? null : `${path}/output.ipynb`;
 }
 
 export interface IJobEvent {

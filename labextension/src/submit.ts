@@ -4,6 +4,7 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import type { GpusliceApi } from './api';
+import { formatDuration } from './format';
 import { buildSubmitRequest, type ISubmitForm } from './params';
 import { defaultProfile, profileLabel, refusalMessage } from './refusal';
 import { PRIORITIES, type IJob, type IProfile } from './types';
@@ -50,10 +51,10 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     }
     this.checkpoint.name = 'checkpoint_interval';
     this.checkpoint.value = initial.checkpointInterval;
-    this.checkpoint.placeholder = 'e.g. 10m';
+    this.checkpoint.placeholder = 'empty: the server default';
     this.runtime.name = 'max_runtime';
     this.runtime.value = initial.maxRuntime;
-    this.runtime.placeholder = 'e.g. 2h (empty: no limit)';
+    this.runtime.placeholder = 'empty: the server default';
     this.parameters.name = 'parameters';
     this.parameters.rows = 4;
     this.parameters.value = initial.parameters;
@@ -61,7 +62,9 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     this.notice.className = 'jp-gpuslice-submit-errors';
     this.notice.setAttribute('role', 'alert');
     this.showErrors(errors);
+    // The errors come first: below the fields they were out of sight in a short window.
     this.node.append(
+      this.notice,
       path,
       field('GPU profile', this.profile),
       field(
@@ -71,8 +74,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       ),
       field('Checkpoint interval', this.checkpoint),
       field('Max runtime', this.runtime),
-      field('Parameters', this.parameters, 'name = value per line, or a JSON object'),
-      this.notice
+      field('Parameters', this.parameters, 'name = value per line, or a JSON object')
     );
     // What was wrong with the last try no longer applies once the user changes something.
     this.node.addEventListener('input', () => this.showErrors([]));
@@ -114,6 +116,12 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       const reply = await this.api.profiles();
       profiles = reply.profiles;
       simulated = reply.simulated;
+      if (reply.jobs) {
+        // say what an empty field means, in the server's own figures
+        const jobs = reply.jobs;
+        this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime)`;
+        this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
+      }
     } catch (error) {
       this.showErrors([refusalMessage(error, 'Loading GPU profiles')]);
       return;
@@ -139,7 +147,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
 export const EMPTY_FORM: Omit<ISubmitForm, 'path'> = {
   profile: '',
   priority: 'preemptible',
-  checkpointInterval: '10m',
+  checkpointInterval: '',
   maxRuntime: '',
   parameters: ''
 };

@@ -83,9 +83,17 @@ export interface IProfile {
   reason: string | null;
 }
 
+export interface IJobDefaults {
+  checkpoint_interval: number;
+  max_runtime: number;
+  max_runtime_limit: number;
+}
+
 export interface IProfiles {
   profiles: IProfile[];
   simulated: boolean;
+  /** What a submission gets for a field it leaves out (null: no job scheduler). */
+  jobs?: IJobDefaults | null;
 }
 
 export interface ITransition {

@@ -4,6 +4,7 @@ import {
   isTerminal,
   lostWork,
   newlyFinished,
+  jobTimes,
   outputNotebook,
   progress,
   sortJobs,
@@ -69,10 +70,15 @@ describe('job presentation', () => {
 
   it('describes checkpoint age and lost work', () => {
     const now = Date.parse('2026-01-01T12:10:00Z');
-    expect(checkpointAge({ last_checkpoint_at: '2026-01-01T12:07:30Z' }, now)).toBe(
+    const running = { state: 'running' };
+    expect(checkpointAge({ ...running, last_checkpoint_at: '2026-01-01T12:07:30Z' }, now)).toBe(
       'checkpoint 2m 30s ago'
     );
-    expect(checkpointAge({ last_checkpoint_at: null }, now)).toBe('no checkpoint yet');
+    expect(checkpointAge({ ...running, last_checkpoint_at: null }, now)).toBe('no checkpoint yet');
+    // a finished job, or one that has not started, says nothing about checkpoints
+    for (const state of ['completed', 'failed', 'cancelled', 'queued']) {
+      expect(checkpointAge({ state, last_checkpoint_at: null }, now)).toBe('');
+    }
     expect(lostWork({ restarts: 0, lost_work_seconds: 0 })).toBe('');
     expect(lostWork({ restarts: 2, lost_work_seconds: 95 })).toBe(
       '2 restarts, 1m 35s of work lost'
@@ -114,11 +120,40 @@ describe('job outputs and events', () => {
       'gpu-jobs/train-7/output.ipynb'
     );
     expect(outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'running' })).toBeNull();
+    // cancelled: what the finished cells wrote, if any had finished
     expect(outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'cancelled' })).toBeNull();
+    expect(
+      outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'cancelled', cells_done: 2 })
+    ).toBe('gpu-jobs/train-7/output.ipynb');
     expect(outputNotebook({ output_path: 'out/result.ipynb', state: 'running' })).toBe(
       'out/result.ipynb'
     );
     expect(outputNotebook({ output_path: null, state: 'completed' })).toBeNull();
+  });
+
+  it('says when a job was submitted, started and ended, and how long it ran', () => {
+    const now = Date.parse('2026-01-01T12:10:00Z');
+    const submitted_at = '2026-01-01T12:00:00Z';
+    expect(
+      jobTimes({ state: 'queued', submitted_at, started_at: null, finished_at: null }, now)
+    ).toBe('submitted 10m 00s ago, waited 10m 00s');
+    expect(
+      jobTimes(
+        { state: 'running', submitted_at, started_at: '2026-01-01T12:02:00Z', finished_at: null },
+        now
+      )
+    ).toBe('started 8m 00s ago, running 8m 00s');
+    expect(
+      jobTimes(
+        {
+          state: 'completed',
+          submitted_at,
+          started_at: '2026-01-01T12:02:00Z',
+          finished_at: '2026-01-01T12:05:30Z'
+        },
+        now
+      )
+    ).toBe('ended 4m 30s ago, ran 3m 30s');
   });
 
   it('reads the job-finished event and ignores others', () => {

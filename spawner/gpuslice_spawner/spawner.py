@@ -91,8 +91,29 @@ class GPUSliceMixin(Spawner):
 
     preempt_wait_timeout = Float(
         300.0,
-        help="Seconds a spawn waits while the service preempts a batch job to free a slice.",
+        help="Seconds a spawn waits while the service preempts a batch job to free a slice. "
+        "It is capped by start_timeout (less the time a server needs to start, "
+        "server_start_margin); a job whose JobManager.preempt_grace is longer than the wait "
+        "is not preempted for a spawn, and the refusal says so.",
     ).tag(config=True)
+
+    server_start_margin = Float(
+        60.0,
+        help="Seconds of start_timeout kept for starting the server itself once a slice is "
+        "granted; the rest may be spent waiting for a preempted batch job.",
+    ).tag(config=True)
+
+    @default("start_timeout")
+    def _default_start_timeout(self) -> int:
+        # JupyterHub's 60 s would end a spawn that waits for a job's grace period, and the
+        # job would lose its work for nobody: by default, room for the whole wait.
+        return int(self.preempt_wait_timeout + self.server_start_margin)
+
+    def preempt_wait(self) -> float:
+        """How long this spawn may wait for a batch job to give its slice up."""
+        return max(
+            0.0, min(self.preempt_wait_timeout, self.start_timeout - self.server_start_margin)
+        )
 
     default_profile = Unicode(
         "",
@@ -217,7 +238,8 @@ class GPUSliceMixin(Spawner):
     async def _allocate(self, profile: str) -> dict[str, Any]:
         """Ask for a slice; while the service preempts a batch job for us, wait and retry."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.preempt_wait_timeout
+        wait = self.preempt_wait()
+        deadline = loop.time() + wait
         percent = 15
         while True:
             try:
@@ -227,6 +249,7 @@ class GPUSliceMixin(Spawner):
                     groups=self._groups(),
                     server_name=self.name,  # type: ignore[attr-defined]
                     purpose="interactive",
+                    wait_seconds=max(0.0, deadline - loop.time()),
                 )
             except ServiceError as e:
                 refused = refusal(e, self.log)  # type: ignore[attr-defined]
@@ -237,7 +260,7 @@ class GPUSliceMixin(Spawner):
             # 202: a preemptible batch job is checkpointing to make room for this server
             message = grant.get("message") or "Waiting for a batch job to free a slice"
             if loop.time() > deadline:
-                message = f"Gave up after {self.preempt_wait_timeout:g} s: {message}"
+                message = f"Gave up after {wait:g} s: {message}"
                 self._progress(100, message)
                 raise SliceRefused(message, 409)
             percent = min(percent + 2, 35)

@@ -101,6 +101,15 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         assert "unavailable: not allowed for your groups" in options[1], options
         assert profile.input_value() == "share-250"  # the first available one
 
+        # Empty fields say what the service will use (its figures, not "no limit").
+        runtime = dialog.locator("input[name=max_runtime]")
+        page.wait_for_function(
+            "() => document.querySelector('.jp-Dialog input[name=max_runtime]')"
+            "?.placeholder.startsWith('empty: 24h')"
+        )
+        assert runtime.get_attribute("placeholder") == "empty: 24h 00m (at most 168h 00m)"
+        assert dialog.locator("input[name=checkpoint_interval]").input_value() == ""
+
         # Bad input is refused in the dialog itself, every problem named, nothing sent.
         dialog.locator("input[name=max_runtime]").fill("soon")
         dialog.locator("textarea[name=parameters]").fill("1x = 2")
@@ -108,6 +117,10 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         errors = page.locator(".jp-gpuslice-submit-errors")
         errors.get_by_text("is not a duration").wait_for()
         assert "not a valid Python variable name" in errors.inner_text()
+        # the errors are at the top of the dialog, in sight, not under the fields
+        top = page.locator(".jp-Dialog .jp-gpuslice-submit").bounding_box()
+        box = errors.bounding_box()
+        assert top and box and box["y"] - top["y"] < 40, (top, box)
 
         # The service's own refusal is shown in the dialog, which keeps what was typed.
         dialog = page.locator(".jp-Dialog")
@@ -139,7 +152,10 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
             timeout=180_000,
         )
         # Every cell ran (the runner adds one with the injected parameters).
-        assert re.search(r"\b(\d+) / \1 cells", card.inner_text()), card.inner_text()
+        text = card.inner_text()
+        assert re.search(r"\b(\d+) / \1 cells", text), text
+        # when it ran, and no word about checkpoints once it is done
+        assert re.search(r"ended (\d+m )?\d+s ago, ran \d+", text) and "checkpoint" not in text, text
         job_id = card.get_attribute("data-job-id")
         output = home / "gpu-jobs" / f"train-{job_id}" / "output.ipynb"
         wait_for(output.exists, timeout=60, what="the job's output copied into ann's folder")

@@ -178,9 +178,24 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
     for extra, status, needle in cases:
         r = submit(hub, alice, **extra)
         assert r.status_code == status and needle in r.json()["message"], (extra, r.text)
-    r = submit(hub, alice, cells=["raise RuntimeError('broken on purpose')"], name="broken")
+    # the dialog says what an empty field means, in the service's own figures
+    defaults = hub.api("GET", "/api/profiles", alice).json()["jobs"]
+    assert defaults == {
+        "checkpoint_interval": 600,
+        "max_runtime": 86400,
+        "max_runtime_limit": 604800,
+    }
+    r = submit(
+        hub,
+        alice,
+        cells=["raise RuntimeError('broken on purpose')"],
+        name="broken",
+        max_runtime=120,
+    )
     assert r.status_code == 201, r.text
     j = r.json()
+    # no interval asked for: the default, but never longer than the job may run
+    assert j["checkpoint_interval"] == 120 and j["max_runtime"] == 120
     assert j["state"] == "queued" and j["user"] == "alice" and j["priority"] == "preemptible"
     assert j["output_path"] == f"gpu-jobs/broken-{j['id']}"
     assert j["transitions"][0]["state"] == "queued"
@@ -220,6 +235,14 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     wait_state(hub, alice, job_id, "running")
     d = job_dir(hub, job_id)
     wait_for(lambda: loop_checkpoint_written(d), 60, "the training loop's first checkpoint")
+
+    # A spawn that would give up before the job's 60 s grace is over does not preempt it:
+    # the job would lose its work for nobody. The refusal says why.
+    hub.add_user("carol")
+    r = hub.allocate("carol", "gpu-1", wait_seconds=20)
+    assert r.status_code == 409, r.text
+    assert "may take up to 60 s to checkpoint and this spawn waits at most 20 s" in r.text
+    assert job(hub, alice, job_id)["state"] == "running"
 
     # bob wants the only GPU: the service preempts alice's job, the spawn waits for it
     r = hub.spawn("bob", {"profile": "gpu-1"})

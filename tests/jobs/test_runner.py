@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,30 @@ def test_uninterrupted_run_writes_outputs_and_injects_parameters(tmp_path: Path)
     assert "steps = 50" in out.cells[1].source
     assert any("loss" in o.get("text", "") for o in out.cells[-1].outputs)
     assert (jd / "output.html").stat().st_size > 1000
+    # what the cells print is in the job log too (the jobs panel shows it while it runs)
+    assert re.search(r"\] \[cell 5\] loss \d", (jd / "job.log").read_text())
+
+
+def test_printed_output_reaches_the_log_while_the_cell_runs(tmp_path: Path):
+    # the cell waits (at most a minute) for the test to have read the log
+    cells = [
+        "import os, sys, time\nprint('epoch 1 done', flush=True)\n"
+        "print('a warning', file=sys.stderr, flush=True)\n"
+        "deadline = time.time() + 60\n"
+        "while not os.path.exists('go') and time.time() < deadline:\n    time.sleep(0.05)"
+    ]
+    jd = make_job_dir(tmp_path / "job", cells=cells)
+    proc = start_runner(jd)
+    log = wait_for(
+        lambda: "a warning" in (t := (jd / "job.log").read_text()) and t,
+        60,
+        "the printed lines in the log while the cell still runs",
+    )
+    assert "[cell 1] epoch 1 done" in log and "[cell 1 stderr] a warning" in log
+    assert state(jd)["status"] == "running"
+    (jd / "go").touch()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
 
 
 def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: Path):

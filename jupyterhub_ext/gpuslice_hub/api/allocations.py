@@ -9,7 +9,16 @@ from ..errors import RequestError
 from .base import BaseHandler, api_authenticated, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
-CREATE_FIELDS = {"profile", "server_name", "user", "groups", "purpose", "priority", "preemptible"}
+CREATE_FIELDS = {
+    "profile",
+    "server_name",
+    "user",
+    "groups",
+    "purpose",
+    "priority",
+    "preemptible",
+    "wait_seconds",
+}
 
 
 class AllocationsHandler(BaseHandler):
@@ -59,9 +68,14 @@ class AllocationsHandler(BaseHandler):
         preemptible = body.get("preemptible", False)
         if not isinstance(preemptible, bool):
             raise RequestError(400, "field 'preemptible' must be true or false")
+        wait = body.get("wait_seconds")
+        if wait is not None and (
+            isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 86400
+        ):
+            raise RequestError(400, "field 'wait_seconds' must be a number of seconds, 0 to 86400")
         caller = await self.resolve_caller(ident, body, "allocate")
         alloc, created = self.ledger.allocate(
-            caller, profile, server_name, purpose, priority, preemptible
+            caller, profile, server_name, purpose, priority, preemptible, wait_seconds=wait
         )
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout

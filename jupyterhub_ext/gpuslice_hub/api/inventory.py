@@ -88,5 +88,7 @@ class ProfilesHandler(BaseHandler):
                 "simulated": bool(inv and inv.simulated),
                 "profiles": profiles,
                 "quota": self.ledger.quota_standing(user, groups),
+                # what a job gets when the submit dialog leaves a field empty
+                "jobs": self.service.jobs.defaults() if self.service.jobs else None,
             }
         )

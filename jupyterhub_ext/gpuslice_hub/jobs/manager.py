@@ -251,14 +251,18 @@ class JobManager(LoggingConfigurable):
             raise RequestError(
                 400, f"field 'slices' must be an integer from 1 to {self.max_slices_per_job}"
             )
-        interval = body.get("checkpoint_interval", self.default_checkpoint_interval)
-        if not _num_in(interval, 1, 86400):
-            raise RequestError(400, "field 'checkpoint_interval' must be 1 to 86400 seconds")
         max_runtime = body.get("max_runtime", self.default_max_runtime)
         if not _num_in(max_runtime, 1, self.max_runtime_limit):
             raise RequestError(
                 400, f"field 'max_runtime' must be 1 to {self.max_runtime_limit:g} seconds"
             )
+        # The default never exceeds the job's own max runtime (a 5-minute job checkpoints
+        # within its 5 minutes); an interval the user chose is theirs.
+        interval = body.get(
+            "checkpoint_interval", min(self.default_checkpoint_interval, float(max_runtime))
+        )
+        if not _num_in(interval, 1, 86400):
+            raise RequestError(400, "field 'checkpoint_interval' must be 1 to 86400 seconds")
         try:
             raw = body.get("parameters")
             parameters = validate_parameters({} if raw is None else raw)
@@ -342,6 +346,14 @@ class JobManager(LoggingConfigurable):
         self.release(allocs, f"job {job_id} cancelled")
         return self.get(job_id) or {}
 
+    def defaults(self) -> dict[str, float]:
+        """What a submission that leaves these out gets, and the largest max runtime."""
+        return {
+            "checkpoint_interval": self.default_checkpoint_interval,
+            "max_runtime": self.default_max_runtime,
+            "max_runtime_limit": self.max_runtime_limit,
+        }
+
     def preempt(self, job_id: int, actor: str, reason: str) -> dict[str, Any]:
         """Ask a running job to checkpoint and give its slices back (killed after grace)."""
         with self.db.writing() as s:
@@ -364,9 +376,13 @@ class JobManager(LoggingConfigurable):
         return self.get(job_id) or {}
 
     def preempt_for_interactive(
-        self, caller: Caller, profile: Profile, server_name: str
-    ) -> dict[str, Any] | None:
-        """The ledger's hook: free a slice for an interactive spawn, or None if no job can."""
+        self, caller: Caller, profile: Profile, server_name: str, wait_seconds: float | None
+    ) -> dict[str, Any] | str | None:
+        """The ledger's hook: free a slice for an interactive spawn, or None if no job can.
+
+        A job is only preempted when its grace period fits in the spawn's ``wait_seconds``:
+        a spawn that gives up first would have cost the job its work for nothing. Then the
+        answer is why not (a str)."""
         key = (caller.user, server_name)
         held = self.reservations.get(key)
         if held is not None:
@@ -384,6 +400,14 @@ class JobManager(LoggingConfigurable):
         victim = pick_victim(self.ledger, profile, candidates, below_rank=len(PRIORITY_CLASSES))
         if victim is None:
             return None
+        too_long = wait_seconds is not None and self.preempt_grace > wait_seconds
+        if victim.state != "preempting" and too_long:
+            return (
+                f"batch job {victim.id} could give its slice up, but it may take up to "
+                f"{self.preempt_grace:g} s to checkpoint and this spawn waits at most "
+                f"{wait_seconds:g} s (the admin's Spawner.start_timeout is too short for "
+                "JobManager.preempt_grace)"
+            )
         if victim.state != "preempting":
             reason = f"{profile.name} needed by the interactive server of {caller.user}"
             self.preempt(victim.id, "scheduler", reason)
@@ -397,7 +421,8 @@ class JobManager(LoggingConfigurable):
         left = ((aware(job.preempt_deadline) or utcnow()) - utcnow()).total_seconds()
         return {
             "job_id": job.id,
-            "retry_after": max(1, min(5, int(left) + 1)),
+            # the slice is free the moment the job exits: ask again soon, not every 5 s
+            "retry_after": 1 if left < 30 else 2,
             "message": f"Preempting batch job {job.id} to free a slice; {what}",
         }
 

@@ -27,6 +27,23 @@ from .params import inject, parameter_warnings
 from .usage import JobUsage, default_usage_interval
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Printed output copied into the job log (the jobs panel shows the log while the job
+# runs); beyond this the log says so once and the output notebook has the rest.
+MAX_LOGGED_OUTPUT = 1 << 20
+
+
+class _LiveOutputClient(NotebookClient):
+    """A NotebookClient that also hands each printed chunk to ``on_stream`` as it comes."""
+
+    on_stream: Any = None
+
+    def output(self, outs: Any, msg: dict[str, Any], display_id: Any, cell_index: int) -> Any:
+        if msg.get("msg_type") == "stream" and self.on_stream is not None:
+            content = msg.get("content") or {}
+            self.on_stream(str(content.get("name", "")), str(content.get("text", "")))
+        return super().output(outs, msg, display_id, cell_index)
+
+
 SETUP = (
     "import gpuslice.checkpoint as __gpuslice_ckpt\n__gpuslice_ckpt.install_preemption_handler()"
 )
@@ -43,6 +60,8 @@ class Runner:
         self.last_snapshot = 0.0
         self.client: NotebookClient | None = None
         self.kernel_ready = False
+        self.current_cell = 0
+        self.logged_output = 0
 
     # -- notebook -------------------------------------------------------------------------
 
@@ -72,6 +91,21 @@ class Runner:
         tmp = self.jd.output_path.with_name(".output.ipynb.tmp")
         nbformat.write(nb, tmp)
         os.replace(tmp, self.jd.output_path)
+
+    def _log_output(self, name: str, text: str) -> None:
+        """Copy a cell's printed output into the job log, line by line, up to a limit."""
+        if self.logged_output >= MAX_LOGGED_OUTPUT:
+            return
+        self.logged_output += len(text)
+        if self.logged_output >= MAX_LOGGED_OUTPUT:
+            self.jd.log("output beyond 1 MiB is not copied here: see the output notebook")
+            return
+        where = f"cell {self.current_cell + 1}" + (" stderr" if name == "stderr" else "")
+        try:
+            for line in text.rstrip("\n").split("\n"):
+                self.jd.log(f"[{where}] {line}")
+        except OSError:
+            pass  # the log is for people; the run goes on without it
 
     # -- signals --------------------------------------------------------------------------
 
@@ -173,12 +207,13 @@ class Runner:
             GPUSLICE_PARAMETERS=json.dumps(self.spec.get("parameters") or {}),
         )
         kernel_name = nb.metadata.get("kernelspec", {}).get("name") or "python3"
-        self.client = NotebookClient(
+        self.client = _LiveOutputClient(
             nb,
             kernel_name=kernel_name,
             timeout=None,
             resources={"metadata": {"path": str(self.jd.root)}},
         )
+        self.client.on_stream = self._log_output
         # Our own handlers from the start: nbclient's setup_kernel would install one that
         # shuts the kernel down on SIGTERM, so the kernel is managed here instead.
         loop = asyncio.get_running_loop()
@@ -219,6 +254,7 @@ class Runner:
             if self.preempt_at is not None:
                 return await self._preempted(n, at_boundary=True)
             index = code_cells[n]
+            self.current_cell = n
             self.jd.write_state(current_cell=n)
             if self.is_python:
                 # names the cell's default checkpoint, and clears "Preempted was raised"
