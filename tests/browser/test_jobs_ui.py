@@ -155,7 +155,8 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         text = card.inner_text()
         assert re.search(r"\b(\d+) / \1 cells", text), text
         # when it ran, and no word about checkpoints once it is done
-        assert re.search(r"ended (\d+m )?\d+s ago, ran \d+", text) and "checkpoint" not in text, text
+        assert re.search(r"ended (\d+m )?\d+s ago, ran \d+", text), text
+        assert "checkpoint" not in text, text
         job_id = card.get_attribute("data-job-id")
         output = home / "gpu-jobs" / f"train-{job_id}" / "output.ipynb"
         wait_for(output.exists, timeout=60, what="the job's output copied into ann's folder")
