@@ -419,8 +419,11 @@ class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
             check_dir_beneath(root, JOBS_FOLDER)
         except OSError as e:
             raise refusal(e, JOBS_FOLDER, "use") from None
+        # It runs in the notebook's own folder, as the interactive kernel would: relative
+        # paths to data next to it resolve, and what it writes lands there.
+        workdir = str(root / PurePosixPath(rel).parent)
         job = await self.service.call(
-            "POST", "api/jobs", {**body, "path": rel, "notebook": notebook}
+            "POST", "api/jobs", {**body, "path": rel, "notebook": notebook, "workdir": workdir}
         )
         folder = job_folder_rel(job)
         snapshot = f"{folder}/{PurePosixPath(source).name}"

@@ -68,7 +68,11 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
     home = Path(hub.config["workdir"]) / "home" / "ann"
     write_notebook(
         home / "train.ipynb",
-        ["epochs = 1\n", "print('trained for', epochs, 'epochs')\n"],
+        [
+            "epochs = 1\n",
+            "print('trained for', epochs, 'epochs')\n",
+            "open('trained.txt', 'w').write(str(epochs))\n",  # next to the notebook
+        ],
         parameters_cell=True,
     )
     write_notebook(home / "untagged.ipynb", ["epochs = 1\n", "print('epochs', epochs)\n"])
@@ -161,6 +165,8 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         output = home / "gpu-jobs" / f"train-{job_id}" / "output.ipynb"
         wait_for(output.exists, timeout=60, what="the job's output copied into ann's folder")
         assert "trained for 3 epochs" in output.read_text()
+        # it ran in the notebook's folder: what it wrote by a relative path is there
+        assert (home / "trained.txt").read_text() == "3"
 
         card.get_by_role("button", name="Log").click()
         card.locator(".jp-gpuslice-job-log").wait_for()

@@ -243,7 +243,10 @@ c.JupyterHub.services = [
 if cfg["spawner"]:
     c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
     c.Spawner.args = ["--allow-root"] if os.getuid() == 0 else []
-    c.Spawner.start_timeout = 60
+    # a local server starts in seconds: 30 s of the 120 for it, 90 s to wait while a batch
+    # job gives its slice up (JobManager.preempt_grace is 60 s)
+    c.Spawner.start_timeout = 120
+    c.GPUSliceMixin.server_start_margin = 30
     c.Spawner.http_timeout = 60
     c.Spawner.default_url = "/tree"
     c.SimpleLocalProcessSpawner.home_dir_template = cfg["workdir"] + "/home/{{username}}"

@@ -44,10 +44,13 @@ def make_job_dir(
     cells: list[str] = TRAIN_CELLS,
     parameters: dict[str, Any] | None = None,
     interval: float = 0.5,
+    workdir: Path | None = None,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     write_notebook(root / "input.ipynb", cells)
     spec = {"id": 1, "name": "t", "parameters": parameters or {}, "checkpoint_interval": interval}
+    if workdir is not None:
+        spec["workdir"] = str(workdir)
     (root / "job.json").write_text(json.dumps(spec))
     return root
 

@@ -180,3 +180,22 @@ def test_a_swallowed_preemption_is_still_a_preemption_and_saving_every_few_steps
 
     assert run_to_end(jd) == 0, (jd / "job.log").read_text()
     assert (jd / "result.txt").read_text() == str(sum(range(400)))
+
+
+def test_the_notebook_runs_in_its_own_folder_and_writes_there(tmp_path: Path):
+    # data next to the notebook, read by a relative path; a result written the same way
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "data.csv").write_text("1\n2\n3\n")
+    cells = [
+        "total = sum(int(x) for x in open('data.csv'))\nopen('total.txt', 'w').write(str(total))"
+    ]
+    jd = make_job_dir(tmp_path / "job", cells=cells, workdir=folder)
+    assert run_to_end(jd) == 0, (jd / "job.log").read_text()
+    assert (folder / "total.txt").read_text() == "6"
+    assert f"running in the notebook's folder {folder}" in (jd / "job.log").read_text()
+
+    # a folder this host cannot reach: the job's folder, and the log says so
+    gone = make_job_dir(tmp_path / "job2", cells=["x = 1"], workdir=tmp_path / "elsewhere")
+    assert run_to_end(gone) == 0
+    assert "is not reachable here: running in the job's folder" in (gone / "job.log").read_text()

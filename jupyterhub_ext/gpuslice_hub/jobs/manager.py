@@ -49,6 +49,7 @@ SUBMIT_FIELDS = {
     "parameters",
     "user",
     "groups",
+    "workdir",
 }
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -185,6 +186,14 @@ class JobManager(LoggingConfigurable):
 
     def submit(self, caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
         spec = self._validate(body)
+        workdir = body.get("workdir")
+        if workdir is not None and (
+            not isinstance(workdir, str)
+            or not workdir.startswith("/")
+            or "\0" in workdir
+            or len(workdir) > 4096
+        ):
+            raise RequestError(400, "field 'workdir' must be an absolute path")
         nb = read_notebook(body.get("notebook"))
         try:
             account = self.account(caller.user)
@@ -225,6 +234,7 @@ class JobManager(LoggingConfigurable):
                     "user": job.user,
                     "parameters": job.parameters,
                     "checkpoint_interval": job.checkpoint_interval,
+                    "workdir": workdir,
                 },
                 account,
             )

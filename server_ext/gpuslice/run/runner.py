@@ -92,6 +92,20 @@ class Runner:
         nbformat.write(nb, tmp)
         os.replace(tmp, self.jd.output_path)
 
+    def _workdir(self) -> str:
+        """Where the notebook runs: its own folder (as submitted from the lab) when this
+        host can enter it, else the job's folder, and the log says which."""
+        wanted = self.spec.get("workdir")
+        if isinstance(wanted, str) and wanted:
+            if os.path.isdir(wanted) and os.access(wanted, os.X_OK | os.W_OK):
+                self.jd.log(f"running in the notebook's folder {wanted}")
+                return wanted
+            self.jd.log(
+                f"the notebook's folder {wanted} is not reachable here: running in the job's "
+                "folder, so paths relative to the notebook will not resolve"
+            )
+        return str(self.jd.root)
+
     def _log_output(self, name: str, text: str) -> None:
         """Copy a cell's printed output into the job log, line by line, up to a limit."""
         if self.logged_output >= MAX_LOGGED_OUTPUT:
@@ -206,12 +220,13 @@ class Runner:
             GPUSLICE_CHECKPOINT_INTERVAL=str(self.interval),
             GPUSLICE_PARAMETERS=json.dumps(self.spec.get("parameters") or {}),
         )
+        workdir = self._workdir()
         kernel_name = nb.metadata.get("kernelspec", {}).get("name") or "python3"
         self.client = _LiveOutputClient(
             nb,
             kernel_name=kernel_name,
             timeout=None,
-            resources={"metadata": {"path": str(self.jd.root)}},
+            resources={"metadata": {"path": workdir}},
         )
         self.client.on_stream = self._log_output
         # Our own handlers from the start: nbclient's setup_kernel would install one that
@@ -221,7 +236,7 @@ class Runner:
             loop.add_signal_handler(sig, self._on_preempt, sig)
         km = self.client.km = self.client.create_kernel_manager()
         try:
-            await self.client.async_start_new_kernel(cwd=str(self.jd.root))
+            await self.client.async_start_new_kernel(cwd=workdir)
             await self.client.async_start_new_kernel_client()
             self.jd.write_state(kernel_pid=self._kernel_pid())
             self.usage.start(self._kernel_pid())
