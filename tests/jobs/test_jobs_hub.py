@@ -384,3 +384,61 @@ def test_max_runtime_and_all_or_nothing_slices(jobs_hub):
         10,
         "the slice to be released",
     )
+
+
+TWO_MODELS = [
+    {
+        "name": f"node-{model.lower()}",
+        "cpu_milli": 32000,
+        "memory_mib": 256000,
+        "gpus": [{"model": f"NVIDIA {model}", "memory_mib": 81920, "count": 1}],
+    }
+    for model in ("A100", "H100")
+]
+# A loop that ignores the preemption signal: it is killed when its grace is over.
+STUBBORN_LOOP = [
+    "import time\nprint('looping', flush=True)\nfor _ in range(30000):\n    time.sleep(0.01)"
+]
+
+
+def test_a_pending_preemption_holds_back_only_the_slice_it_frees(tmp_path_factory):
+    from tests.harness.hub import start_hub
+
+    hub = start_hub(
+        tmp_path_factory.mktemp("two-models-hub"),
+        hosts=TWO_MODELS,
+        profiles=[
+            {
+                "name": "a100",
+                "kind": "gpu",
+                "count": 1,
+                "models": ["NVIDIA A100"],
+                "preempt_batch": True,
+            },
+            {"name": "h100", "kind": "gpu", "count": 1, "models": ["NVIDIA H100"]},
+        ],
+        spawner="gpuslice-simple",
+        extra_service_config="c.JobManager.preempt_grace = 30\n",
+    )
+    try:
+        alice, carol = hub.add_user("alice"), hub.add_user("carol")
+        hub.add_user("bob")
+        low = submit(hub, alice, cells=STUBBORN_LOOP, profile="a100").json()["id"]
+        wait_state(hub, alice, low, "running")
+        log = job_dir(hub, low) / "job.log"
+        wait_for(lambda: "[cell 1] looping" in log.read_text(), 60, "the loop to run")
+        # bob's server needs the A100: the job is asked to checkpoint, and takes its time
+        r = hub.spawn("bob", {"profile": "a100"})
+        assert r.status_code in (201, 202), r.text
+        wait_state(hub, alice, low, "preempting", timeout=30)
+        # meanwhile a job for the free H100 does not wait for that preemption
+        other = submit(hub, carol, cells=["x = 1"], profile="h100").json()["id"]
+        assert wait_state(hub, carol, other, "completed", timeout=60)["state"] == "completed"
+        assert job(hub, alice, low)["state"] == "preempting"  # its grace is not over yet
+        # and bob gets the A100 once the job is gone
+        hub.wait_ready("bob", timeout=90)
+        held = hub.api("GET", "/api/allocations?user=bob", hub.service_token).json()
+        assert [a["profile"] for a in held["allocations"]] == ["a100"]
+        assert job(hub, alice, low)["state"] == "queued"  # requeued behind bob
+    finally:
+        hub.stop()

@@ -66,7 +66,7 @@ class Scheduler:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
         self._expire_reservations(now)
-        if not self.jobs.reservations:
+        if not self._freed_for_a_server():
             self._start_queued(now)
 
     # -- running jobs ---------------------------------------------------------------------
@@ -212,6 +212,16 @@ class Scheduler:
         return job.run_seconds + self._attempt_seconds(job, now)
 
     # -- queued jobs ----------------------------------------------------------------------
+
+    def _freed_for_a_server(self) -> bool:
+        """Whether a slice freed for a waiting interactive server is free now. Only then
+        must queued jobs wait: while the preempted job still checkpoints, its slice is not
+        free, and other jobs may take other free capacity."""
+        for res in self.jobs.reservations.values():
+            row = self.jobs.row(res.job_id)
+            if row is None or row.state not in ACTIVE:
+                return True
+        return False
 
     def _expire_reservations(self, now: datetime) -> None:
         for key, res in list(self.jobs.reservations.items()):
