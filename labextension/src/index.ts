@@ -77,10 +77,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
 
-    const openFile = (path: string): void => {
-      void app.commands.execute('docmanager:open', { path });
+    const openOutput = async (path: string, label: string): Promise<void> => {
+      // A job's output is for reading: no kernel on this server's GPU slice until the
+      // person picks one. (A JupyterLab whose docmanager:open has no kernelPreference
+      // ignores it and starts one, as for any notebook.)
+      const widget = (await app.commands.execute('docmanager:open', {
+        path,
+        kernelPreference: { shouldStart: false, autoStartDefault: false }
+      })) as { title?: { label: string }; context?: { ready: Promise<void> } } | undefined;
+      await widget?.context?.ready;
+      if (widget?.title) {
+        widget.title.label = label;
+      }
     };
-    const panel = new JobsPanel({ api, openFile, events: app.serviceManager.events.stream });
+    const panel = new JobsPanel({
+      api,
+      openOutput: (path, label) => void openOutput(path, label),
+      events: app.serviceManager.events.stream
+    });
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'left', { rank: 600 });
 

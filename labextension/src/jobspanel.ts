@@ -14,6 +14,7 @@ import {
   jobTimes,
   lostWork,
   newlyFinished,
+  outputLabel,
   outputNotebook,
   progress,
   sortJobs,
@@ -29,7 +30,8 @@ const HIDDEN_POLL_MS = 30000;
 
 export interface IJobsPanelOptions {
   api: GpusliceApi;
-  openFile: (path: string) => void;
+  /** Open a job's output notebook; ``label`` names its tab. */
+  openOutput: (path: string, label: string) => void;
   /** The server's event stream (a "job finished" event arrives before the next poll). */
   events?: ISignal<unknown, { schema_id?: string; [key: string]: unknown }>;
 }
@@ -141,7 +143,12 @@ export class JobsPanel extends Widget {
     this.notified.add(event.job_id);
     const output = outputNotebook({ output_path: event.output_path, state: event.state });
     const actions = output
-      ? [{ label: 'Open output', callback: () => this.options.openFile(output) }]
+      ? [
+          {
+            label: 'Open output',
+            callback: () => this.options.openOutput(output, outputLabel(event.name, event.job_id))
+          }
+        ]
       : [];
     if (event.state === 'completed') {
       Notification.success(`GPU job ${event.name} completed.`, { autoClose: 10000, actions });
@@ -229,7 +236,9 @@ export class JobsPanel extends Widget {
     });
     const output = outputNotebook(job);
     if (output) {
-      button('Open output', () => this.options.openFile(output));
+      button('Open output', () =>
+        this.options.openOutput(output, outputLabel(job.name || String(job.id), job.id))
+      );
     }
     if (!badge.terminal) {
       button(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.harness.hub import wait_for
 
@@ -49,6 +50,15 @@ PROFILES = [
 ]
 
 
+def kernel_ids(hub: Any, token: str) -> list[str]:
+    """The kernels running in ann's server, read with her own token."""
+    r = requests.get(
+        f"{hub.url}/user/ann/api/kernels", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    r.raise_for_status()
+    return sorted(k["id"] for k in r.json())
+
+
 def test_submit_the_open_notebook_and_follow_it_to_its_output(
     hub_factory: Any, tmp_path: Path
 ) -> None:
@@ -64,7 +74,7 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
             ]
         ),
     )
-    hub.add_user("ann")
+    token = hub.add_user("ann")
     home = Path(hub.config["workdir"]) / "home" / "ann"
     write_notebook(
         home / "train.ipynb",
@@ -180,10 +190,18 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         settled(done)
         page.screenshot(path=str(screenshot_path(tmp_path, "lab-jobs-panel.png")))
 
+        kernels = kernel_ids(hub, token)
         card.get_by_role("button", name="Open output").click()
-        tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="output.ipynb")
+        # its tab names the job (every output file is called output.ipynb) ...
+        tab = page.locator(
+            ".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=f"train #{job_id} output"
+        )
         tab.wait_for()
         page.locator(".jp-OutputArea-output", has_text="trained for 3 epochs").wait_for()
+        # ... and reading it starts no kernel on the GPU slice
+        visible = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+        page.locator(f"{visible} .jp-Toolbar-kernelName", has_text="No Kernel").wait_for()
+        assert kernel_ids(hub, token) == kernels
         assert card.get_by_role("button", name="Resubmit").is_visible()
 
         # A notebook with no parameters cell that sets the parameter itself: the job would
