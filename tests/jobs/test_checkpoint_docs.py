@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 from pathlib import Path
 
 import nbformat
 
-from tests.harness.hub import wait_for
 from tests.jobs.notebooks import loop_checkpoint_written, make_job_dir
-from tests.jobs.test_runner import EXIT_PREEMPTED, run_to_end, start_runner, state
+from tests.jobs.test_runner import preempt_when, run_to_end, state
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "checkpointing.md"
 
@@ -41,12 +38,7 @@ def test_the_numpy_loop_example_resumes_to_the_uninterrupted_result(tmp_path: Pa
     expected = json.loads((ref / "w.json").read_text())
 
     jd = make_job_dir(tmp_path / "job", cells=[SLOW_STEPS, *cells, DUMP_W], interval=0.3)
-    proc = start_runner(jd)
-    wait_for(lambda: loop_checkpoint_written(jd), 60, "the loop's first checkpoint")
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.communicate(timeout=60)
-    log = (jd / "job.log").read_text()
-    assert proc.returncode == EXIT_PREEMPTED, log
+    log = preempt_when(jd, lambda: loop_checkpoint_written(jd), "the loop's first checkpoint")
     assert state(jd)["cells_done"] == 2 and "preempted in cell 3" in log
 
     assert run_to_end(jd) == 0, (jd / "job.log").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -418,7 +419,7 @@ def test_a_pending_preemption_holds_back_only_the_slice_it_frees(tmp_path_factor
             {"name": "h100", "kind": "gpu", "count": 1, "models": ["NVIDIA H100"]},
         ],
         spawner="gpuslice-simple",
-        extra_service_config="c.JobManager.preempt_grace = 30\n",
+        extra_service_config="c.JobManager.preempt_grace = 15\n",
     )
     try:
         alice, carol = hub.add_user("alice"), hub.add_user("carol")
@@ -427,15 +428,16 @@ def test_a_pending_preemption_holds_back_only_the_slice_it_frees(tmp_path_factor
         wait_state(hub, alice, low, "running")
         log = job_dir(hub, low) / "job.log"
         wait_for(lambda: "[cell 1] looping" in log.read_text(), 60, "the loop to run")
-        # bob's server needs the A100: the job is asked to checkpoint, and takes its time
-        r = hub.spawn("bob", {"profile": "a100"})
-        assert r.status_code in (201, 202), r.text
+        # bob's server needs the A100: the job is asked to checkpoint, and takes its time.
+        # (The hub answers a spawn after up to 10 s: asked from a thread, not to wait.)
+        spawn = ThreadPoolExecutor(1).submit(hub.spawn, "bob", {"profile": "a100"})
         wait_state(hub, alice, low, "preempting", timeout=30)
         # meanwhile a job for the free H100 does not wait for that preemption
         other = submit(hub, carol, cells=["x = 1"], profile="h100").json()["id"]
         assert wait_state(hub, carol, other, "completed", timeout=60)["state"] == "completed"
         assert job(hub, alice, low)["state"] == "preempting"  # its grace is not over yet
         # and bob gets the A100 once the job is gone
+        assert spawn.result(timeout=60).status_code in (201, 202)
         hub.wait_ready("bob", timeout=90)
         held = hub.api("GET", "/api/allocations?user=bob", hub.service_token).json()
         assert [a["profile"] for a in held["allocations"]] == ["a100"]

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import numpy as np
@@ -33,6 +34,18 @@ def state(job_dir: Path) -> dict:
         return json.loads((job_dir / "state.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def preempt_when(job_dir: Path, ready: Any, what: str) -> str:
+    """Start the runner, send the preemption signal once ``ready()``, and return the job
+    log after the runner exits as preempted."""
+    proc = start_runner(job_dir)
+    wait_for(ready, 60, what)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=60)
+    log = (job_dir / "job.log").read_text()
+    assert proc.returncode == EXIT_PREEMPTED, log
+    return log
 
 
 def run_to_end(job_dir: Path, timeout: float = 120) -> int:
@@ -87,12 +100,8 @@ def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: P
     expected = json.loads((ref / "result.json").read_text())
 
     jd = make_job_dir(tmp_path / "job", parameters=params, interval=0.3)
-    proc = start_runner(jd)
-    # wait until the training loop has written at least one checkpoint of its own
-    wait_for(lambda: loop_checkpoint_written(jd), 60, "a step checkpoint")
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_PREEMPTED, (jd / "job.log").read_text()
+    # once the training loop has written at least one checkpoint of its own
+    preempt_when(jd, lambda: loop_checkpoint_written(jd), "a step checkpoint")
     st = state(jd)
     assert st["status"] == "preempted"
     assert st["cells_done"] == 3  # the parameters, injected-parameters and data cells
@@ -124,13 +133,8 @@ def test_preempted_at_cell_boundary_snapshots_and_lists_unsaved(tmp_path: Path):
         "open('result.txt', 'w').write(str(double(counter)))",
     ]
     jd = make_job_dir(tmp_path / "job", cells=cells, interval=3600)
-    proc = start_runner(jd)
-    wait_for(lambda: state(jd).get("current_cell") == 1, 60, "the long cell to start")
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_PREEMPTED
+    log = preempt_when(jd, lambda: state(jd).get("current_cell") == 1, "the long cell")
     assert state(jd)["cells_done"] == 2
-    log = (jd / "job.log").read_text()
     assert "not saved: lock" in log and "not saved: fh" in log
 
     assert run_to_end(jd) == 0, (jd / "job.log").read_text()
@@ -140,11 +144,7 @@ def test_preempted_at_cell_boundary_snapshots_and_lists_unsaved(tmp_path: Path):
 
 def test_signal_while_the_kernel_starts_is_a_preemption_not_a_failure(tmp_path: Path):
     jd = make_job_dir(tmp_path / "job", cells=["x = 1", "y = 2"])
-    proc = start_runner(jd)
-    wait_for(lambda: state(jd).get("status") == "running", 60, "the runner to start")
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_PREEMPTED, (jd / "job.log").read_text()
+    preempt_when(jd, lambda: state(jd).get("status") == "running", "the runner to start")
     assert state(jd)["status"] == "preempted"
     assert run_to_end(jd) == 0
 
@@ -169,12 +169,7 @@ def test_a_swallowed_preemption_is_still_a_preemption_and_saving_every_few_steps
         "open('result.txt', 'w').write(str(total))",
     ]
     jd = make_job_dir(tmp_path / "job", cells=cells, interval=0.3)
-    proc = start_runner(jd)
-    wait_for(lambda: loop_checkpoint_written(jd), 60, "a step checkpoint")
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.communicate(timeout=60)
-    log = (jd / "job.log").read_text()
-    assert proc.returncode == EXIT_PREEMPTED, log
+    log = preempt_when(jd, lambda: loop_checkpoint_written(jd), "a step checkpoint")
     assert "cell 2 caught gpuslice's Preempted" in log and "preempted in cell 2" in log
     assert state(jd)["cells_done"] == 1
 

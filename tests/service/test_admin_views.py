@@ -250,6 +250,7 @@ def test_overview_shows_every_slice_its_holder_and_the_pool_totals(make_ledger):
     assert view["backend"] == "simulated" and view["simulated"] is True
     assert view["totals"] == {
         "capacity_milli": 3000,
+        "in_service_milli": 3000,  # no GPU drained
         "allocated_milli": 142 + 250 + 1000,
         "interactive_milli": 142 + 250 + 1000,
         "batch_milli": 0,
@@ -297,6 +298,12 @@ def test_overview_shows_every_slice_its_holder_and_the_pool_totals(make_ledger):
     assert [s["kind"] for s in whole_gpu["slices"]] == ["gpu"]
     assert whole_gpu["slices"][0]["holder"]["utilization"] is None  # never reported
     assert whole_gpu["allocated_milli"] == 1000 and whole_gpu["free_milli"] == 0
+
+    # A drained GPU leaves the capacity in service; its holder stays allocated.
+    ledger.set_drained(whole_gpu["uuid"], True, "admin", "fan")
+    totals = overview(ledger, now, "simulated", True)["totals"]
+    assert (totals["capacity_milli"], totals["in_service_milli"]) == (3000, 2000)
+    assert totals["drained_gpus"] == 1 and totals["allocated_milli"] == 142 + 250 + 1000
 
 
 def test_overview_names_the_job_of_a_batch_slice_and_counts_the_queue(make_ledger):
@@ -372,6 +379,7 @@ def test_a_sample_stores_the_pool_figures(make_ledger):
     assert stored == {k: taken[k] for k in FIELDS}
     assert stored == {
         "capacity_milli": 3000,
+        "in_service_milli": 3000,
         "allocated_milli": 1250,
         "interactive_milli": 250,
         "batch_milli": 1000,
