@@ -51,7 +51,8 @@ _STYLE = """<style>
 
 
 def quota_line(quota: list[dict[str, Any]] | None) -> str:
-    """ "Your quota: 1 of 2 slices in use; group physics: …", or "" when none limits you."""
+    """The quotas that limit the user, in a line (``Your quota: 1 of 2 slices in use;
+    Group physics: …``), or "" when none does."""
     parts = [
         ("Your quota" if q.get("scope") == "user" else f"Group {q.get('name')}")
         + f": {q.get('text', '')}"

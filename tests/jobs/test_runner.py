@@ -194,3 +194,15 @@ def test_the_notebook_runs_in_its_own_folder_and_writes_there(tmp_path: Path):
     gone = make_job_dir(tmp_path / "job2", cells=["x = 1"], workdir=tmp_path / "elsewhere")
     assert run_to_end(gone) == 0
     assert "is not reachable here: running in the job's folder" in (gone / "job.log").read_text()
+
+
+def test_a_cell_that_clears_the_namespace_does_not_break_the_runner(tmp_path: Path):
+    cells = [
+        "x = 1",
+        "%reset -f",
+        "import gpuslice.checkpoint\nck = gpuslice.checkpoint.open()"
+        "\nopen('name.txt', 'w').write(ck.name)",
+    ]
+    jd = make_job_dir(tmp_path / "job", cells=cells)
+    assert run_to_end(jd) == 0, (jd / "job.log").read_text()
+    assert (jd / "name.txt").read_text() == "cell-3"

@@ -415,7 +415,7 @@ class JobManager(LoggingConfigurable):
             return (
                 f"batch job {victim.id} could give its slice up, but it may take up to "
                 f"{self.preempt_grace:g} s to checkpoint and this spawn waits at most "
-                f"{wait_seconds:g} s (the admin's Spawner.start_timeout is too short for "
+                f"{wait_seconds:.0f} s (the admin's Spawner.start_timeout is too short for "
                 "JobManager.preempt_grace)"
             )
         if victim.state != "preempting":

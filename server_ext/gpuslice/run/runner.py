@@ -273,8 +273,11 @@ class Runner:
             self.jd.write_state(current_cell=n)
             if self.is_python:
                 # names the cell's default checkpoint, and clears "Preempted was raised"
+                # (imported again: a cell may have cleared the namespace with %reset)
                 await self._eval(
-                    f"__gpuslice_ckpt.begin_cell({n})\n__gpuslice_r = '0'", "__gpuslice_r"
+                    "import gpuslice.checkpoint as __gpuslice_ckpt\n"
+                    f"__gpuslice_ckpt.begin_cell({n})\n__gpuslice_r = '0'",
+                    "__gpuslice_r",
                 )
             try:
                 await self.client.async_execute_cell(nb.cells[index], index)
@@ -314,7 +317,9 @@ class Runner:
             return False
         try:
             raised = await self._eval(
-                "__gpuslice_r = str(int(__gpuslice_ckpt.raised_in_cell()))", "__gpuslice_r"
+                "import gpuslice.checkpoint as __gpuslice_ckpt\n"
+                "__gpuslice_r = str(int(__gpuslice_ckpt.raised_in_cell()))",
+                "__gpuslice_r",
             )
         except RuntimeError:
             return False
