@@ -175,6 +175,8 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         ({"parameters": {"big": "x" * 70_000}}, 400, "larger than"),
         ({"user": "bob"}, 403, "only its owner"),
         ({"groups": ["physics"]}, 403, "looked up on the hub"),
+        ({"workdir": "relative/folder"}, 400, "field 'workdir' must be an absolute path"),
+        ({"workdir": ["/x"]}, 400, "field 'workdir' must be an absolute path"),
     ]
     for extra, status, needle in cases:
         r = submit(hub, alice, **extra)
@@ -240,6 +242,9 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     # A spawn that would give up before the job's 60 s grace is over does not preempt it:
     # the job would lose its work for nobody. The refusal says why.
     hub.add_user("carol")
+    for bad in ("soon", -1, True, 10**9):
+        r = hub.allocate("carol", "gpu-1", wait_seconds=bad)
+        assert r.status_code == 400 and "wait_seconds" in r.json()["message"], (bad, r.text)
     r = hub.allocate("carol", "gpu-1", wait_seconds=20)
     assert r.status_code == 409, r.text
     assert "may take up to 60 s to checkpoint and this spawn waits at most 20 s" in r.text

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser.lab import login
 from tests.harness.engines import need, need_module
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
@@ -64,11 +65,7 @@ PROFILES = [
 
 def open_spawn_form(page: Any, hub: Any, user: str) -> None:
     """Log in through the hub's login page and open the spawn form."""
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", "test-password")
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/**")
+    login(page, hub.url, user)
     page.goto(f"{hub.url}/hub/spawn")
 
 

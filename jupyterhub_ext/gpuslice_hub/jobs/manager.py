@@ -415,8 +415,8 @@ class JobManager(LoggingConfigurable):
             return (
                 f"batch job {victim.id} could give its slice up, but it may take up to "
                 f"{self.preempt_grace:g} s to checkpoint and this spawn waits at most "
-                f"{wait_seconds:.0f} s (the admin's Spawner.start_timeout is too short for "
-                "JobManager.preempt_grace)"
+                f"{wait_seconds:.0f} s (an admin can raise Spawner.start_timeout and "
+                "GPUSliceMixin.preempt_wait_timeout above JobManager.preempt_grace)"
             )
         if victim.state != "preempting":
             reason = f"{profile.name} needed by the interactive server of {caller.user}"
