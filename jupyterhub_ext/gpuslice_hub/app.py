@@ -48,7 +48,7 @@ from .db.engine import Database, open_database
 from .db.models import utcnow
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .errors import ConfigError
-from .hubapi import HubAPI
+from .hubapi import HubAPI, IncompleteListing
 from .idle import effective_policy
 from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
@@ -229,6 +229,8 @@ class GPUSliceService(Application):
     db: Database | None = None
     jobs: JobManager | None = None
     started_at: datetime | None = None
+    # when the last reconciliation with the hub completed (api/health says it)
+    reconciled_at: datetime | None = None
     _silent_reported: set[int]
 
     def __init__(self, **kw: Any) -> None:
@@ -431,9 +433,21 @@ class GPUSliceService(Application):
             self.db.dispose()
 
     async def reconcile_once(self) -> list[int]:
+        """Release the slices of interactive servers the hub no longer has.
+
+        The hub is the truth: its paged listing is read to the end (or nothing is concluded),
+        and each server missing from it is asked about on its own before its slice is given
+        away, so a user who moved between pages while they were read keeps their slice.
+        """
         assert self.ledger is not None
+        grace = timedelta(seconds=self.reconcile_grace)
         existing = await self.hub_api.existing_servers()
-        released = self.ledger.reconcile_servers(existing, timedelta(seconds=self.reconcile_grace))
+        gone = set()
+        for user, server in sorted(self.ledger.servers_missing(existing, grace)):
+            if not await self.hub_api.server_exists(user, server):
+                gone.add((user, server))
+        released = self.ledger.reconcile_servers(existing, grace, only=gone)
+        self.reconciled_at = utcnow()
         if released:
             self.log.info("reconciled: released allocations %s (servers gone)", released)
         return released
@@ -485,12 +499,27 @@ class GPUSliceService(Application):
         return stopped
 
     async def _reconcile_loop(self) -> None:
+        """Reconcile every ``reconcile_interval``. Until a pass succeeds (at startup the hub's
+        API may not answer yet; after a hub restart it comes up after its services) and after
+        a failure, retry within seconds: slices of servers that are gone stay unusable until
+        a pass has run."""
+        retry = 1.0
         while True:
             try:
                 await self.reconcile_once()
                 await self.reclaim_silent()
-            except Exception:
-                self.log.exception("reconciliation with the hub failed; will retry")
+            except Exception as e:
+                wait = min(retry, self.reconcile_interval)
+                retry = min(retry * 2, 30.0)
+                if isinstance(e, OSError | HTTPClientError | IncompleteListing):
+                    self.log.warning(
+                        "reconciliation with the hub failed (%s); retry in %gs", e, wait
+                    )
+                else:
+                    self.log.exception("reconciliation with the hub failed; retry in %gs", wait)
+                await asyncio.sleep(wait)
+                continue
+            retry = 1.0
             await asyncio.sleep(self.reconcile_interval)
 
     def start(self) -> None:

@@ -9,6 +9,18 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+PAGINATED = "application/jupyterhub-pagination+json"
+# What we ask for per page; the hub cuts it to its own api_page_max_limit.
+PAGE = 200
+
+
+class IncompleteListing(Exception):
+    """The hub's answer could not be read to its end: nothing may be concluded from it."""
+
+
+def _active(server: dict[str, Any]) -> bool:
+    return bool(server.get("ready") or server.get("pending") or server.get("started"))
+
 
 class HubAPI:
     def __init__(self, api_url: str | None = None, token: str | None = None) -> None:
@@ -19,11 +31,17 @@ class HubAPI:
     def configured(self) -> bool:
         return bool(self.api_url and self.token)
 
-    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+    async def _request(
+        self, method: str, path: str, body: Any = None, accept: str = "application/json"
+    ) -> Any:
         req = HTTPRequest(
             self.api_url + path,
             method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"token {self.token}",
+                "Content-Type": "application/json",
+                "Accept": accept,
+            },
             body=None if body is None else json.dumps(body),
             allow_nonstandard_methods=True,
             request_timeout=30,
@@ -32,22 +50,43 @@ class HubAPI:
         return json.loads(resp.body) if resp.body else None
 
     async def existing_servers(self) -> set[tuple[str, str]]:
-        """(user, server name) of every server that is running or starting."""
+        """(user, server name) of every server that is running or starting.
+
+        Walks JupyterHub's paginated listing of the users with an active server, page by
+        page as the hub cuts them (its ``api_page_max_limit`` decides, not us), following
+        ``next`` to the end. Raises :class:`IncompleteListing` rather than return part of
+        the answer: a server missing from it would have its slice given away.
+        """
         existing: set[tuple[str, str]] = set()
-        offset = 0
+        offset, limit = 0, PAGE
         while True:
-            users = await self._request(
-                "GET", f"/users?include_stopped_servers=0&offset={offset}&limit=200"
+            page = await self._request(
+                "GET", f"/users?state=active&offset={offset}&limit={limit}", accept=PAGINATED
             )
-            if isinstance(users, dict):  # paginated reply (Accept: jupyterhub-pagination)
-                users = users.get("items", [])
-            for user in users:
+            if not isinstance(page, dict) or not isinstance(page.get("items"), list):
+                raise IncompleteListing("the hub answered the user list without pagination")
+            for user in page["items"]:
                 for name, server in (user.get("servers") or {}).items():
-                    if server.get("ready") or server.get("pending") or server.get("started"):
+                    if _active(server):
                         existing.add((user["name"], name))
-            if len(users) < 200:
+            following = (page.get("_pagination") or {}).get("next")
+            if not following:
                 return existing
-            offset += len(users)
+            if int(following["offset"]) <= offset:
+                raise IncompleteListing(f"the hub's next page goes back to {following}")
+            offset, limit = int(following["offset"]), int(following["limit"])
+
+    async def server_exists(self, user: str, server_name: str) -> bool:
+        """Whether the hub has ``user``'s server ``server_name`` running or starting, asked
+        about that one user (a paged listing can miss a user who moved between pages)."""
+        try:
+            model = await self._request("GET", f"/users/{quote(user, safe='')}")
+        except HTTPClientError as e:
+            if e.code == 404:
+                return False
+            raise
+        server = (model.get("servers") or {}).get(server_name)
+        return server is not None and _active(server)
 
     async def user_groups(self, name: str) -> tuple[str, ...] | None:
         try:

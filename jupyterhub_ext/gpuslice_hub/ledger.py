@@ -444,30 +444,48 @@ class Ledger:
             s, "released", view.user, actor, view.id, view.profile, reason, {"host": view.host}
         )
 
-    def reconcile_servers(
+    def servers_missing(
         self, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None = None
+    ) -> set[tuple[str, str]]:
+        """(user, server) of the interactive allocations past ``grace`` whose server is not
+        in ``existing``: what :meth:`reconcile_servers` would release. Reads only."""
+        with self.db.reading() as s:
+            return {(v.user, v.server_name) for v in self._unmatched(s, existing, grace, now)}
+
+    def reconcile_servers(
+        self,
+        existing: set[tuple[str, str]],
+        grace: timedelta,
+        now: datetime | None = None,
+        only: set[tuple[str, str]] | None = None,
     ) -> list[int]:
         """Release interactive allocations whose server no longer exists on the hub.
 
         Allocations younger than ``grace`` are left alone: a spawn in progress holds its
-        allocation before the hub lists the server as running.
+        allocation before the hub lists the server as running. ``only``: release none but
+        these servers' (the ones the caller has confirmed gone).
         """
-        now = now or utcnow()
         released = []
         with self.db.writing() as s:
-            for view in load_active(s):
-                if view.purpose != "interactive" or (view.user, view.server_name) in existing:
-                    continue
-                created = (
-                    view.created_at
-                    if view.created_at.tzinfo
-                    else view.created_at.replace(tzinfo=now.tzinfo)
-                )
-                if now - created < grace:
+            for view in self._unmatched(s, existing, grace, now):
+                if only is not None and (view.user, view.server_name) not in only:
                     continue
                 self._release(s, view, "reconciler", "server no longer exists on the hub")
                 released.append(view.id)
         return released
+
+    @staticmethod
+    def _unmatched(
+        s: Session, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None
+    ) -> list[AllocationView]:
+        now = now or utcnow()
+        return [
+            view
+            for view in load_active(s)
+            if view.purpose == "interactive"
+            and (view.user, view.server_name) not in existing
+            and now - view.created_at >= grace
+        ]
 
     # -- queries -----------------------------------------------------------------------
 

@@ -121,12 +121,6 @@ def exemption_json(r: IdleExemptionRow) -> dict[str, Any]:
     }
 
 
-def _aware(ts: datetime | None) -> datetime | None:
-    if ts is None or ts.tzinfo is not None:
-        return ts
-    return ts.replace(tzinfo=utcnow().tzinfo)
-
-
 class AdminSettings:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -218,7 +212,7 @@ class AdminSettings:
 
 
 def _live(row: IdleExemptionRow, now: datetime) -> bool:
-    expires = _aware(row.expires_at)
+    expires = row.expires_at
     return expires is None or expires > now
 
 

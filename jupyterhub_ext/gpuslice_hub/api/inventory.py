@@ -19,6 +19,7 @@ class HealthHandler(BaseHandler):
                 "backend": inv.backend if inv else None,
                 "simulated": bool(inv and inv.simulated),
                 "started": iso(self.service.started_at),
+                "reconciled": iso(self.service.reconciled_at),
             }
         )
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Integer, String
+from sqlalchemy import Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .models import Base, utcnow
+from .models import Base, UTCDateTime, utcnow
 
 
 class UsageReportRow(Base):
@@ -17,7 +17,7 @@ class UsageReportRow(Base):
 
     __tablename__ = "usage_reports"
     allocation_id: Mapped[int] = mapped_column(ForeignKey("allocations.id"), primary_key=True)
-    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    reported_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # percent of the busiest device the holder's processes use, as NVML reports it
     utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -30,7 +30,7 @@ class UsageSampleRow(Base):
 
     __tablename__ = "usage_samples"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     capacity_milli: Mapped[int] = mapped_column(Integer)
     # capacity_milli without the drained GPUs; NULL in samples older than revision 0004
     in_service_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -58,7 +58,7 @@ class QuotaOverrideRow(Base):
     max_slices: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
     set_by: Mapped[str] = mapped_column(String(255))
-    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    set_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     reason: Mapped[str] = mapped_column(String(1024), default="")
 
 
@@ -68,6 +68,6 @@ class IdleExemptionRow(Base):
     __tablename__ = "idle_exemptions"
     user: Mapped[str] = mapped_column(String(255), primary_key=True)
     set_by: Mapped[str] = mapped_column(String(255))
-    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    set_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     reason: Mapped[str] = mapped_column(String(1024), default="")

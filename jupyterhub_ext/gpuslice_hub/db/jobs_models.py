@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from .models import Base, utcnow
+from .models import Base, UTCDateTime, utcnow
 
 
 class JobRow(Base):
@@ -36,13 +36,13 @@ class JobRow(Base):
     run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     cells_done: Mapped[int] = mapped_column(Integer, default=0)
     cells_total: Mapped[int] = mapped_column(Integer, default=0)
-    last_checkpoint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    attempt_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    not_before: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    preempt_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_checkpoint_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    submitted_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    attempt_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime())
     waiting_reason: Mapped[str | None] = mapped_column(String(1024))
     error: Mapped[str | None] = mapped_column(Text)
     transitions: Mapped[list[JobTransitionRow]] = relationship(
@@ -56,6 +56,6 @@ class JobTransitionRow(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
     from_state: Mapped[str | None] = mapped_column(String(16))
     state: Mapped[str] = mapped_column(String(16))
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     reason: Mapped[str] = mapped_column(String(1024), default="")
     job: Mapped[JobRow] = relationship(back_populates="transitions")

@@ -13,13 +13,37 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    TypeDecorator,
     text,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """The one time type of the ledger: a UTC instant, always timezone-aware in Python.
+
+    PostgreSQL keeps the zone; SQLite hands back naive datetimes. Every timestamp gpuslice
+    stores is UTC, so a naive one read back is UTC, and nothing above this type ever
+    compares naive with aware.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
 
 
 class Base(DeclarativeBase):
@@ -80,8 +104,8 @@ class AllocationRow(Base):
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     memory_mib: Mapped[int] = mapped_column(Integer, default=0)
     active: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     release_reason: Mapped[str | None] = mapped_column(String(255), nullable=True)
     claims: Mapped[list[ClaimRow]] = relationship(
         back_populates="allocation", order_by="ClaimRow.id", lazy="selectin"
@@ -133,7 +157,7 @@ class EventRow(Base):
 
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    ts: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     kind: Mapped[str] = mapped_column(String(32), index=True)
     user: Mapped[str | None] = mapped_column(String(255), nullable=True, index=True)
     actor: Mapped[str | None] = mapped_column(String(255), nullable=True)

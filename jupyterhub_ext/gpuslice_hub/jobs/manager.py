@@ -63,13 +63,6 @@ class Reservation:
     expires: datetime
 
 
-def aware(ts: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; every timestamp we store is UTC."""
-    if ts is None or ts.tzinfo is not None:
-        return ts
-    return ts.replace(tzinfo=utcnow().tzinfo)
-
-
 class JobManager(LoggingConfigurable):
     schedule_interval = Float(
         1.0, help="Seconds between scheduler passes (a submission or a finished run wakes it)."
@@ -423,12 +416,12 @@ class JobManager(LoggingConfigurable):
             self.preempt(victim.id, "scheduler", reason)
         job = self.row(victim.id)
         assert job is not None
-        deadline = aware(job.preempt_deadline) or utcnow()
+        deadline = job.preempt_deadline or utcnow()
         self.reservations[key] = Reservation(job.id, profile.name, deadline + timedelta(seconds=30))
         return self._pending(job, "your server will start when it has checkpointed")
 
     def _pending(self, job: JobRow, what: str) -> dict[str, Any]:
-        left = ((aware(job.preempt_deadline) or utcnow()) - utcnow()).total_seconds()
+        left = ((job.preempt_deadline or utcnow()) - utcnow()).total_seconds()
         return {
             "job_id": job.id,
             # the slice is free the moment the job exits: ask again soon, not every 5 s

@@ -13,7 +13,7 @@ def effective_priority(job: JobRow, now: datetime, aging_seconds: float) -> floa
     base = PRIORITY_CLASSES[job.priority_class]
     if aging_seconds <= 0:
         return float(base)
-    waited = (now - _aware(job.submitted_at, now)).total_seconds()
+    waited = (now - job.submitted_at).total_seconds()
     # at most one class above its own: aging helps a job get in line, it does not make a
     # preemptible job able to preempt others
     return base + min(1.0, waited / aging_seconds)
@@ -24,7 +24,3 @@ def queue_order(jobs: list[JobRow], now: datetime, aging_seconds: float) -> list
         jobs,
         key=lambda j: (-effective_priority(j, now, aging_seconds), j.submitted_at, j.id),
     )
-
-
-def _aware(ts: datetime, now: datetime) -> datetime:
-    return ts if ts.tzinfo else ts.replace(tzinfo=now.tzinfo)

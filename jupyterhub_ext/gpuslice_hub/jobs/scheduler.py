@@ -27,7 +27,7 @@ from ..errors import RequestError
 from ..ledger import Caller
 from .accounts import Account, AccountError, job_environment
 from .backends.base import RunStatus
-from .manager import JobManager, aware
+from .manager import JobManager
 from .ordering import queue_order
 from .runner_state import runner_claims
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
@@ -105,7 +105,7 @@ class Scheduler:
 
     def _progress(self, job: JobRow, runner: dict[str, Any], now: datetime) -> None:
         over_time = self._runtime(job, now) > job.max_runtime
-        deadline = aware(job.preempt_deadline)
+        deadline = job.preempt_deadline
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != job.state:
@@ -196,7 +196,7 @@ class Scheduler:
         transition(s, row, "queued", f"{what}; requeued in {backoff:g}s")
 
     def _unsaved(self, row: JobRow, runner: dict[str, Any], now: datetime) -> float:
-        started = aware(row.attempt_started_at) or now
+        started = row.attempt_started_at or now
         safe = max(
             started.timestamp(),
             float(runner.get("last_checkpoint_at") or 0),
@@ -205,7 +205,7 @@ class Scheduler:
         return max(0.0, now.timestamp() - safe)
 
     def _attempt_seconds(self, job: JobRow, now: datetime) -> float:
-        started = aware(job.attempt_started_at)
+        started = job.attempt_started_at
         return (now - started).total_seconds() if started else 0.0
 
     def _runtime(self, job: JobRow, now: datetime) -> float:
@@ -236,7 +236,7 @@ class Scheduler:
     def _start_queued(self, now: datetime) -> None:
         with self.jobs.db.reading() as s:
             queued = list(s.scalars(select(JobRow).where(JobRow.state == "queued")))
-        ready = [j for j in queued if (aware(j.not_before) or now) <= now]
+        ready = [j for j in queued if (j.not_before or now) <= now]
         blocked_rank = -1
         for job in queue_order(ready, now, self.jobs.aging_seconds):
             rank = PRIORITY_CLASSES[job.priority_class]

@@ -1,0 +1,108 @@
+"""The reconciler against a real JupyterHub: the hub is the truth about which servers exist.
+
+A slice is given back only when the hub says its server is gone, read to the end of the hub's
+own pages; and after a hub restart the slices of the servers it stopped come back in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from datetime import datetime
+
+from tests.harness.hub import start_hub, wait_for
+
+USERS = ("ann", "bob", "cat")
+ONE_GPU = {
+    "name": "node-a",
+    "cpu_milli": 8000,
+    "memory_mib": 64000,
+    "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}],
+}
+
+
+def reconciled_at(hub) -> float:
+    """When the service last completed a reconciliation (0 before the first)."""
+    stamp = hub.api("GET", "/api/health").json()["reconciled"]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
+
+
+def active_allocations(hub) -> dict[str, dict]:
+    listed = hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"]
+    return {a["user"]: a for a in listed}
+
+
+def test_servers_on_later_pages_of_the_hub_keep_their_slices(hub_factory):
+    # The hub cuts its user list into pages of one: every server but the first is on a
+    # later page, and a reconciler that stops at the first page gives their slices away.
+    hub = hub_factory(
+        spawner="gpuslice-simple",
+        reconcile_interval=0.5,
+        reconcile_grace=1,
+        extra_hub_config="c.JupyterHub.api_page_max_limit = 1\n",
+    )
+    for user in USERS:
+        hub.add_user(user)
+        r = hub.spawn(user, {"profile": "share-250"})
+        assert r.status_code in (201, 202), r.text
+    for user in USERS:
+        hub.wait_ready(user)
+    held = active_allocations(hub)
+    assert set(held) == set(USERS)
+    # every allocation is past the 1 s grace from here on: wait for passes that judged them
+    since = time.time() + 1.5
+    wait_for(lambda: reconciled_at(hub) > since, 30, "two reconciliations after the grace")
+    assert {u: a["id"] for u, a in active_allocations(hub).items()} == {
+        u: a["id"] for u, a in held.items()
+    }
+    events = hub.api("GET", "/api/events", hub.service_token).json()["events"]
+    assert not [e for e in events if e["actor"] == "reconciler"]
+
+    # and a server that does stop is still noticed on whichever page it was
+    hub.hub_api("DELETE", "/users/cat/server")
+    hub.wait_gone("cat")
+    wait_for(lambda: "cat" not in active_allocations(hub), 30, "cat's slice to be released")
+    assert set(active_allocations(hub)) == {"ann", "bob"}
+
+
+def test_after_a_clean_hub_restart_the_slices_of_stopped_servers_are_free_in_seconds(
+    tmp_path,
+):
+    # One whole GPU: while the stale allocation stands, nobody else can have it.
+    # The default interval (60 s): the pass that frees it must be the one at startup.
+    hub = start_hub(
+        tmp_path / "hub",
+        spawner="gpuslice-simple",
+        hosts=[ONE_GPU],
+        profiles=[{"name": "gpu-1", "kind": "gpu", "count": 1}],
+        reconcile_interval=60,
+        reconcile_grace=1,
+    )
+    try:
+        hub.add_user("ann")
+        assert hub.spawn("ann", {"profile": "gpu-1"}).status_code in (201, 202)
+        hub.wait_ready("ann")
+        alloc = active_allocations(hub)["ann"]
+
+        # A clean stop of the hub alone: it stops its services first, then the servers,
+        # whose spawners can no longer tell the service that their slices are free.
+        os.kill(hub.proc.pid, signal.SIGTERM)
+        hub.proc.wait(60)
+        db = sqlite3.connect(hub.config["db_url"].removeprefix("sqlite:///"))
+        row = db.execute("SELECT active FROM allocations WHERE id=?", (alloc["id"],)).fetchone()
+        db.close()
+        assert row[0], "the hub released the slice on its way down: nothing to reconcile"
+
+        hub = start_hub(tmp_path / "hub", reuse=hub.config)  # returns once the service is up
+        wait_for(
+            lambda: "ann" not in active_allocations(hub),
+            30,
+            "the slice of the server the hub stopped to be free",
+        )
+        hub.add_user("bob")
+        r = hub.allocate("bob", "gpu-1")
+        assert r.status_code in (200, 201), r.text
+    finally:
+        hub.stop()
