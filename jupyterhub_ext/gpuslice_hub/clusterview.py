@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .placement import GPUState, HostState, MigSlotState, Placement, Request, place
-from .placement.engine import Policy
+from .placement import GPUState, HostState, MigSlotState, Placement, Request
+from .placement.fit import fit_counts
+from .placement.state import from_hosts
 
 
 def build_hosts(
@@ -71,23 +71,9 @@ def apply(hosts: Sequence[HostState], request: Request, placement: Placement) ->
             gpu.free_memory_mib -= a.memory_mib
 
 
-def count_fits(request: Request, hosts: Sequence[HostState], policy: Policy, cap: int = 256) -> int:
-    """How many more of ``request`` could be placed, one after another (at most ``cap``).
-
-    A request lands on a single host and changes nothing on the others, so each host is
-    filled on its own and the counts add up: the total placing across the cluster would
-    reach, but every trial placement scores one host instead of all of them (the spawn
-    form asks this for every profile on every render).
-    """
-    n = 0
-    for host in hosts:
-        scratch = [copy.deepcopy(host)]
-        while n < cap:
-            result = place(request, scratch, policy, learn=False)
-            if not isinstance(result, Placement):
-                break
-            apply(scratch, request, result)
-            n += 1
-        if n >= cap:
-            break
-    return n
+def count_fits(request: Request, hosts: Sequence[HostState]) -> int:
+    """How many more of ``request`` could be placed, one after another: exact at any size
+    (see :func:`~.placement.fit.fit_counts`)."""
+    if not hosts:
+        return 0
+    return int(fit_counts(from_hosts(hosts), request).sum())

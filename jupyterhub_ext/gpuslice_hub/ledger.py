@@ -370,7 +370,7 @@ class Ledger:
         for other in self.profiles.values():
             if other.name == profile.name or not other.allowed_for(caller.groups):
                 continue
-            free = count_fits(other.request(), hosts, self.policy)
+            free = count_fits(other.request(), hosts)
             if free:
                 others.append(f"{other.name} has {free} free")
         why = self._none_free(profile, total, inv)
@@ -571,7 +571,7 @@ class Ledger:
         hosts = build_hosts(inv.hosts, inv.gpus, load_active(s))
         totals = self._totals(inv)
         capacity = {
-            name: (count_fits(p.request(), hosts, self.policy), totals[name])
+            name: (count_fits(p.request(), hosts), totals[name])
             for name, p in self.profiles.items()
         }
         self._capacity_cache = (marker, capacity)
@@ -595,9 +595,7 @@ class Ledger:
 
     def _count_empty(self, inv: InventoryView, ignore_drain: bool) -> dict[str, int]:
         empty = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
-        return {
-            name: count_fits(p.request(), empty, self.policy) for name, p in self.profiles.items()
-        }
+        return {name: count_fits(p.request(), empty) for name, p in self.profiles.items()}
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not."""

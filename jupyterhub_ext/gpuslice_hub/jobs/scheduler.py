@@ -265,9 +265,7 @@ class Scheduler:
             # would fill the audit trail.
             hosts, gpus, active = self.jobs.ledger.snapshot()
             profile = self.jobs.ledger.profiles[job.profile]
-            free = count_fits(
-                profile.request(), build_hosts(hosts, gpus, active), self.jobs.ledger.policy
-            )
+            free = count_fits(profile.request(), build_hosts(hosts, gpus, active))
             if free < job.slices:
                 message = f"No {job.slices} {job.profile} slices free at once ({free} free)"
                 return None, RequestError(409, message, code="no_capacity")
