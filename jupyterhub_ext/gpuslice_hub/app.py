@@ -80,7 +80,9 @@ class GPUSliceService(Application):
         help="""SQLAlchemy URL of the ledger database.
 
         SQLite (WAL mode) by default; use ``postgresql://user:password@host/db`` (psycopg 3)
-        when the hub runs at scale or in several replicas.""",
+        when the hub runs at scale. Run one service process per ledger: PostgreSQL does not
+        make several replicas safe (the scheduler, reconciler and sampler have no leader, and
+        pending preemptions live in the process).""",
     ).tag(config=True)
 
     gpu_backend = Enum(
@@ -326,6 +328,9 @@ class GPUSliceService(Application):
             self.policy,
             on_refusal=lambda profile, code: self.refusals.labels(profile, code).inc(),
         )
+        learned = self.ledger.learn_from_history()
+        if learned:
+            self.log.info("placement policy: learned from the last %d requests", learned)
         self.admin_settings = AdminSettings(self.db)
 
     def make_app(self) -> web.Application:

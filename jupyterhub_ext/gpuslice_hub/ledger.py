@@ -8,6 +8,7 @@ partial unique indexes on claims and servers are a second, independent guard.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -39,6 +40,7 @@ from .profiles import Profile
 from .quotas import Charge, Holding, Quotas, Usage
 from .serialize import allocation_json, event_json
 from .snapshot import (
+    ActiveCache,
     AllocationView,
     ClaimView,
     GPUView,
@@ -96,6 +98,9 @@ class Ledger:
             [Caller, Profile, str, float | None], dict[str, Any] | str | None
         ] = lambda caller, profile, server_name, wait_seconds: None
         self.inventory_cache = InventoryCache()
+        self.active_cache = ActiveCache()
+        # A learning policy's state is shared by the event loop and the scheduler's thread.
+        self._policy_lock = threading.Lock()
         self._quota_cache: tuple[int, Quotas] | None = None
         self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
         self._totals_cache: tuple[int, dict[str, int]] | None = None
@@ -186,12 +191,15 @@ class Ledger:
         preemptible: bool = False,
         quiet: bool = False,
         wait_seconds: float | None = None,
+        learn: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         """Allocate a slice; returns (allocation, created). Raises RequestError on refusal.
 
         Idempotent per server: asking again for the same server and profile returns the
         allocation it already holds (a retried spawn must not hold two slices).
         ``quiet``: do not record refusals (the job scheduler retries every pass).
+        ``learn``: a placement policy that learns the request mix counts this request (the
+        scheduler's retries of one job are one request: it passes False after the first).
         An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
         gets a 202 ``preempting`` answer when ``preempt_hook`` starts freeing a slice, but
         only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
@@ -202,7 +210,9 @@ class Ledger:
         if purpose not in PURPOSES:
             raise RequestError(400, f"purpose must be one of {list(PURPOSES)}", code="bad_request")
         try:
-            return self._allocate(caller, profile, server_name, purpose, priority, preemptible)
+            return self._allocate(
+                caller, profile, server_name, purpose, priority, preemptible, learn
+            )
         except RequestError as refused:
             e = refused
             code = e.detail.get("code")
@@ -240,6 +250,7 @@ class Ledger:
         purpose: str,
         priority: int,
         preemptible: bool,
+        learn: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         if not profile.allowed_for(caller.groups):
             raise RequestError(
@@ -274,7 +285,7 @@ class Ledger:
                             allocation_id=held.id,
                         )
                 inv = self.inventory_cache.get(s)
-                active = load_active(s)
+                active = self.active_cache.get(s)
                 want = Usage(
                     profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, inv)
                 )
@@ -284,7 +295,8 @@ class Ledger:
                 if not isinstance(charge, Charge):
                     raise RequestError(429, charge, code="over_quota")
                 hosts = build_hosts(inv.hosts, inv.gpus, active)
-                result = place(request, hosts, self.policy)
+                with self._policy_lock:
+                    result = place(request, hosts, self.policy, learn=learn)
                 if not isinstance(result, Placement):
                     raise self._no_capacity(inv, caller, profile, hosts)
                 row = self._write_allocation(
@@ -381,6 +393,42 @@ class Ledger:
         if others:
             message += "; " + ", ".join(others)
         return RequestError(409, message, code="no_capacity", alternatives=others)
+
+    def observe(self, profile_name: str) -> None:
+        """Count a request for ``profile_name`` that was not tried (a job refused for the
+        reason a job of the same shape was), for a policy that learns the request mix."""
+        profile = self.profiles.get(profile_name)
+        observe = getattr(self.policy, "observe", None)
+        if profile is not None and observe is not None:
+            with self._policy_lock:
+                observe(profile.request())
+
+    def learn_from_history(self, limit: int = 10_000) -> int:
+        """Show a learning policy the newest ``limit`` requests the ledger recorded (slices
+        allocated and refused), oldest first, so it does not start from nothing after a
+        restart. Returns how many it was shown."""
+        observe = getattr(self.policy, "observe", None)
+        if observe is None:
+            return 0
+        with self.db.reading() as s:
+            rows = (
+                s.connection()
+                .execute(
+                    select(EVENTS.c.profile)
+                    .where(EVENTS.c.kind.in_(("allocated", "refused")))
+                    .order_by(EVENTS.c.id.desc())
+                    .limit(limit)
+                )
+                .all()
+            )
+        shown = 0
+        with self._policy_lock:
+            for (name,) in reversed(rows):
+                profile = self.profiles.get(name)
+                if profile is not None:
+                    observe(profile.request())
+                    shown += 1
+        return shown
 
     # -- release -----------------------------------------------------------------------
 
@@ -548,7 +596,7 @@ class Ledger:
         """Inventory and active allocations, read in one transaction."""
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
-            return inv.hosts, inv.gpus, load_active(s)
+            return inv.hosts, inv.gpus, self.active_cache.get(s)
 
     def profile_capacity(self) -> dict[str, tuple[int, int]]:
         """Per profile: (slices that could still be placed now, slices on an empty cluster)."""
@@ -568,7 +616,7 @@ class Ledger:
         cached = self._capacity_cache
         if cached is not None and cached[0] == marker:
             return cached[1]
-        hosts = build_hosts(inv.hosts, inv.gpus, load_active(s))
+        hosts = build_hosts(inv.hosts, inv.gpus, self.active_cache.get(s))
         totals = self._totals(inv)
         capacity = {
             name: (count_fits(p.request(), hosts), totals[name])
@@ -603,7 +651,7 @@ class Ledger:
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
             capacity = self._capacity(s, inv)
-            holdings = _holdings(load_active(s))
+            holdings = _holdings(self.active_cache.get(s))
             out = []
             for p in self.profiles.values():
                 entry = p.to_json()
@@ -628,7 +676,7 @@ class Ledger:
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
         with self.db.reading() as s:
-            holdings = _holdings(load_active(s))
+            holdings = _holdings(self.active_cache.get(s))
             return self.effective_quotas(s).standing(user, tuple(groups), holdings)
 
     def _none_free(self, p: Profile, total: int, inv: InventoryView) -> str:

@@ -13,10 +13,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import AllocationRow, ClaimRow, GPURow, HostRow, LedgerLock, MigRow
+from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,27 @@ def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
         ).all()
     ]
     return view
+
+
+class ActiveCache:
+    """The active allocations, read again only when the ledger recorded an event since.
+
+    Every write that changes them (allocate, release) records an event in its transaction,
+    so the newest event id marks a state. It is read before the allocations: a write that
+    lands in between makes the cache look older than it is, never newer. Callers get their
+    own list; the views in it are shared and never modified.
+    """
+
+    def __init__(self) -> None:
+        self._cached: tuple[int, list[AllocationView]] | None = None
+
+    def get(self, s: Session) -> list[AllocationView]:
+        marker = int(s.connection().execute(select(func.max(EventRow.id))).scalar() or 0)
+        cached = self._cached
+        if cached is None or cached[0] != marker:
+            cached = (marker, load_active(s))
+            self._cached = cached
+        return list(cached[1])
 
 
 class InventoryCache:

@@ -36,6 +36,7 @@ from .params import validate_parameters
 from .serialize import job_json
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
+from .wakeup import Wakeup
 
 SUBMIT_FIELDS = {
     "name",
@@ -161,7 +162,7 @@ class JobManager(LoggingConfigurable):
         # Owners reach their own job folder (0700, theirs) but cannot list the others.
         self.root.chmod(0o711)
         self.reservations: dict[tuple[str, str], Reservation] = {}
-        self.wake = asyncio.Event()
+        self.wake = Wakeup()
         self.task: asyncio.Future | None = None
 
     # -- submission ----------------------------------------------------------------------

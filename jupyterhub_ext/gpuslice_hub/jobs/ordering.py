@@ -4,12 +4,26 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Protocol, TypeVar
 
-from ..db.jobs_models import JobRow
 from .states import PRIORITY_CLASSES
 
 
-def effective_priority(job: JobRow, now: datetime, aging_seconds: float) -> float:
+class Queued(Protocol):
+    """What ordering reads of a job (a job row, or the few columns the scheduler loads)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def priority_class(self) -> str: ...
+    @property
+    def submitted_at(self) -> datetime: ...
+
+
+Q = TypeVar("Q", bound=Queued)
+
+
+def effective_priority(job: Queued, now: datetime, aging_seconds: float) -> float:
     base = PRIORITY_CLASSES[job.priority_class]
     if aging_seconds <= 0:
         return float(base)
@@ -19,7 +33,7 @@ def effective_priority(job: JobRow, now: datetime, aging_seconds: float) -> floa
     return base + min(1.0, waited / aging_seconds)
 
 
-def queue_order(jobs: list[JobRow], now: datetime, aging_seconds: float) -> list[JobRow]:
+def queue_order(jobs: list[Q], now: datetime, aging_seconds: float) -> list[Q]:
     return sorted(
         jobs,
         key=lambda j: (-effective_priority(j, now, aging_seconds), j.submitted_at, j.id),

@@ -9,14 +9,13 @@ released again in the same pass.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, bindparam, select, update
 
 from gpuslice.run.jobdir import JobDir
 
@@ -35,6 +34,20 @@ from .victims import pick_victim
 
 EXIT_PREEMPTED = 75
 ATTEMPT_ID = "GPUSLICE_ATTEMPT_ID"
+QUEUED_COLUMNS = (
+    JobRow.id,
+    JobRow.user,
+    JobRow.groups,
+    JobRow.profile,
+    JobRow.slices,
+    JobRow.priority_class,
+    JobRow.submitted_at,
+    JobRow.not_before,
+    JobRow.waiting_reason,
+)
+# Waiting reasons written per transaction: short enough that a spawn waiting for the
+# ledger lock meanwhile is not held up noticeably.
+WAITING_BATCH = 500
 
 
 class Scheduler:
@@ -48,12 +61,13 @@ class Scheduler:
     async def run_forever(self) -> None:
         while True:
             try:
-                self.tick()
+                # In a worker thread: a pass reads job folders, asks the backend (Slurm
+                # forks) and places jobs; the event loop keeps serving spawns meanwhile.
+                # Ledger writes from both sides are serialized by the ledger lock.
+                await asyncio.to_thread(self.tick)
             except Exception:
                 self.log.exception("job scheduler pass failed; will retry")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.jobs.wake.wait(), self.jobs.schedule_interval)
-            self.jobs.wake.clear()
+            await self.jobs.wake.wait(self.jobs.schedule_interval)
 
     def tick(self, now: datetime | None = None) -> None:
         now = now or utcnow()
@@ -217,7 +231,7 @@ class Scheduler:
         """Whether a slice freed for a waiting interactive server is free now. Only then
         must queued jobs wait: while the preempted job still checkpoints, its slice is not
         free, and other jobs may take other free capacity."""
-        for res in self.jobs.reservations.values():
+        for res in list(self.jobs.reservations.values()):
             row = self.jobs.row(res.job_id)
             if row is None or row.state not in ACTIVE:
                 return True
@@ -231,33 +245,65 @@ class Scheduler:
                 for a in self.jobs.ledger.allocations(user=user)
             )
             if got or now >= res.expires:
-                del self.jobs.reservations[key]
+                self.jobs.reservations.pop(key, None)
 
     def _start_queued(self, now: datetime) -> None:
+        """Start what fits, in queue order.
+
+        A pass costs in proportion to the shapes that are blocked, not to the queue: nothing
+        is freed during a pass, so a refusal holds for every later job of the same shape (no
+        capacity: the same profile and width; a quota or group refusal: the same user too),
+        which is told the same reason without another attempt. Reasons are written in one
+        transaction at the end, only where they changed.
+        """
         with self.jobs.db.reading() as s:
-            queued = list(s.scalars(select(JobRow).where(JobRow.state == "queued")))
+            # the columns a decision needs: whole rows of thousands of queued jobs cost
+            # most of a pass (the row is read in full for the few that start)
+            queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
         ready = [j for j in queued if (j.not_before or now) <= now]
         blocked_rank = -1
+        refused: dict[tuple[Any, ...], RequestError] = {}
+        reasons: dict[int, str] = {}
         for job in queue_order(ready, now, self.jobs.aging_seconds):
             rank = PRIORITY_CLASSES[job.priority_class]
             # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
             # again when the blocked one's slice frees up.
+            # A job is one request, however many passes it waits: a learning placement policy
+            # counts it on the first pass that considers it (tried or not), never again.
+            first = job.waiting_reason is None
             if blocked_rank >= 0 and job.priority_class != "preemptible":
-                self._waiting(job, "waiting behind a higher-priority job")
+                reasons[job.id] = "waiting behind a higher-priority job"
+                if first:
+                    self.jobs.ledger.observe(job.profile)
                 continue
-            granted, refusal = self._allocate(job)
+            shape = (job.profile, job.slices)
+            mine = (job.user, tuple(sorted(job.groups or ())), *shape)
+            refusal = refused.get(shape) or refused.get(mine)
+            granted = None
+            if refusal is None:
+                granted, refusal = self._allocate(job, learn=first)
+                if refusal is not None:
+                    capacity = refusal.detail.get("code") == "no_capacity"
+                    refused[shape if capacity else mine] = refusal
+            elif first:
+                self.jobs.ledger.observe(job.profile)
             if refusal is not None:
-                self._waiting(job, refusal.message)
+                reasons[job.id] = refusal.message
                 if refusal.detail.get("code") == "no_capacity":
                     blocked_rank = max(blocked_rank, rank)
                     if rank > 0:
                         self._preempt_for(job, rank)
                 continue
             assert granted is not None
-            self._start(job, granted, now)
+            row = self.jobs.row(job.id)
+            if row is None or row.state != "queued":  # cancelled meanwhile
+                self.jobs.release([g["id"] for g in granted], f"job {job.id} no longer queued")
+                continue
+            self._start(row, granted, now)
+        self._waiting({j.id: j.waiting_reason for j in ready}, reasons)
 
     def _allocate(
-        self, job: JobRow
+        self, job: Any, learn: bool = True
     ) -> tuple[list[dict[str, Any]], None] | tuple[None, RequestError]:
         caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
         if job.slices > 1:
@@ -267,6 +313,8 @@ class Scheduler:
             profile = self.jobs.ledger.profiles[job.profile]
             free = count_fits(profile.request(), build_hosts(hosts, gpus, active))
             if free < job.slices:
+                if learn:
+                    self.jobs.ledger.observe(job.profile)
                 message = f"No {job.slices} {job.profile} slices free at once ({free} free)"
                 return None, RequestError(409, message, code="no_capacity")
         got: list[dict[str, Any]] = []
@@ -280,6 +328,8 @@ class Scheduler:
                     priority=100 * PRIORITY_CLASSES[job.priority_class],
                     preemptible=job.priority_class == "preemptible",
                     quiet=True,
+                    # a wide job's slices are one request
+                    learn=learn and not got,
                 )
             except RequestError as e:
                 self.jobs.release(
@@ -289,7 +339,7 @@ class Scheduler:
             got.append(alloc)
         return got, None
 
-    def _preempt_for(self, job: JobRow, rank: int) -> None:
+    def _preempt_for(self, job: Any, rank: int) -> None:
         profile = self.jobs.ledger.profiles[job.profile]
         with self.jobs.db.reading() as s:
             candidates = list(
@@ -305,13 +355,21 @@ class Scheduler:
                 victim.id, "scheduler", f"job {job.id} ({job.priority_class}) needs its slice"
             )
 
-    def _waiting(self, job: JobRow, reason: str) -> None:
-        if job.waiting_reason == reason:
-            return
-        with self.jobs.db.writing() as s:
-            row = s.get(JobRow, job.id)
-            if row is not None and row.state == "queued":
-                row.waiting_reason = reason[:1024]
+    def _waiting(self, had: dict[int, str | None], reasons: dict[int, str]) -> None:
+        """Record why each job still waits, where that changed, in batches (a first pass
+        over a queue of thousands is a few transactions, not one per job)."""
+        changed = [
+            {"job_id": i, "reason": r[:1024]} for i, r in reasons.items() if had.get(i) != r[:1024]
+        ]
+        table = cast(Table, JobRow.__table__)
+        stmt = (
+            update(table)
+            .where(table.c.id == bindparam("job_id"), table.c.state == "queued")
+            .values(waiting_reason=bindparam("reason"))
+        )
+        for start in range(0, len(changed), WAITING_BATCH):
+            with self.jobs.db.writing() as s:
+                s.connection().execute(stmt, changed[start : start + WAITING_BATCH])
 
     def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:
         try:

@@ -1,0 +1,85 @@
+"""One scheduler pass over a long queue on a full cluster: what it tries, what it records,
+what the placement policy learns from it (no hub: the ledger, manager and scheduler on one
+SQLite database)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from gpuslice_hub.db.jobs_models import JobRow
+from gpuslice_hub.ledger import Ledger
+from tests.jobs.full_cluster import PROFILES, full_cluster, queue
+
+
+def waiting(ledger: Ledger) -> dict[int, tuple[str, str | None]]:
+    with ledger.db.reading() as s:
+        return {j.id: (j.state, j.waiting_reason) for j in s.scalars(select(JobRow))}
+
+
+def count_allocate_calls(ledger: Ledger) -> list[str]:
+    calls: list[str] = []
+    real = ledger.allocate
+
+    def counted(caller, profile, *a, **kw):
+        calls.append(profile)
+        return real(caller, profile, *a, **kw)
+
+    ledger.allocate = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_pass_tries_each_blocked_shape_once_and_tells_every_job_why(tmp_path):
+    ledger, scheduler = full_cluster(tmp_path, 2)
+    queue(ledger, tmp_path, 300, "preemptible")
+    calls = count_allocate_calls(ledger)
+    scheduler.tick()
+    # one attempt per profile, not 300: nothing frees up during a pass
+    assert sorted(calls) == sorted(p["name"] for p in PROFILES)
+    jobs = waiting(ledger)
+    assert all(state == "queued" and reason for state, reason in jobs.values())
+    # every job of a shape is told the reason its first one got
+    by_profile: dict[str, set] = {}
+    with ledger.db.reading() as s:
+        for j in s.scalars(select(JobRow).where(JobRow.id > 1)):
+            by_profile.setdefault(j.profile, set()).add(j.waiting_reason)
+    assert all(len(reasons) == 1 for reasons in by_profile.values()), by_profile
+    assert by_profile["gpu-1"] == {jobs[2][1]} and jobs[2][1].startswith("No gpu-1 free")
+
+    # a refusal lasts one pass: a slice freed before the next is taken by the queue's head
+    calls.clear()
+    ledger.release(1, "test", "freed")
+    scheduler.tick()
+    assert waiting(ledger)[1][0] == "starting"
+    # the head, then three preemptible quarter shares backfill the rest of that GPU
+    started = scheduler.jobs.backend.started  # type: ignore[attr-defined]
+    assert started[0] == 1 and len(started) == 4
+
+
+def test_a_normal_job_blocked_at_the_head_keeps_later_normal_jobs_behind_it(tmp_path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    queue(ledger, tmp_path, 50, "normal")
+    calls = count_allocate_calls(ledger)
+    scheduler.tick()
+    assert calls == ["share-250"]  # only the head is tried
+    jobs = waiting(ledger)
+    reasons = {jobs[i][1] for i in jobs if i != 1}
+    assert reasons == {"waiting behind a higher-priority job"}
+
+
+def test_placement_learns_each_job_once_however_many_passes_it_waits(tmp_path):
+    ledger, scheduler = full_cluster(tmp_path, 1, policy="default")
+    online = ledger.policy.online  # type: ignore[attr-defined]
+    assert online.seen == 0  # the servers holding the cluster were placed with learn=False
+    queue(ledger, tmp_path, 30, "preemptible")
+    for _ in range(5):
+        scheduler.tick()
+    assert online.seen == 30
+
+
+def test_after_a_restart_placement_starts_from_the_recorded_requests(tmp_path):
+    ledger, _ = full_cluster(tmp_path, 1, policy="default")
+    again = Ledger(ledger.db, ledger.profiles, ledger.quotas, type(ledger.policy)())
+    # the 8 allocations full_cluster made (learn=False then; recorded all the same)
+    assert again.learn_from_history() == 8
+    assert again.policy.online.seen == 8  # type: ignore[attr-defined]
+    assert again.policy.online.current is not None  # type: ignore[attr-defined]
