@@ -543,10 +543,17 @@ class Ledger:
             return allocation_json(view, self._gpus(s)) if view else None
 
     def allocations(
-        self, user: str | None = None, active_only: bool = True, limit: int = 500
+        self,
+        user: str | None = None,
+        active_only: bool = True,
+        limit: int = 500,
+        before_id: int | None = None,
     ) -> list[dict[str, Any]]:
+        """Newest first; ``before_id``: the page after the one that ended there."""
         with self.db.reading() as s:
             q = select(AllocationRow).order_by(AllocationRow.id.desc()).limit(limit)
+            if before_id is not None:
+                q = q.where(AllocationRow.id < before_id)
             if user is not None:
                 q = q.where(AllocationRow.user == user)
             if active_only:
@@ -557,17 +564,21 @@ class Ledger:
     def events(
         self,
         user: str | None = None,
-        since_id: int = 0,
+        since_id: int | None = None,
         limit: int = 200,
         kinds: Iterable[str] | None = None,
+        before_id: int | None = None,
     ) -> list[dict[str, Any]]:
+        """Newest first; with ``since_id`` the oldest after it first, so that a reader
+        following the log page by page (the last id as the next ``since_id``) misses none."""
         with self.db.reading() as s:
-            q = (
-                select(EventRow)
-                .where(EventRow.id > since_id)
-                .order_by(EventRow.id.desc())
-                .limit(limit)
-            )
+            q = select(EventRow).limit(limit)
+            if since_id is None:
+                q = q.order_by(EventRow.id.desc())
+            else:
+                q = q.where(EventRow.id > since_id).order_by(EventRow.id.asc())
+            if before_id is not None:
+                q = q.where(EventRow.id < before_id)
             if user is not None:
                 q = q.where(EventRow.user == user)
             if kinds is not None:

@@ -110,6 +110,9 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         row.wait_for()
         assert row.get_attribute("data-state") == "running"
         assert "ann" in row.inner_text()
+        # in the order jobs run, counted over all pages
+        assert page.locator("#gs-jobs-range").inner_text() == "1\u20131 of 1, in the order they run"
+        assert page.locator("#gs-jobs-next").is_disabled()
         row.get_by_role("button", name="Preempt").click()
         dialog = page.locator("#gs-confirm")
         dialog.wait_for(state="visible")

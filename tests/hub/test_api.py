@@ -229,3 +229,48 @@ def test_admin_drains_a_gpu_and_it_takes_no_new_slices(clean):
     assert any(e["kind"] == "gpu-drained" and e["reason"] == "ECC errors" for e in events)
     r = clean.api("POST", f"/api/gpus/{gpu}/drain", admin, json={"drained": False})
     assert r.json()["changed"] is True
+
+
+def test_event_and_allocation_pages_follow_cursors_and_skip_nothing(clean):
+    hub = clean
+    pat = hub.add_user("pat")  # nobody else in this module: her allocations are these
+    ids = []
+    for i in range(7):  # 7 allocated + 7 released events, newest ids last
+        a = hub.allocate("pat", "share-250", f"s{i}").json()
+        ids.append(a["id"])
+        hub.api("DELETE", f"/api/allocations/{a['id']}", pat)
+    everything = hub.api("GET", "/api/events?limit=5000", hub.service_token).json()["events"]
+    first = min(e["id"] for e in everything)
+
+    # following the log from an id: oldest first, every event once, however many arrived
+    seen, since = [], first - 1
+    while True:
+        page = hub.api("GET", f"/api/events?since={since}&limit=3", hub.service_token).json()
+        seen += [e["id"] for e in page["events"]]
+        if page["next"] is None:
+            break
+        since = page["next"]
+    assert seen == sorted(e["id"] for e in everything)
+
+    # newest first, page by page back
+    back, before = [], None
+    while True:
+        query = "limit=4" + (f"&before={before}" if before else "")
+        page = hub.api("GET", f"/api/events?{query}", hub.service_token).json()
+        back += [e["id"] for e in page["events"]]
+        if page["next"] is None:
+            break
+        before = page["next"]
+    assert back == sorted((e["id"] for e in everything), reverse=True)
+    r = hub.api("GET", "/api/events?since=1&before=5", hub.service_token)
+    assert r.status_code == 400 and "not both" in r.json()["message"]
+
+    shown, before = [], None
+    while True:
+        query = "state=all&user=pat&limit=2" + (f"&before={before}" if before else "")
+        page = hub.api("GET", f"/api/allocations?{query}", hub.service_token).json()
+        shown += [a["id"] for a in page["allocations"]]
+        if page["next"] is None:
+            break
+        before = page["next"]
+    assert shown == sorted(ids, reverse=True)

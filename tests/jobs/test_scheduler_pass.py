@@ -83,3 +83,29 @@ def test_after_a_restart_placement_starts_from_the_recorded_requests(tmp_path):
     assert again.learn_from_history() == 8
     assert again.policy.online.seen == 8  # type: ignore[attr-defined]
     assert again.policy.online.current is not None  # type: ignore[attr-defined]
+
+
+def test_the_queue_is_listed_in_the_order_it_runs_page_by_page(tmp_path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    queue(ledger, tmp_path, 25, "preemptible")  # job 1 is normal
+    with ledger.db.writing() as s:
+        s.get(JobRow, 5).priority_class = "high"
+    jobs = scheduler.jobs
+    listed, cursor = [], None
+    while True:
+        page, cursor, total = jobs.list_jobs(None, {"queued"}, 10, "run", cursor)
+        listed += page
+        if cursor is None:
+            break
+    assert total == 25 and len(listed) == 25
+    # high before normal before preemptible; within a class, the order of submission
+    assert [j["id"] for j in listed] == [5, 1, *[i for i in range(2, 26) if i != 5]]
+    assert [j["queue_position"] for j in listed] == list(range(1, 26))
+
+    newest, cursor = [], None
+    while True:
+        page, cursor, _ = jobs.list_jobs(None, None, 7, "newest", cursor)
+        newest += [j["id"] for j in page]
+        if cursor is None:
+            break
+    assert newest == list(range(25, 0, -1))

@@ -30,8 +30,13 @@ class AllocationsHandler(BaseHandler):
         if state not in ("active", "all"):
             raise RequestError(400, "query argument state must be 'active' or 'all'")
         limit = int_arg(self, "limit", 500, 1, 5000)
-        items = self.ledger.allocations(user=user, active_only=state == "active", limit=limit)
-        self.write_json({"allocations": items})
+        before = int_arg(self, "before", 0, 0, 2**62) or None
+        found = self.ledger.allocations(
+            user=user, active_only=state == "active", limit=limit + 1, before_id=before
+        )
+        page = found[:limit]
+        following = page[-1]["id"] if len(found) > limit else None
+        self.write_json({"allocations": page, "next": following})
 
     @api_authenticated
     async def post(self) -> None:

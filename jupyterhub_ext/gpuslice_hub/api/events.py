@@ -25,9 +25,17 @@ class EventsHandler(BaseHandler):
     async def get(self) -> None:
         ident = self.identity()
         user = self.listed_user(ident, "events")
-        since = int_arg(self, "since", 0, 0, 2**62)
+        given = self.get_argument("since", None) is not None
+        since = int_arg(self, "since", 0, 0, 2**62) if given else None
+        before = int_arg(self, "before", 0, 0, 2**62) or None
+        if since is not None and before:
+            raise RequestError(400, "give since (oldest first) or before (newest first), not both")
         limit = int_arg(self, "limit", 200, 1, 5000)
-        self.write_json({"events": self.ledger.events(user=user, since_id=since, limit=limit)})
+        # one more than asked tells whether there is a next page
+        found = self.ledger.events(user=user, since_id=since, limit=limit + 1, before_id=before)
+        page = found[:limit]
+        following = page[-1]["id"] if len(found) > limit else None
+        self.write_json({"events": page, "next": following})
 
     @api_authenticated
     async def post(self) -> None:

@@ -40,7 +40,12 @@ class JobsHandler(JobsBase):
         if states and not states <= STATES:
             raise RequestError(400, f"unknown state in {raw!r}; states: {sorted(STATES)}")
         limit = int_arg(self, "limit", 200, 1, 2000)
-        self.write_json({"jobs": self.jobs.list_jobs(user, states, limit)})
+        order = self.get_argument("order", "newest")
+        if order not in ("newest", "run"):
+            raise RequestError(400, f"query argument order must be newest or run, got {order!r}")
+        cursor = int_arg(self, "cursor", 0, 0, 2**62) if self.get_argument("cursor", "") else None
+        page, following, total = self.jobs.list_jobs(user, states, limit, order, cursor)
+        self.write_json({"jobs": page, "next": following, "total": total})
 
     @api_authenticated
     async def post(self) -> None:

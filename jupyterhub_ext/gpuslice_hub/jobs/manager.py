@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
@@ -32,6 +32,7 @@ from ..profiles import Profile
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend
 from .jobdirs import create_job_dir, read_notebook
+from .ordering import queue_order
 from .params import validate_parameters
 from .serialize import job_json
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
@@ -62,6 +63,10 @@ class Reservation:
     job_id: int
     profile: str
     expires: datetime
+
+
+# What run order reads of every listed job (the full row only for the page shown).
+RUN_ORDER_COLUMNS = (JobRow.id, JobRow.state, JobRow.priority_class, JobRow.submitted_at)
 
 
 class JobManager(LoggingConfigurable):
@@ -300,14 +305,53 @@ class JobManager(LoggingConfigurable):
                 return None
             return job_json(job, self.log_text(job, log_bytes))
 
-    def list_jobs(self, user: str | None, states: set[str] | None, limit: int) -> list[dict]:
+    def list_jobs(
+        self,
+        user: str | None,
+        states: set[str] | None,
+        limit: int,
+        order: str = "newest",
+        cursor: int | None = None,
+    ) -> tuple[list[dict], int | None, int]:
+        """A page of jobs, the cursor of the next page (None at the end), and how many match.
+
+        ``newest``: newest first; the cursor is the last job id shown. ``run``: the jobs
+        holding slices (oldest first), then the queue in the order the scheduler starts it
+        (its own ordering, aging included) with each queued job's ``queue_position``; the
+        cursor is a position in that order, which is worked out again for each page.
+        """
+        where = []
+        if user is not None:
+            where.append(JobRow.user == user)
+        if states:
+            where.append(JobRow.state.in_(states))
         with self.db.reading() as s:
-            q = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
-            if user is not None:
-                q = q.where(JobRow.user == user)
-            if states:
-                q = q.where(JobRow.state.in_(states))
-            return [job_json(j) for j in s.scalars(q)]
+            total = int(s.scalar(select(func.count(JobRow.id)).where(*where)) or 0)
+            if order == "newest":
+                q = select(JobRow).where(*where).order_by(JobRow.id.desc()).limit(limit + 1)
+                if cursor is not None:
+                    q = q.where(JobRow.id < cursor)
+                found = list(s.scalars(q))
+                page = [job_json(j) for j in found[:limit]]
+                return page, page[-1]["id"] if len(found) > limit else None, total
+            rows = list(s.execute(select(*RUN_ORDER_COLUMNS).where(*where)))
+            holding = sorted((r for r in rows if r.state in ACTIVE), key=lambda r: r.id)
+            queued = queue_order(
+                [r for r in rows if r.state == "queued"], utcnow(), self.aging_seconds
+            )
+            position = {r.id: i + 1 for i, r in enumerate(queued)}
+            ordered = holding + queued
+            start = cursor or 0
+            ids = [r.id for r in ordered[start : start + limit]]
+            full = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
+            page = []
+            for i in ids:
+                item = job_json(full[i])
+                if i in position:
+                    item["queue_position"] = position[i]
+                page.append(item)
+            end = start + len(ids)
+            return page, end if end < len(ordered) else None, total
 
     def log_text(self, job: JobRow, tail_bytes: int) -> str:
         if not job.job_dir:

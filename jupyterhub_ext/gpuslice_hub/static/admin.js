@@ -8,7 +8,13 @@
   const API = meta('gpuslice-api');
   const XSRF = meta('gpuslice-xsrf');
   const REFRESH_MS = 5000;
-  const state = { days: 7, showFinished: false, overview: null };
+  // jobPages: the cursor and first row number of each page shown so far (the last is shown)
+  const state = {
+    days: 7,
+    showFinished: false,
+    overview: null,
+    jobPages: [{ cursor: null, offset: 0 }]
+  };
 
   // -- plumbing -------------------------------------------------------------------------
 
@@ -468,7 +474,9 @@
   // -- jobs -----------------------------------------------------------------------------
 
   const RUNNING = new Set(['starting', 'running']);
-  const FINISHED = new Set(['completed', 'failed', 'cancelled']);
+  const FINISHED = new Set(['completed', 'failed', 'cancelled', 'timed-out']);
+  const UNFINISHED = 'queued,starting,running,preempting,preempted';
+  const JOB_PAGE = 100;
 
   function jobHistory(job) {
     return h(
@@ -585,7 +593,12 @@
           ),
           h('td', {}, job.user),
           h('td', {}, `${job.profile}${job.slices > 1 ? ` ×${job.slices}` : ''} · ${job.priority}`),
-          h('td', {}, h('span', { className: `gs-state gs-state-${job.state}` }, job.state)),
+          h(
+            'td',
+            {},
+            h('span', { className: `gs-state gs-state-${job.state}` }, job.state),
+            job.queue_position ? ` #${job.queue_position}` : ''
+          ),
           h('td', {}, job.cells_total ? `${job.cells_done} / ${job.cells_total} cells` : '–'),
           h('td', {}, job.restarts),
           h('td', {}, job.preemptions),
@@ -606,6 +619,27 @@
       );
     }
     document.querySelector('#gs-jobs-table tbody').replaceChildren(...rows);
+  }
+
+  function renderJobPager(reply) {
+    const page = state.jobPages[state.jobPages.length - 1];
+    const first = reply.jobs.length ? page.offset + 1 : 0;
+    document.getElementById('gs-jobs-range').textContent =
+      `${first}–${page.offset + reply.jobs.length} of ${reply.total}` +
+      (state.showFinished ? ', newest first' : ', in the order they run');
+    document.getElementById('gs-jobs-prev').disabled = state.jobPages.length < 2;
+    const next = document.getElementById('gs-jobs-next');
+    next.disabled = reply.next === null;
+    next.onclick = () => {
+      state.jobPages.push({ cursor: reply.next, offset: page.offset + reply.jobs.length });
+      refresh();
+    };
+  }
+
+  function jobsQuery() {
+    const { cursor } = state.jobPages[state.jobPages.length - 1];
+    const which = state.showFinished ? 'order=newest' : `order=run&state=${UNFINISHED}`;
+    return `jobs?${which}&limit=${JOB_PAGE}` + (cursor === null ? '' : `&cursor=${cursor}`);
   }
 
   // -- quotas and exemptions --------------------------------------------------------------
@@ -825,6 +859,11 @@
     }
     document.getElementById('gs-jobs-finished').addEventListener('change', ev => {
       state.showFinished = ev.target.checked;
+      state.jobPages = [{ cursor: null, offset: 0 }];
+      refresh();
+    });
+    document.getElementById('gs-jobs-prev').addEventListener('click', () => {
+      if (state.jobPages.length > 1) state.jobPages.pop();
       refresh();
     });
   }
@@ -858,8 +897,10 @@
         renderInventory(ov);
       }),
       section('gs-jobs-error', async () => {
-        lastJobs = (await api('GET', 'jobs?limit=500')).jobs;
+        const reply = await api('GET', jobsQuery());
+        lastJobs = reply.jobs;
         renderJobs(lastJobs);
+        renderJobPager(reply);
       }),
       section('gs-quotas-error', async () => renderQuotas(await api('GET', 'admin/quotas'))),
       section('gs-exemptions-error', async () =>
