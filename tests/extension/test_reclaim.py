@@ -93,6 +93,21 @@ def test_activity_after_a_keepalive_never_brings_the_cull_forward():
     assert out == [(35, "warning"), (40, "culled")]
 
 
+def test_a_new_idle_run_that_keeps_the_promised_deadline_is_not_warned_twice():
+    # Kept alive until 40 and warned at 35; then at 36 the server's idle run is counted
+    # from 20 (what it combines changed, without any activity). Its own deadline would be
+    # 30: the promised 40 holds, the person was told it, and is not told again (nor is the
+    # cull put back by a second warning's lead).
+    r = Reclaimer(IdlePolicy(action="server", idle_timeout=10, warning_lead=5, max_extension=50))
+    run(r, range(0, 10), kernels=())
+    r.extend(["k"], 30, now=8)
+    out = [(t, d.action) for t, d in run(r, range(10, 36), kernels=())]
+    assert out == [(35, "warning")]
+    for t in range(36, 60):
+        out += [(t, d.action) for d in r.observe(t, {SERVER_KEY: idle(20, t)}, {})]
+    assert out == [(35, "warning"), (40, "culled")]
+
+
 def test_keepalive_after_the_deadline_counts_from_now():
     r = Reclaimer(POLICY)
     run(r, [150])  # late warning, cull at 170

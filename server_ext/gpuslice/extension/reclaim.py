@@ -48,6 +48,9 @@ class _Watch:
     # The deadline keep-alive last announced. It outlives the idle run: starting a kernel
     # (activity, so a new run) must not bring back a cull the user was told was put off.
     promised: float | None = None
+    # When the promised deadline was warned about: a new idle run that keeps that deadline
+    # is not warned about again (one warning per deadline).
+    promise_warned_at: float | None = None
 
     def new_run(self, idle_since: float | None) -> None:
         self.idle_since = idle_since
@@ -110,11 +113,16 @@ class Reclaimer:
         assert deadline is not None
         kernel = None if key == SERVER_SCOPE and self.policy.action == "server" else key
         what = "the server" if kernel is None else "the kernel"
+        if w.warned_at is None and w.promise_warned_at is not None and deadline == w.promised:
+            # the same deadline as the warning already given: no second warning
+            w.warned_at, w.warned_deadline = w.promise_warned_at, deadline
         if w.warned_at is None:
             if now < deadline - self.policy.warning_lead:
                 return None
             w.warned_at = now
             w.warned_deadline = max(deadline, now + self.policy.warning_lead)
+            if w.warned_deadline == w.promised:
+                w.promise_warned_at = now
             return Decision(
                 WARNING,
                 kernel,
@@ -207,7 +215,7 @@ class Reclaimer:
             w.extra = new - (w.idle_since + self.policy.idle_timeout)
             w.used += seconds
             w.promised = new
-            w.warned_at = w.warned_deadline = None
+            w.warned_at = w.warned_deadline = w.promise_warned_at = None
             decisions.append(
                 Decision(
                     EXTENDED,

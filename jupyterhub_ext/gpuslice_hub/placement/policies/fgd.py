@@ -123,7 +123,7 @@ class FGD:
     def _cache(self, state: ClusterState, request: Request, typical: Typical) -> ScoreCache:
         key = (
             "score",
-            id(self),
+            self,  # not id(self): a collected policy's id is reused by the next one
             typical.version,
             request.kind,
             request.cpu_milli,
