@@ -11,6 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import select
 
+from gpuslice.vocab import IDLE_EVENT_KINDS
+
 from .admin.accounting import reclaimed_hours
 from .admin.pool import read_pool
 from .admin.reports import is_fresh, used_milli
@@ -122,7 +124,7 @@ class LedgerCollector(Collector):
         yield by_group
 
 
-IDLE_KINDS = ("idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled")
+IDLE_KINDS = tuple(IDLE_EVENT_KINDS.values())
 
 
 class IdleReclaimCollector(Collector):
