@@ -368,7 +368,8 @@ class Scheduler:
             .values(waiting_reason=bindparam("reason"))
         )
         for start in range(0, len(changed), WAITING_BATCH):
-            with self.jobs.db.writing() as s:
+            # waiting reasons change no slice: no need to queue behind allocations
+            with self.jobs.db.writing(lock=False) as s:
                 s.connection().execute(stmt, changed[start : start + WAITING_BATCH])
 
     def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:
