@@ -239,6 +239,9 @@ class GPUSliceService(Application):
         super().__init__(**kw)
         self._silent_reported = set()
 
+    # what --help-all and --generate-config cover
+    classes = [JobManager]
+
     aliases = {
         "f": "GPUSliceService.config_file",
         "config": "GPUSliceService.config_file",
@@ -545,6 +548,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     upgrade_db = bool(argv) and argv[0] == "upgrade-db"
     app = GPUSliceService()
+    if argv == ["--generate-config"]:
+        # every setting with its help, commented out: a starting gpuslice_config.py
+        print(app.generate_config_file())
+        return
     try:
         app.initialize(argv[1:] if upgrade_db else argv)
         if upgrade_db:

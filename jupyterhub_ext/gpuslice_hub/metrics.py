@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -10,6 +11,8 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import select
+
+from gpuslice.vocab import IDLE_EVENT_KINDS
 
 from .admin.accounting import reclaimed_hours
 from .admin.pool import read_pool
@@ -122,32 +125,47 @@ class LedgerCollector(Collector):
         yield by_group
 
 
-IDLE_KINDS = ("idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled")
+IDLE_KINDS = tuple(IDLE_EVENT_KINDS.values())
 
 
 class IdleReclaimCollector(Collector):
     """Idle warnings, keep-alives and culls, and the GPU-hours culls gave back, counted
-    from the recorded events (so the counters survive restarts of the service)."""
+    from the recorded events (so the counters survive restarts of the service).
+
+    The counts are kept and each scrape reads only the events recorded since the last one:
+    a scrape costs what happened in between, not the whole history (the first after a
+    start reads it once). Events commit in id order (ledger writes take the ledger lock
+    one at a time), so none lands below the id a scrape has read up to.
+    """
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self._lock = threading.Lock()
+        self._read_up_to = 0
+        self._events: Counter[tuple[str, str, str]] = Counter()
+        self._hours: dict[str, float] = {}
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        events: Counter[tuple[str, str, str]] = Counter()
-        hours: dict[str, float] = {}
+    def _catch_up(self) -> None:
         with self.ledger.db.reading() as s:
             rows = s.execute(
-                select(EventRow.kind, EventRow.profile, EventRow.detail).where(
-                    EventRow.kind.in_(IDLE_KINDS)
-                )
+                select(EventRow.id, EventRow.kind, EventRow.profile, EventRow.detail)
+                .where(EventRow.id > self._read_up_to, EventRow.kind.in_(IDLE_KINDS))
+                .order_by(EventRow.id)
             )
-            for kind, profile, detail in rows:
+            for event_id, kind, profile, detail in rows:
+                self._read_up_to = event_id
                 detail = detail if isinstance(detail, dict) else {}
                 scope = str(detail.get("scope") or ("kernel" if detail.get("kernel_id") else ""))
-                events[(kind, profile or "", scope)] += 1
+                self._events[(kind, profile or "", scope)] += 1
                 if kind == "idle-culled":
                     gained = reclaimed_hours(detail)
-                    hours[profile or ""] = hours.get(profile or "", 0.0) + gained
+                    self._hours[profile or ""] = self._hours.get(profile or "", 0.0) + gained
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        with self._lock:
+            self._catch_up()
+            events = Counter(self._events)
+            hours = dict(self._hours)
         family = CounterMetricFamily(
             "gpuslice_idle_events",
             "Idle-reclaim events: warnings, keep-alives, culls (kind idle-culled), memory-cap "

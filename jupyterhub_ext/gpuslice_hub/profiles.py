@@ -7,11 +7,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice.gpu.profiles import parse_mig_profile
+
 from .errors import ConfigError
 from .placement import Request
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_MIG = re.compile(r"^[1-7]g\.\d+gb$")
 KINDS = ("mig", "share", "gpu")
 
 _ALLOWED_KEYS = {
@@ -129,10 +130,14 @@ def parse_profile(raw: Any, key: str) -> Profile:
     fields: dict[str, Any] = {"name": name, "kind": kind}
     if kind == "mig":
         mig = raw.get("mig_profile")
-        if not isinstance(mig, str) or not _MIG.match(mig):
+        try:
+            # the grammar discovery reads NVML's profiles with: whatever it reports
+            # (1g.10gb+me, 8g on a B200) an admin can offer
+            parse_mig_profile(mig)
+        except ValueError:
             raise ConfigError(
                 f"{key}.mig_profile", f"must be a MIG profile like '1g.18gb', got {mig!r}"
-            )
+            ) from None
         fields["mig_profile"] = mig
     elif "mig_profile" in raw:
         raise ConfigError(f"{key}.mig_profile", f"only applies to kind 'mig', not {kind!r}")

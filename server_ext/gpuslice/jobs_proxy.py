@@ -37,6 +37,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpuslice.jsonbody import BodyError, parse_json_object
 from gpuslice.run.jobdir import open_beneath
+from gpuslice.vocab import TERMINAL_JOB_STATES
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ MAX_JOB_ID = 2**63 - 1
 MAX_NOTEBOOK_BYTES = 16 * 1024 * 1024
 # The marker file is a few dozen bytes; read no more than this of it.
 MAX_MARKER_BYTES = 4096
-TERMINAL = {"completed", "failed", "cancelled", "timed-out"}
+TERMINAL = TERMINAL_JOB_STATES
 SUBMIT_FIELDS = {
     "path",
     "name",

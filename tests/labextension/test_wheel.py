@@ -1,5 +1,7 @@
 """The wheel ships the prebuilt labextension: installed into a fresh venv on a PATH without
 Node.js, JupyterLab lists it as enabled and OK (and the server extension too, once it exists).
+The wheel is built the way a site's pip builds it from PyPI's sdist: from the sdist, with
+no Node.js on the PATH.
 """
 
 from __future__ import annotations
@@ -43,9 +45,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         need(shutil.which("npm") is not None, "npm (to build the labextension)")
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(REPO)],
         check=True,
         timeout=900,
+        capture_output=True,
+    )
+    (sdist,) = out.glob("gpuslice-*.tar.gz")
+    env = {**os.environ, "PATH": without_node_path()}
+    assert shutil.which("npm", path=env["PATH"]) is None
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(sdist)],
+        check=True,
+        timeout=900,
+        env=env,
     )
     (built,) = out.glob("gpuslice-*.whl")
     return built

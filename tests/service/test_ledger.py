@@ -173,3 +173,30 @@ def test_vanished_gpu_is_not_placed_but_its_holder_keeps_it(make_ledger, db_url)
         assert {p["name"]: p for p in ledger2.availability("bob", ())}["gpu-1"]["free"] == 0
     finally:
         ledger2.db.dispose()
+
+
+def test_usage_reports_need_no_ledger_lock_and_never_collide(make_ledger):
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy import select
+
+    from gpuslice_hub.db.admin_models import UsageReportRow
+
+    ledger = make_ledger()
+    alloc, _ = ledger.allocate(ANN, "share-250", "s")
+    # On PostgreSQL another transaction holds the ledger lock (an allocation in progress)
+    # meanwhile; SQLite has one writer at a time whatever the lock.
+    held = ledger.db.writing() if not ledger.db.is_sqlite else contextlib.nullcontext()
+    with ThreadPoolExecutor(8) as pool, held:
+        done = list(
+            pool.map(
+                lambda i: ledger.record_usage(alloc["id"], i / 100, 100.0 + i, 0.0, 60.0),
+                range(40),
+            )
+        )
+    assert len(done) == 40
+    with ledger.db.reading() as s:
+        rows = list(s.scalars(select(UsageReportRow)))
+    assert len(rows) == 1 and rows[0].allocation_id == alloc["id"]
+    assert rows[0].memory_mib == 100.0 + round(rows[0].utilization * 100)

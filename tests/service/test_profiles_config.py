@@ -23,6 +23,17 @@ def test_good_profiles_parse_into_requests():
     assert profiles["mig-1g.10gb"].allowed_for([])
 
 
+def test_every_mig_profile_discovery_reports_can_be_offered():
+    # one grammar with discovery (gpuslice.gpu.profiles): media-extension variants and
+    # the larger GPUs' instances NVML reports are profiles an admin can name
+    from gpuslice.gpu.profiles import parse_mig_profile
+
+    for name in ("1g.10gb+me", "1g.20gb+me.all", "7g.141gb", "8g.180gb", "4g.71gb"):
+        parse_mig_profile(name)  # discovery accepts it
+        raw = [{"name": "p", "kind": "mig", "mig_profile": name}]
+        assert parse_profiles(raw)["p"].mig_profile == name
+
+
 @pytest.mark.parametrize(
     ("raw", "key"),
     [
@@ -32,6 +43,7 @@ def test_good_profiles_parse_into_requests():
         ([{"name": "a", "kind": "tpu"}], "profiles[0].kind"),
         ([{"name": "A B", "kind": "gpu"}], "profiles[0].name"),
         ([{"name": "a", "kind": "mig", "mig_profile": "9g"}], "profiles[0].mig_profile"),
+        ([{"name": "a", "kind": "mig", "mig_profile": "5g.40gb"}], "profiles[0].mig_profile"),
         ([{"name": "a", "kind": "gpu", "count": 0}], "profiles[0].count"),
         ([{"name": "a", "kind": "gpu", "gpu_milli": 5}], "profiles[0].gpu_milli"),
         ([{"name": "a", "kind": "gpu", "idle_timout": 5}], "profiles[0].idle_timout"),

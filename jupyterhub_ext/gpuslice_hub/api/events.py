@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice.vocab import IDLE_EVENT_KINDS
+
 from ..errors import RequestError
 from .base import BaseHandler, allocation_age, api_authenticated, int_arg
 
 # The kinds a server extension reports (gpuslice.extension.decisions.SERVICE_KIND).
-EVENT_KINDS = ("idle-warning", "idle-extended", "idle-culled", "memory-warning", "memory-culled")
+EVENT_KINDS = tuple(IDLE_EVENT_KINDS.values())
 SCOPES = ("server", "kernel")
 MAX_SECONDS = 1e9
 MAX_MEMORY_MIB = 1e9

@@ -61,10 +61,16 @@ class Database:
             yield session
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[Session]:
-        """A transaction holding the ledger lock; commits on success, rolls back on error."""
+    def writing(self, lock: bool = True) -> Iterator[Session]:
+        """A transaction holding the ledger lock; commits on success, rolls back on error.
+
+        ``lock=False``: a write that allocates nothing and records no event (a usage report,
+        a waiting reason, a sample) does not queue behind allocations on PostgreSQL. It must
+        be safe on its own (an upsert, an update of one row). SQLite has one writer at a
+        time whatever is asked.
+        """
         with self._write_sessions() as session, session.begin():
-            if not self.is_sqlite:
+            if lock and not self.is_sqlite:
                 session.execute(select(LedgerLock).where(LedgerLock.id == 1).with_for_update())
             yield session
 

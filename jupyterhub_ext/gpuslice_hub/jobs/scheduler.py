@@ -18,6 +18,7 @@ from typing import Any, cast
 from sqlalchemy import Table, bindparam, select, update
 
 from gpuslice.run.jobdir import JobDir
+from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
 from ..clusterview import build_hosts, count_fits
 from ..db.jobs_models import JobRow
@@ -32,7 +33,6 @@ from .runner_state import runner_claims
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
-EXIT_PREEMPTED = 75
 ATTEMPT_ID = "GPUSLICE_ATTEMPT_ID"
 QUEUED_COLUMNS = (
     JobRow.id,
@@ -161,9 +161,9 @@ class Scheduler:
             _copy_progress(row, runner)
             row.run_seconds += attempt
             allocs, row.allocation_ids = list(row.allocation_ids or []), []
-            if code == 0:
+            if code == EXIT_COMPLETED:
                 transition(s, row, "completed", "all cells ran")
-            elif code == 1:
+            elif code == EXIT_FAILED:
                 row.error = str(runner.get("error") or "the runner exited with status 1")
                 transition(s, row, "failed", row.error)
             elif code == EXIT_PREEMPTED or row.state == "preempting":
@@ -368,7 +368,8 @@ class Scheduler:
             .values(waiting_reason=bindparam("reason"))
         )
         for start in range(0, len(changed), WAITING_BATCH):
-            with self.jobs.db.writing() as s:
+            # waiting reasons change no slice: no need to queue behind allocations
+            with self.jobs.db.writing(lock=False) as s:
                 s.connection().execute(stmt, changed[start : start + WAITING_BATCH])
 
     def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from gpuslice.vocab import ACTIVE_JOB_STATES as ACTIVE
+from gpuslice.vocab import PRIORITY_CLASSES
+from gpuslice.vocab import TERMINAL_JOB_STATES as TERMINAL
+
 from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import utcnow
 
-PRIORITY_CLASSES = {"preemptible": 0, "normal": 1, "high": 2}
-TERMINAL = frozenset({"completed", "failed", "cancelled", "timed-out"})
-ACTIVE = frozenset({"starting", "running", "preempting"})
+__all__ = ["ACTIVE", "ALLOWED", "PRIORITY_CLASSES", "TERMINAL", "transition"]
 ALLOWED: dict[str, frozenset[str]] = {
     "queued": frozenset({"starting", "cancelled", "failed"}),
     "starting": frozenset({"running", "queued", "completed", "failed", "cancelled", "preempting"}),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..vocab import IDLE_EVENT_KINDS
+
 # The ``action`` values of the idle event schema (schemas/idle-v1.yaml).
 WARNING = "warning"
 EXTENDED = "extended"
@@ -11,14 +13,8 @@ CULLED = "culled"
 MEMORY_WARNING = "memory-warning"
 MEMORY_CULLED = "memory-culled"
 
-# The service's event kinds for each decision (gpuslice_hub.api.inventory.EVENT_KINDS).
-SERVICE_KIND = {
-    WARNING: "idle-warning",
-    EXTENDED: "idle-extended",
-    CULLED: "idle-culled",
-    MEMORY_WARNING: "memory-warning",
-    MEMORY_CULLED: "memory-culled",
-}
+# The service's event kind for each decision.
+SERVICE_KIND = IDLE_EVENT_KINDS
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-# The runner's exit status when it stopped because it was preempted (EX_TEMPFAIL).
-EXIT_PREEMPTED = 75
-EXIT_FAILED = 1
+from ..vocab import EXIT_FAILED, EXIT_PREEMPTED
+
+__all__ = ["EXIT_FAILED", "EXIT_PREEMPTED", "JobDir"]
 # The most the service reads of a small file the runner writes (state.json).
 MAX_STATE_BYTES = 1024 * 1024
 

@@ -22,13 +22,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpuslice.gpu.profiles import parse_mig_profile
+
 ShareMode = Literal["time-slicing-renamed", "time-slicing", "hami"]
 
 # Kubernetes label values: at most 63 characters, alphanumerics at both ends.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 # MIG profile names as NVML prints them (1g.10gb, 1g.18gb+me, 7g.80gb); they become part
 # of a resource name, which the API server would reject with a less helpful message.
-_MIG_PROFILE = re.compile(r"[0-9]+g\.[0-9]+gb(?:\+[a-z]+)?")
+
+
+def _is_mig_profile(name: str) -> bool:
+    try:
+        parse_mig_profile(name)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -125,7 +134,7 @@ def _mig_limits(assignments: list[Mapping[str, Any]], res: KubernetesResources) 
     profiles: Counter[str] = Counter()
     for a in assignments:
         profile = a.get("mig_profile")
-        if not profile or not _MIG_PROFILE.fullmatch(str(profile)):
+        if not profile or not _is_mig_profile(str(profile)):
             raise ValueError(f"MIG assignment without a valid mig_profile: {dict(a)!r}")
         profiles[str(profile)] += 1
     return {f"{res.mig_prefix}{profile}": str(n) for profile, n in profiles.items()}

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-EXIT_PREEMPTED = 75
+from gpuslice.vocab import EXIT_PREEMPTED
+
 PRIORITY_CLASS_NAMES = {
     "preemptible": "gpuslice-preemptible",
     "normal": "gpuslice-normal",

@@ -17,11 +17,10 @@ from typing import Any
 import psutil
 
 from gpuslice.run.jobdir import JobDir, open_beneath
+from gpuslice.vocab import EXIT_BY_STATUS
 
 from ..accounts import UMASK, Account
 from .base import RunStatus
-
-_STATUS_EXIT = {"completed": 0, "failed": 1, "preempted": 75}
 
 
 class LocalBackend:
@@ -88,7 +87,7 @@ class LocalBackend:
                 if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                     return RunStatus(True)
         status = _runner_status(ref.get("job_dir", ""))
-        return RunStatus(False, _STATUS_EXIT.get(status or ""))
+        return RunStatus(False, EXIT_BY_STATUS.get(status or ""))
 
     def signal_preempt(self, ref: dict[str, Any]) -> None:
         self._signal(ref, signal.SIGTERM)

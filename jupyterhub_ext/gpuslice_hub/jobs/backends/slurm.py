@@ -15,6 +15,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.vocab import EXIT_BY_STATUS
+
 from ..accounts import Account
 from .base import RunStatus
 from .local import _runner_status
@@ -178,7 +180,7 @@ class SlurmBackend:
         except RuntimeError:
             # gone from slurmctld's memory (MinJobAge): the runner's own record tells
             status = _runner_status(str(ref.get("job_dir", ""))) or ""
-            return RunStatus(False, {"completed": 0, "failed": 1, "preempted": 75}.get(status))
+            return RunStatus(False, EXIT_BY_STATUS.get(status))
         if info.get("JobState") in ALIVE:
             if ref.get("resume") and info.get("Reason") == "BeginTime":
                 # the requeue may land after our first release: release it again

@@ -1,0 +1,43 @@
+"""The words the service, the server extension, the job runner and the spawner share.
+
+One definition of each: a module that needs a job state, a runner exit status or the kind of
+an idle event imports it from here.
+"""
+
+from __future__ import annotations
+
+# -- the job runner's exit status (``python -m gpuslice.run``) --------------------------------
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1  # a cell raised; the job has failed
+EXIT_USAGE = 2  # bad command line or job folder
+EXIT_PREEMPTED = 75  # checkpointed on request: requeue me (EX_TEMPFAIL)
+# what the runner's state file says, as the exit status a backend reports it with
+EXIT_BY_STATUS = {"completed": EXIT_COMPLETED, "failed": EXIT_FAILED, "preempted": EXIT_PREEMPTED}
+
+# -- batch job states ------------------------------------------------------------------------
+JOB_STATES = (
+    "queued",
+    "starting",
+    "running",
+    "preempting",
+    "preempted",
+    "completed",
+    "failed",
+    "cancelled",
+    "timed-out",
+)
+# holding slices (or about to give them back)
+ACTIVE_JOB_STATES = frozenset({"starting", "running", "preempting"})
+TERMINAL_JOB_STATES = frozenset({"completed", "failed", "cancelled", "timed-out"})
+# queue rank: a job may preempt only jobs of a lower rank, and only preemptible ones
+PRIORITY_CLASSES = {"preemptible": 0, "normal": 1, "high": 2}
+
+# -- what idle reclaim and the memory cap decide, as the service's event kinds ----------------
+# (the ``action`` values of the idle event schema, schemas/idle-v1.yaml, are the keys)
+IDLE_EVENT_KINDS = {
+    "warning": "idle-warning",
+    "extended": "idle-extended",
+    "culled": "idle-culled",
+    "memory-warning": "memory-warning",
+    "memory-culled": "memory-culled",
+}
