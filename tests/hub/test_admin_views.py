@@ -64,9 +64,12 @@ def test_admins_read_the_pool_and_its_history_and_users_may_not(hub_factory: Any
     def sampled() -> dict[str, Any] | None:
         usage = hub.api("GET", f"{USAGE}?days=1", admin).json()
         series = usage["series"]
-        return usage if any(p["allocated_milli"] == 142 for p in series) else None
+        # taken after the usage report (one taken between the allocation and the report
+        # knows the allocation but not its use)
+        known = any(p["allocated_milli"] == 142 and p["used_milli"] == 57 for p in series)
+        return usage if known else None
 
-    usage = wait_for(sampled, 30, "a usage sample taken after the allocation")
+    usage = wait_for(sampled, 30, "a usage sample taken after the usage report")
     r = hub.api("GET", f"{USAGE}?days=1&points=50", admin)
     usage = check(spec, USAGE, "get", r)
     assert usage["interval_seconds"] == pytest.approx(86400 / 50)

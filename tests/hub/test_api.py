@@ -231,6 +231,21 @@ def test_admin_drains_a_gpu_and_it_takes_no_new_slices(clean):
     assert r.json()["changed"] is True
 
 
+def walk(hub, path: str, cursor: str, key: str, start: int | None = None) -> list[int]:
+    """The ids of every page of ``path``, following ``next`` in the ``cursor`` argument."""
+    ids: list[int] = []
+    at = start
+    while True:
+        sep = "&" if "?" in path else "?"
+        page = hub.api(
+            "GET", path + (f"{sep}{cursor}={at}" if at is not None else ""), hub.service_token
+        ).json()
+        ids += [item["id"] for item in page[key]]
+        if page["next"] is None:
+            return ids
+        at = page["next"]
+
+
 def test_event_and_allocation_pages_follow_cursors_and_skip_nothing(clean):
     hub = clean
     pat = hub.add_user("pat")  # nobody else in this module: her allocations are these
@@ -243,34 +258,13 @@ def test_event_and_allocation_pages_follow_cursors_and_skip_nothing(clean):
     first = min(e["id"] for e in everything)
 
     # following the log from an id: oldest first, every event once, however many arrived
-    seen, since = [], first - 1
-    while True:
-        page = hub.api("GET", f"/api/events?since={since}&limit=3", hub.service_token).json()
-        seen += [e["id"] for e in page["events"]]
-        if page["next"] is None:
-            break
-        since = page["next"]
+    seen = walk(hub, "/api/events?limit=3", "since", "events", start=first - 1)
     assert seen == sorted(e["id"] for e in everything)
-
     # newest first, page by page back
-    back, before = [], None
-    while True:
-        query = "limit=4" + (f"&before={before}" if before else "")
-        page = hub.api("GET", f"/api/events?{query}", hub.service_token).json()
-        back += [e["id"] for e in page["events"]]
-        if page["next"] is None:
-            break
-        before = page["next"]
+    back = walk(hub, "/api/events?limit=4", "before", "events")
     assert back == sorted((e["id"] for e in everything), reverse=True)
     r = hub.api("GET", "/api/events?since=1&before=5", hub.service_token)
     assert r.status_code == 400 and "not both" in r.json()["message"]
 
-    shown, before = [], None
-    while True:
-        query = "state=all&user=pat&limit=2" + (f"&before={before}" if before else "")
-        page = hub.api("GET", f"/api/allocations?{query}", hub.service_token).json()
-        shown += [a["id"] for a in page["allocations"]]
-        if page["next"] is None:
-            break
-        before = page["next"]
+    shown = walk(hub, "/api/allocations?state=all&user=pat&limit=2", "before", "allocations")
     assert shown == sorted(ids, reverse=True)

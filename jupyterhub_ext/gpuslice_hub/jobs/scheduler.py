@@ -250,11 +250,12 @@ class Scheduler:
     def _start_queued(self, now: datetime) -> None:
         """Start what fits, in queue order.
 
-        A pass costs in proportion to the shapes that are blocked, not to the queue: nothing
-        is freed during a pass, so a refusal holds for every later job of the same shape (no
+        A pass costs in proportion to the shapes that are blocked, not to the queue: the pass
+        itself frees nothing, so a refusal holds for every later job of the same shape (no
         capacity: the same profile and width; a quota or group refusal: the same user too),
-        which is told the same reason without another attempt. Reasons are written in one
-        transaction at the end, only where they changed.
+        which is told the same reason without another attempt. A slice a server gives back
+        meanwhile is seen by the next pass. Reasons are written at the end, in batches, only
+        where they changed.
         """
         with self.jobs.db.reading() as s:
             # the columns a decision needs: whole rows of thousands of queued jobs cost
