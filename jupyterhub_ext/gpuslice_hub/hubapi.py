@@ -79,23 +79,22 @@ class HubAPI:
     async def server_exists(self, user: str, server_name: str) -> bool:
         """Whether the hub has ``user``'s server ``server_name`` running or starting, asked
         about that one user (a paged listing can miss a user who moved between pages)."""
-        try:
-            model = await self._request("GET", f"/users/{quote(user, safe='')}")
-        except HTTPClientError as e:
-            if e.code == 404:
-                return False
-            raise
-        server = (model.get("servers") or {}).get(server_name)
-        return server is not None and _active(server)
+        model = await self._user(user)
+        server = (model or {}).get("servers", {}) or {}
+        return server_name in server and _active(server[server_name])
 
     async def user_groups(self, name: str) -> tuple[str, ...] | None:
+        model = await self._user(name)
+        return None if model is None else tuple(model.get("groups") or ())
+
+    async def _user(self, name: str) -> dict[str, Any] | None:
+        """The hub's model of user ``name`` (active servers only), None if there is none."""
         try:
-            user = await self._request("GET", f"/users/{quote(name, safe='')}")
+            return await self._request("GET", f"/users/{quote(name, safe='')}")
         except HTTPClientError as e:
             if e.code == 404:
                 return None
             raise
-        return tuple(user.get("groups") or ())
 
     async def group_exists(self, name: str) -> bool:
         try:

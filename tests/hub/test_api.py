@@ -268,3 +268,8 @@ def test_event_and_allocation_pages_follow_cursors_and_skip_nothing(clean):
 
     shown = walk(hub, "/api/allocations?state=all&user=pat&limit=2", "before", "allocations")
     assert shown == sorted(ids, reverse=True)
+    for bad in ("order=oldest", "cursor=-1", "cursor=x", "order=run&cursor=1e3"):
+        r = hub.api("GET", f"/api/jobs?{bad}", pat)
+        assert r.status_code == 400 and bad.split("=")[-2].split("&")[-1] in r.json()["message"]
+    r = hub.api("GET", "/api/allocations?before=-5", pat)
+    assert r.status_code == 400 and "before" in r.json()["message"]

@@ -109,3 +109,13 @@ def test_the_queue_is_listed_in_the_order_it_runs_page_by_page(tmp_path):
         if cursor is None:
             break
     assert newest == list(range(25, 0, -1))
+
+
+def test_run_order_lists_every_job_it_counts(tmp_path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    queue(ledger, tmp_path, 6, "preemptible")
+    with ledger.db.writing() as s:
+        s.get(JobRow, 3).state = "completed"  # a state filter may ask for finished jobs
+    page, cursor, total = scheduler.jobs.list_jobs(None, {"queued", "completed"}, 10, "run")
+    assert cursor is None and total == 6 == len(page)
+    assert page[-1]["id"] == 3 and "queue_position" not in page[-1]

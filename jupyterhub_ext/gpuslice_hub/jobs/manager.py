@@ -340,7 +340,13 @@ class JobManager(LoggingConfigurable):
                 [r for r in rows if r.state == "queued"], utcnow(), self.aging_seconds
             )
             position = {r.id: i + 1 for i, r in enumerate(queued)}
-            ordered = holding + queued
+            # the jobs that will not run again (a state filter may ask for them), newest
+            # first: every job counted in ``total`` is on some page
+            done = sorted(
+                (r for r in rows if r.state not in ACTIVE and r.state != "queued"),
+                key=lambda r: -r.id,
+            )
+            ordered = holding + queued + done
             start = cursor or 0
             ids = [r.id for r in ordered[start : start + limit]]
             full = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
