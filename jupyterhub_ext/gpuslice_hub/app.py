@@ -32,6 +32,7 @@ from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.model import Inventory
 
 from . import __version__
+from .admin.history import MIN_RETENTION_DAYS, run_pruner
 from .admin.sampler import start_sampler
 from .api.admin import admin_handlers
 from .api.admin_views import AdminOverviewHandler, AdminUsageHandler
@@ -208,6 +209,15 @@ class GPUSliceService(Application):
         help="Days of usage samples to keep; older ones are deleted about once a day.",
     ).tag(config=True)
 
+    history_retention_days = Float(
+        0.0,
+        help="""Days of history to keep (0: keep everything). About once a day the service
+        deletes events, the state history of jobs that ended, and allocations released
+        longer ago than this. What the deleted idle-reclaim events counted stays in the
+        metrics' counters and the all-time reclaimed GPU-hours. At least 30: the admin
+        panel's longest window.""",
+    ).tag(config=True)
+
     ip = Unicode(help="Address to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(
         config=True
     )
@@ -284,6 +294,12 @@ class GPUSliceService(Application):
             raise ConfigError("reclaim_silent_after", "must be >= 0 seconds (0: never)")
         if self.usage_retention_days <= 0:
             raise ConfigError("usage_retention_days", "must be > 0 days")
+        if 0 < self.history_retention_days < MIN_RETENTION_DAYS or self.history_retention_days < 0:
+            raise ConfigError(
+                "history_retention_days",
+                f"must be 0 (keep everything) or at least {MIN_RETENTION_DAYS:g} days, the "
+                "admin panel's longest window",
+            )
         for key in ("max_body_bytes", "max_notebook_bytes"):
             if not 1024 <= getattr(self, key) <= 1024**3:
                 raise ConfigError(key, "must be from 1 KiB to 1 GiB")
@@ -427,6 +443,11 @@ class GPUSliceService(Application):
         self._sampler = start_sampler(
             self.ledger, self.usage_sample_interval, self.usage_retention_days, self.log
         )
+        self._pruner = None
+        if self.history_retention_days > 0:
+            self._pruner = asyncio.ensure_future(
+                run_pruner(self.ledger, self.history_retention_days, self.log)
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -434,7 +455,7 @@ class GPUSliceService(Application):
         await stop.wait()
         self.log.info("gpuslice service stopping")
         server.stop()
-        for task in (getattr(self, "_reconciler", None), self._sampler):
+        for task in (getattr(self, "_reconciler", None), self._sampler, self._pruner):
             if task is not None:
                 task.cancel()
         if self.db is not None:

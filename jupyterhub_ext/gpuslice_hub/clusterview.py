@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .placement import GPUState, HostState, MigSlotState, Placement, Request
 from .placement.fit import fit_counts
-from .placement.state import from_hosts
+from .placement.state import ClusterState, fill_row, from_hosts
+from .snapshot import InventoryView
 
 
 def build_hosts(
@@ -19,39 +23,128 @@ def build_hosts(
 ) -> list[HostState]:
     """Free capacity per present host, after subtracting every active allocation.
     ``ignore_drain``: count drained GPUs as if in service (what a drain takes away)."""
-    states: dict[str, HostState] = {}
-    for rank, h in enumerate(sorted((h for h in hosts if h.present), key=lambda h: h.name)):
-        states[h.name] = HostState(h.name, h.cpu_milli, h.memory_mib, [], rank)
-    by_uuid: dict[str, GPUState] = {}
-    for g in sorted(gpus, key=lambda g: (g.host, g.index)):
-        if not g.present or g.host not in states:
-            continue
-        slots = [
-            MigSlotState(m.uuid, m.profile, m.memory_mib, m.milli)
-            for m in g.mig_instances
-            if m.present
-        ]
-        drained = g.drained and not ignore_drain
-        state = GPUState(g.uuid, g.model, g.memory_mib, mig=slots, drained=drained)
-        states[g.host].gpus.append(state)
-        by_uuid[g.uuid] = state
+    layout = _Layout(hosts, gpus)
+    by_host: dict[str, list[Any]] = defaultdict(list)
     for a in active:
-        host = states.get(a.host)
-        if host is not None:
-            host.cpu_milli_free -= a.cpu_milli
-            host.memory_mib_free -= a.memory_mib
-        for c in a.claims:
-            if not c.active or c.gpu_uuid not in by_uuid:
+        by_host[a.host].append(a)
+    return [layout.host_state(name, by_host.get(name, ()), ignore_drain) for name in layout.names]
+
+
+class _Layout:
+    """The present hosts of an inventory, in rank order, with their present GPUs."""
+
+    def __init__(self, hosts: Iterable[Any], gpus: Iterable[Any]) -> None:
+        present = sorted((h for h in hosts if h.present), key=lambda h: h.name)
+        self.names = [h.name for h in present]
+        self.hosts = {h.name: h for h in present}
+        self.rank = {name: r for r, name in enumerate(self.names)}
+        self.gpus: dict[str, list[Any]] = {name: [] for name in self.names}
+        for g in sorted(gpus, key=lambda g: (g.host, g.index)):
+            if g.present and g.host in self.gpus:
+                self.gpus[g.host].append(g)
+
+    def host_state(self, name: str, active: Iterable[Any], ignore_drain: bool) -> HostState:
+        """Host ``name``'s free capacity after its ``active`` allocations."""
+        h = self.hosts[name]
+        state = HostState(h.name, h.cpu_milli, h.memory_mib, [], self.rank[name])
+        by_uuid: dict[str, GPUState] = {}
+        for g in self.gpus[name]:
+            slots = [
+                MigSlotState(m.uuid, m.profile, m.memory_mib, m.milli)
+                for m in g.mig_instances
+                if m.present
+            ]
+            drained = g.drained and not ignore_drain
+            gpu = GPUState(g.uuid, g.model, g.memory_mib, mig=slots, drained=drained)
+            state.gpus.append(gpu)
+            by_uuid[g.uuid] = gpu
+        for a in active:
+            state.cpu_milli_free -= a.cpu_milli
+            state.memory_mib_free -= a.memory_mib
+            for c in a.claims:
+                held = by_uuid.get(c.gpu_uuid) if c.active else None
+                if held is None:
+                    continue
+                if c.mig_uuid:
+                    for slot in held.mig:
+                        if slot.uuid == c.mig_uuid:
+                            slot.free = False
+                else:
+                    held.free_milli -= c.milli
+                    held.free_memory_mib -= c.memory_mib
+        return state
+
+
+class ClusterCache:
+    """The placement arrays of the ledger, kept from one decision to the next.
+
+    Building every host's free capacity and the arrays for each spawn cost time in
+    proportion to the whole cluster and every held slice. This keeps the last
+    ``ClusterState`` and, when allocations changed since, rebuilds only the rows of the
+    hosts they sit on and bumps those rows' versions, so a policy's per-host scores (FGD)
+    are recomputed for those hosts only. Allocation views are never modified (a change is
+    a new view), so comparing identities finds what changed. A change of inventory
+    generation rebuilds everything.
+
+    ``use`` holds a lock while the caller decides: the arrays are the cache's own, and a
+    decision must not see them rewritten halfway.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generation: int | None = None
+        self._layout: _Layout | None = None
+        self._state: ClusterState | None = None
+        self._views: dict[int, Any] = {}
+        self._by_host: dict[str, dict[int, Any]] = {}
+        self.rows_rebuilt = 0  # for tests and benchmarks
+
+    @contextmanager
+    def use(self, inv: InventoryView, active: Iterable[Any]) -> Iterator[ClusterState | None]:
+        """The arrays for ``inv`` with ``active`` subtracted; None when no host is present."""
+        with self._lock:
+            yield self._bring_up_to_date(inv, {a.id: a for a in active})
+
+    def _bring_up_to_date(self, inv: InventoryView, views: dict[int, Any]) -> ClusterState | None:
+        if self._state is None or inv.generation != self._generation:
+            self._state = None  # a failure below leaves nothing half-built behind
+            layout = _Layout(inv.hosts, inv.gpus)
+            by_host: dict[str, dict[int, Any]] = {name: {} for name in layout.names}
+            for a in views.values():
+                if a.host in by_host:
+                    by_host[a.host][a.id] = a
+            hosts = [layout.host_state(n, by_host[n].values(), False) for n in layout.names]
+            self._layout, self._by_host, self._views = layout, by_host, views
+            self._state = from_hosts(hosts) if hosts else None
+            self._generation = inv.generation
+            self.rows_rebuilt += len(hosts)
+            return self._state
+        changed: set[str] = set()
+        old = self._views
+        for alloc_id, view in views.items():
+            was = old.get(alloc_id)
+            if was is not view:
+                changed.add(view.host)
+                if was is not None:
+                    changed.add(was.host)
+                    self._by_host.get(was.host, {}).pop(alloc_id, None)
+                if view.host in self._by_host:
+                    self._by_host[view.host][alloc_id] = view
+        for alloc_id in old.keys() - views.keys():
+            was = old[alloc_id]
+            changed.add(was.host)
+            self._by_host.get(was.host, {}).pop(alloc_id, None)
+        self._views = views
+        kept, state = self._layout, self._state
+        assert kept is not None and state is not None
+        for name in changed:
+            r = kept.rank.get(name)
+            if r is None:  # a host that left the inventory: its holders hold nothing here
                 continue
-            gpu = by_uuid[c.gpu_uuid]
-            if c.mig_uuid:
-                for slot in gpu.mig:
-                    if slot.uuid == c.mig_uuid:
-                        slot.free = False
-            else:
-                gpu.free_milli -= c.milli
-                gpu.free_memory_mib -= c.memory_mib
-    return list(states.values())
+            fill_row(state, r, kept.host_state(name, self._by_host[name].values(), False))
+            state.version[r] += 1
+            self.rows_rebuilt += 1
+        return state
 
 
 def apply(hosts: Sequence[HostState], request: Request, placement: Placement) -> None:
@@ -71,9 +164,10 @@ def apply(hosts: Sequence[HostState], request: Request, placement: Placement) ->
             gpu.free_memory_mib -= a.memory_mib
 
 
-def count_fits(request: Request, hosts: Sequence[HostState]) -> int:
+def count_fits(request: Request, hosts: Sequence[HostState] | ClusterState | None) -> int:
     """How many more of ``request`` could be placed, one after another: exact at any size
     (see :func:`~.placement.fit.fit_counts`)."""
     if not hosts:
         return 0
-    return int(fit_counts(from_hosts(hosts), request).sum())
+    state = hosts if isinstance(hosts, ClusterState) else from_hosts(hosts)
+    return int(fit_counts(state, request).sum())

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from gpuslice.model import Inventory
 
-from .clusterview import build_hosts, count_fits
+from .clusterview import ClusterCache, build_hosts, count_fits
 from .db.admin_models import QuotaOverrideRow, UsageReportRow
 from .db.engine import Database
 from .db.models import (
@@ -36,8 +36,9 @@ from .db.models import (
 )
 from .errors import RequestError
 from .overrides import apply_overrides
-from .placement import HostState, Placement, place
+from .placement import Placement, Refusal, place_in
 from .placement.engine import Policy
+from .placement.state import ClusterState
 from .profiles import Profile
 from .quotas import Charge, Holding, Quotas, Usage
 from .serialize import allocation_json, event_json
@@ -101,8 +102,12 @@ class Ledger:
         ] = lambda caller, profile, server_name, wait_seconds: None
         self.inventory_cache = InventoryCache()
         self.active_cache = ActiveCache()
+        self.cluster_cache = ClusterCache()
         # A learning policy's state is shared by the event loop and the scheduler's thread.
         self._policy_lock = threading.Lock()
+        # Held while history is pruned and while the pruned totals are read with the
+        # events left (admin/history.py): the two are then one consistent state.
+        self.history_lock = threading.Lock()
         self._quota_cache: tuple[int, Quotas] | None = None
         self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
         self._totals_cache: tuple[int, dict[str, int]] | None = None
@@ -296,11 +301,12 @@ class Ledger:
                 )
                 if not isinstance(charge, Charge):
                     raise RequestError(429, charge, code="over_quota")
-                hosts = build_hosts(inv.hosts, inv.gpus, active)
-                with self._policy_lock:
-                    result = place(request, hosts, self.policy, learn=learn)
-                if not isinstance(result, Placement):
-                    raise self._no_capacity(inv, caller, profile, hosts)
+                with self.cluster_cache.use(inv, active) as state, self._policy_lock:
+                    result: Placement | Refusal = Refusal("there are no hosts")
+                    if state is not None:
+                        result = place_in(request, state, self.policy, learn=learn)
+                    if not isinstance(result, Placement):
+                        raise self._no_capacity(inv, caller, profile, state)
                 row = self._write_allocation(
                     s, caller, profile, result, server_name, purpose, priority, preemptible, charge
                 )
@@ -377,14 +383,14 @@ class Ledger:
         return view
 
     def _no_capacity(
-        self, inv: InventoryView, caller: Caller, profile: Profile, hosts: list[HostState]
+        self, inv: InventoryView, caller: Caller, profile: Profile, state: ClusterState | None
     ) -> RequestError:
         total = self._totals(inv)[profile.name]
         others = []
         for other in self.profiles.values():
             if other.name == profile.name or not other.allowed_for(caller.groups):
                 continue
-            free = count_fits(other.request(), hosts)
+            free = count_fits(other.request(), state)
             if free:
                 others.append(f"{other.name} has {free} free")
         why = self._none_free(profile, total, inv)
@@ -629,12 +635,12 @@ class Ledger:
         cached = self._capacity_cache
         if cached is not None and cached[0] == marker:
             return cached[1]
-        hosts = build_hosts(inv.hosts, inv.gpus, self.active_cache.get(s))
         totals = self._totals(inv)
-        capacity = {
-            name: (count_fits(p.request(), hosts), totals[name])
-            for name, p in self.profiles.items()
-        }
+        with self.cluster_cache.use(inv, self.active_cache.get(s)) as state:
+            capacity = {
+                name: (count_fits(p.request(), state), totals[name])
+                for name, p in self.profiles.items()
+            }
         self._capacity_cache = (marker, capacity)
         return capacity
 

@@ -12,9 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import select
 
-from gpuslice.vocab import IDLE_EVENT_KINDS
-
-from .admin.accounting import reclaimed_hours
+from .admin.history import IDLE_KINDS, IdleTotals, pruned_through, pruned_totals
 from .admin.pool import read_pool
 from .admin.reports import is_fresh, used_milli
 from .db.models import EventRow, utcnow
@@ -125,9 +123,6 @@ class LedgerCollector(Collector):
         yield by_group
 
 
-IDLE_KINDS = tuple(IDLE_EVENT_KINDS.values())
-
-
 class IdleReclaimCollector(Collector):
     """Idle warnings, keep-alives and culls, and the GPU-hours culls gave back, counted
     from the recorded events (so the counters survive restarts of the service).
@@ -135,37 +130,37 @@ class IdleReclaimCollector(Collector):
     The counts are kept and each scrape reads only the events recorded since the last one:
     a scrape costs what happened in between, not the whole history (the first after a
     start reads it once). Events commit in id order (ledger writes take the ledger lock
-    one at a time), so none lands below the id a scrape has read up to.
+    one at a time), so none lands below the id a scrape has read up to. Events pruned by
+    history retention count through their totals (``admin/history.py``).
     """
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self._lock = threading.Lock()
-        self._read_up_to = 0
-        self._events: Counter[tuple[str, str, str]] = Counter()
-        self._hours: dict[str, float] = {}
+        self._seen: IdleTotals | None = None
+        self._pruned_through = -1
 
-    def _catch_up(self) -> None:
-        with self.ledger.db.reading() as s:
+    def _catch_up(self) -> IdleTotals:
+        with self.ledger.history_lock, self.ledger.db.reading() as s:
+            through = pruned_through(s)
+            if self._seen is None or through != self._pruned_through:
+                # first scrape, or history was pruned since: start again from the totals
+                self._seen, self._pruned_through = pruned_totals(s), through
+            seen = self._seen
             rows = s.execute(
                 select(EventRow.id, EventRow.kind, EventRow.profile, EventRow.detail)
-                .where(EventRow.id > self._read_up_to, EventRow.kind.in_(IDLE_KINDS))
+                .where(EventRow.id > seen.through, EventRow.kind.in_(IDLE_KINDS))
                 .order_by(EventRow.id)
             )
             for event_id, kind, profile, detail in rows:
-                self._read_up_to = event_id
-                detail = detail if isinstance(detail, dict) else {}
-                scope = str(detail.get("scope") or ("kernel" if detail.get("kernel_id") else ""))
-                self._events[(kind, profile or "", scope)] += 1
-                if kind == "idle-culled":
-                    gained = reclaimed_hours(detail)
-                    self._hours[profile or ""] = self._hours.get(profile or "", 0.0) + gained
+                seen.through = event_id
+                seen.add(kind, profile or "", detail)
+            return seen.copy()
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         with self._lock:
-            self._catch_up()
-            events = Counter(self._events)
-            hours = dict(self._hours)
+            seen = self._catch_up()
+        events, hours = seen.counts, seen.hours_by_profile()
         family = CounterMetricFamily(
             "gpuslice_idle_events",
             "Idle-reclaim events: warnings, keep-alives, culls (kind idle-culled), memory-cap "

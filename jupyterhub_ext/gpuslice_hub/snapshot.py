@@ -9,7 +9,9 @@ into plain objects. Attribute names match the ORM rows, so serializers take eith
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -168,25 +170,88 @@ def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
     return view
 
 
-class ActiveCache:
-    """The active allocations, read again only when the ledger recorded an event since.
+def load_allocations(s: Session, ids: Sequence[int]) -> dict[int, AllocationView]:
+    """The allocations ``ids`` (active or not) with their active claims."""
+    views: dict[int, AllocationView] = {}
+    conn = s.connection()
+    for start in range(0, len(ids), 500):  # bounded IN lists
+        chunk = list(ids[start : start + 500])
+        for r in conn.execute(
+            select(AllocationRow.__table__).where(AllocationRow.id.in_(chunk))
+        ).all():
+            views[r.id] = AllocationView(**r._asdict())
+        claims = select(ClaimRow.__table__).where(
+            ClaimRow.allocation_id.in_(chunk), ClaimRow.active
+        )
+        for c in conn.execute(claims.order_by(ClaimRow.id)).all():
+            view = views.get(c.allocation_id)
+            if view is not None:
+                view.claims.append(ClaimView(**c._asdict()))
+    return views
 
-    Every write that changes them (allocate, release) records an event in its transaction,
-    so the newest event id marks a state. It is read before the allocations: a write that
-    lands in between makes the cache look older than it is, never newer. Callers get their
-    own list; the views in it are shared and never modified.
+
+class ActiveCache:
+    """The active allocations, brought up to date from the events recorded since.
+
+    Every write that changes an allocation (allocate, release) records an event naming it,
+    in its transaction and under the ledger lock, so events commit in id order and the
+    newest event id marks a state. When it moved, only the allocations named by the newer
+    events are read again (a spawn no longer rereads thousands of held slices). The marker
+    is read before anything else: a write that lands in between makes the cache look older
+    than it is, never newer, and reading an allocation again is harmless. Callers get their
+    own list; the views in it are shared and never modified. Safe to call from several
+    threads (the event loop and the scheduler's worker).
     """
 
+    # Past this many new events a full read is as cheap as following them.
+    FULL_READ_AFTER = 2000
+
     def __init__(self) -> None:
-        self._cached: tuple[int, list[AllocationView]] | None = None
+        self._lock = threading.Lock()
+        self._marker: int | None = None
+        self._views: dict[int, AllocationView] = {}
+        self.full_reads = 0  # for tests and benchmarks: how often everything was read
 
     def get(self, s: Session) -> list[AllocationView]:
-        marker = int(s.connection().execute(select(func.max(EventRow.id))).scalar() or 0)
-        cached = self._cached
-        if cached is None or cached[0] != marker:
-            cached = (marker, load_active(s))
-            self._cached = cached
-        return list(cached[1])
+        conn = s.connection()
+        marker = int(conn.execute(select(func.max(EventRow.id))).scalar() or 0)
+        with self._lock:
+            # A reader whose transaction began before the newest write asks for an older
+            # state: it gets the newer one (never older than what it could read).
+            if self._marker is None or marker > self._marker:
+                self._catch_up(s, marker)
+            return list(self._views.values())
+
+    def _catch_up(self, s: Session, marker: int) -> None:
+        since = self._marker
+        if since is None or marker - since > self.FULL_READ_AFTER:
+            self._marker = None  # a failure below leaves nothing half-read behind
+            self._views = {v.id: v for v in load_active(s)}
+            self.full_reads += 1
+        else:
+            named: list[int] = [
+                int(alloc_id)
+                for alloc_id in s.connection()
+                .execute(
+                    select(EventRow.allocation_id)
+                    .where(
+                        EventRow.id > since,
+                        EventRow.id <= marker,
+                        EventRow.allocation_id.is_not(None),
+                    )
+                    .distinct()
+                )
+                .scalars()
+                if alloc_id is not None
+            ]
+            fresh = load_allocations(s, named)
+            for alloc_id in named:
+                view = fresh.get(alloc_id)
+                if view is not None and view.active:
+                    self._views[alloc_id] = view
+                else:
+                    self._views.pop(alloc_id, None)
+        self._marker = marker
 
 
 class InventoryCache:

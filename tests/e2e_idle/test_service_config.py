@@ -65,3 +65,21 @@ def test_a_bad_policy_is_refused_naming_the_key(policy, key):
     with pytest.raises(ConfigError) as e:
         load(policy)
     assert e.value.key == key
+
+
+@pytest.mark.parametrize("days", [-1.0, 7.0, 29.5])
+def test_a_history_retention_shorter_than_the_admin_panel_shows_is_refused(days):
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.history_retention_days = days
+    with pytest.raises(ConfigError) as e:
+        GPUSliceService(config=config).load_settings()
+    assert e.value.key == "history_retention_days" and "at least 30" in str(e.value)
+
+
+@pytest.mark.parametrize("days", [0.0, 30.0, 400.0])
+def test_keeping_everything_or_at_least_thirty_days_is_accepted(days):
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.history_retention_days = days
+    GPUSliceService(config=config).load_settings()

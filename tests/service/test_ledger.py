@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 import pytest
 
+from gpuslice_hub.clusterview import ClusterCache, build_hosts
+from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.errors import RequestError
-from gpuslice_hub.ledger import Caller
+from gpuslice_hub.ledger import Caller, Ledger
+from gpuslice_hub.placement import get_policy
+from gpuslice_hub.placement.state import from_hosts
+from gpuslice_hub.snapshot import load_active
 
 from .conftest import build_ledger
 
@@ -200,3 +206,125 @@ def test_usage_reports_need_no_ledger_lock_and_never_collide(make_ledger):
         rows = list(s.scalars(select(UsageReportRow)))
     assert len(rows) == 1 and rows[0].allocation_id == alloc["id"]
     assert rows[0].memory_mib == 100.0 + round(rows[0].utilization * 100)
+
+
+def _state(views) -> list[tuple]:
+    return sorted(
+        (v.id, v.user, v.profile, sorted((c.gpu_uuid, c.mig_uuid or "", c.milli) for c in v.claims))
+        for v in views
+    )
+
+
+def test_the_active_cache_follows_every_change_without_reading_everything(make_ledger, db_url):
+    """Each spawn used to reread every held slice. The cache follows the events instead,
+    and what it holds is always what a full read says, also for writes made by another
+    ledger on the same database (another process, an admin command)."""
+    mine = make_ledger(
+        hosts=[
+            {
+                "name": f"h{i}",
+                "cpu_milli": 64000,
+                "memory_mib": 512000,
+                "gpus": [
+                    {
+                        "model": "NVIDIA A100-SXM4-80GB",
+                        "memory_mib": 81920,
+                        "count": 2,
+                        **({"mig": ["1g.10gb"] * 7} if i % 2 else {}),
+                    }
+                ],
+            }
+            for i in range(4)
+        ]
+    )
+    # the same database and inventory, its own caches (another process, an admin command)
+    other = Ledger(open_database(db_url), mine.profiles, mine.quotas, get_policy("best-fit"))
+    rng = random.Random(7)
+    held: list[tuple[Ledger, int]] = []
+    mine.snapshot()
+    mine.profile_capacity()  # builds the arrays once
+    assert mine.active_cache.full_reads == 1
+    for step in range(60):
+        ledger = mine if rng.random() < 0.7 else other
+        if held and rng.random() < 0.4:
+            _, alloc_id = held.pop(rng.randrange(len(held)))
+            ledger.release(alloc_id, "test", "done")
+        else:
+            profile = rng.choice(["share-250", "mig-1g.10gb", "gpu-1"])
+            try:
+                alloc, _ = ledger.allocate(ANN, profile, f"s{step}")
+            except RequestError:
+                continue
+            held.append((ledger, alloc["id"]))
+        with mine.db.reading() as s:
+            active = mine.active_cache.get(s)
+            assert _state(active) == _state(load_active(s))
+            inv = mine.inventory_cache.get(s)
+            rebuilt = mine.cluster_cache.rows_rebuilt
+            with mine.cluster_cache.use(inv, active) as kept:
+                fresh = from_hosts(build_hosts(inv.hosts, inv.gpus, load_active(s)))
+                for name in ("cpu_free", "mem_free", "gpu_free", "gpu_mem_free", "mig_free"):
+                    assert (getattr(kept, name) == getattr(fresh, name)).all(), name
+            # only the hosts a change touched are rebuilt (a release and an allocation
+            # by the other ledger since the last look: at most two)
+            assert mine.cluster_cache.rows_rebuilt - rebuilt <= 2
+    assert {a["id"] for a in mine.allocations()} == {i for _, i in held}
+    # one full read at the start; every later change was followed from the events
+    assert mine.active_cache.full_reads == 1
+    other.db.dispose()
+
+
+def test_kept_arrays_place_exactly_as_arrays_built_afresh(tmp_path):
+    """The default policy keeps per-host scores between decisions; a host whose row was
+    rebuilt must be scored again. Two ledgers, one keeping its arrays and one building them
+    for every decision, make the same placements through a long mixed sequence."""
+
+    class Afresh(ClusterCache):
+        def _bring_up_to_date(self, inv, views):
+            self._state = None
+            return super()._bring_up_to_date(inv, views)
+
+    hosts = [
+        {
+            "name": f"h{i}",
+            "cpu_milli": 64000,
+            "memory_mib": 512000,
+            "gpus": [{"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 4}],
+        }
+        for i in range(6)
+    ]
+    profiles = [
+        {"name": "share-100", "kind": "share", "gpu_milli": 100, "gpu_memory_mib": 8192},
+        {"name": "share-500", "kind": "share", "gpu_milli": 500, "gpu_memory_mib": 40960},
+        {"name": "gpu-1", "kind": "gpu", "count": 1},
+        {"name": "gpu-2", "kind": "gpu", "count": 2},
+    ]
+    kept = build_ledger(f"sqlite:///{tmp_path}/a.sqlite", profiles, hosts=hosts, policy="default")
+    fresh = build_ledger(f"sqlite:///{tmp_path}/b.sqlite", profiles, hosts=hosts, policy="default")
+    fresh.cluster_cache = Afresh()
+    rng = random.Random(11)
+    held: list[tuple[int, int]] = []
+    placed = 0
+    for step in range(300):
+        if held and rng.random() < 0.45:
+            a, b = held.pop(rng.randrange(len(held)))
+            kept.release(a, "test", "done")
+            fresh.release(b, "test", "done")
+            continue
+        profile = rng.choice([p["name"] for p in profiles])
+        outcome = []
+        for ledger in (kept, fresh):
+            try:
+                alloc, _ = ledger.allocate(ANN, profile, f"s{step}")
+            except RequestError as e:
+                outcome.append(("refused", e.detail["code"]))
+                continue
+            where = [alloc["host"]] + [(x["gpu_index"], x["milli"]) for x in alloc["assignments"]]
+            outcome.append((alloc["id"], where))
+        assert outcome[0][1:] == outcome[1][1:], (step, profile, outcome)
+        if outcome[0][0] != "refused":
+            held.append((outcome[0][0], outcome[1][0]))
+            placed += 1
+    assert placed > 100 and kept.cluster_cache.rows_rebuilt < 2 * 300
+    kept.db.dispose()
+    fresh.db.dispose()

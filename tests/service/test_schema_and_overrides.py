@@ -31,6 +31,23 @@ def test_migrations_build_exactly_the_models(db_url: str) -> None:
         db.dispose()
 
 
+def test_every_revision_downgrades_and_upgrades_again(db_url: str) -> None:
+    """Downgrades drop columns, which SQLite can only do in Alembic's batch mode."""
+    db = open_database(db_url)
+    cfg = alembic_config(db)
+    try:
+        upgrade(db)
+        with db.read_engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0001")
+        upgrade(db)
+        with db.read_engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == [], diff
+    finally:
+        db.dispose()
+
+
 def test_a_previous_release_database_is_refused_then_upgraded_keeping_its_data(
     tmp_path: Path,
 ) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -11,35 +10,28 @@ from sqlalchemy import Table, func, or_, select
 
 from ..db.models import AllocationRow, EventRow
 from ..ledger import Ledger
+from .history import pruned_totals, reclaimed_hours
 from .sqltime import epoch
 from .times import utc
 
-# One cull frees at most a node's GPUs for the life of an allocation: 8 GPUs x 10 years.
-MAX_RECLAIMED_HOURS = 8 * 24 * 366 * 10
 WEEK = timedelta(days=7)
 MONTH = timedelta(days=30)
 NO_GROUP = "(no group)"
 ALLOCATIONS = cast(Table, AllocationRow.__table__)
 
 
-def reclaimed_hours(detail: Any) -> float:
-    """The GPU-hours an ``idle-culled`` event records, as the service wrote it; anything
-    else stored there (a record from before the service computed it) counts as 0."""
-    if not isinstance(detail, dict):
-        return 0.0
-    value = detail.get("reclaimed_gpu_hours")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    return float(value) if math.isfinite(value) and 0 <= value <= MAX_RECLAIMED_HOURS else 0.0
-
-
 def reclaimed(ledger: Ledger, now: datetime) -> dict[str, float]:
-    """GPU-hours given back by idle culls: all time, and over the last 7 and 30 days."""
-    total = week = month = 0.0
-    with ledger.db.reading() as s:
+    """GPU-hours given back by idle culls: all time (pruned history included, through its
+    totals), and over the last 7 and 30 days."""
+    with ledger.history_lock, ledger.db.reading() as s:
+        pruned = pruned_totals(s)
         rows = s.execute(
-            select(EventRow.ts, EventRow.detail).where(EventRow.kind == "idle-culled")
+            select(EventRow.ts, EventRow.detail).where(
+                EventRow.kind == "idle-culled", EventRow.id > pruned.through
+            )
         ).all()
+    total = sum(pruned.hours_by_profile().values())
+    week = month = 0.0
     for ts, detail in rows:
         gained = reclaimed_hours(detail)
         age = now - utc(ts)

@@ -3,6 +3,7 @@ released by their owner (or an admin)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from ..errors import RequestError
@@ -79,8 +80,18 @@ class AllocationsHandler(BaseHandler):
         ):
             raise RequestError(400, "field 'wait_seconds' must be a number of seconds, 0 to 86400")
         caller = await self.resolve_caller(ident, body, "allocate")
-        alloc, created = self.ledger.allocate(
-            caller, profile, server_name, purpose, priority, preemptible, wait_seconds=wait
+        # In a worker thread: placement at hundreds of hosts must not stall the event loop
+        # (the ledger and the preemption hook are thread-safe; the scheduler calls them
+        # from its own thread too).
+        alloc, created = await asyncio.to_thread(
+            self.ledger.allocate,
+            caller,
+            profile,
+            server_name,
+            purpose,
+            priority,
+            preemptible,
+            wait_seconds=wait,
         )
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout

@@ -3,6 +3,7 @@ the admin panel, whose script reads the REST API with the page's XSRF token."""
 
 from __future__ import annotations
 
+import asyncio
 from html import escape
 
 from tornado import web
@@ -38,7 +39,7 @@ class HomeHandler(BaseHandler):
             backend=inv.backend if inv else "?",
             simulated=bool(inv and inv.simulated),
             quota=self.ledger.quota_standing(ident.name, ident.groups),
-            profiles=self.ledger.availability(ident.name, ident.groups),
+            profiles=await asyncio.to_thread(self.ledger.availability, ident.name, ident.groups),
             allocations=allocations,
         )
 

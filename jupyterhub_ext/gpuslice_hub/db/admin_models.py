@@ -71,3 +71,17 @@ class IdleExemptionRow(Base):
     set_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     reason: Mapped[str] = mapped_column(String(1024), default="")
+
+
+class EventTotalRow(Base):
+    """What the idle-reclaim events pruned by ``history_retention_days`` counted (migration
+    0005): the metrics' counters and the all-time reclaimed GPU-hours stay whole after the
+    events themselves are gone. The ledger lock row's ``history_through`` is the newest
+    event id folded in here."""
+
+    __tablename__ = "event_totals"
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    profile: Mapped[str] = mapped_column(String(255), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    reclaimed_gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)

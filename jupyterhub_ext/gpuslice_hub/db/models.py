@@ -177,3 +177,5 @@ class LedgerLock(Base):
     __tablename__ = "ledger_lock"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     generation: Mapped[int] = mapped_column(Integer, default=0)
+    # The newest event id pruned by history retention (its counts are in event_totals).
+    history_through: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -20,7 +20,6 @@ from sqlalchemy import Table, bindparam, select, update
 from gpuslice.run.jobdir import JobDir
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
-from ..clusterview import build_hosts, count_fits
 from ..db.jobs_models import JobRow
 from ..db.models import utcnow
 from ..errors import RequestError
@@ -310,9 +309,7 @@ class Scheduler:
         if job.slices > 1:
             # Cheap check first: allocating and releasing part of a wide job every pass
             # would fill the audit trail.
-            hosts, gpus, active = self.jobs.ledger.snapshot()
-            profile = self.jobs.ledger.profiles[job.profile]
-            free = count_fits(profile.request(), build_hosts(hosts, gpus, active))
+            free = self.jobs.ledger.profile_capacity()[job.profile][0]
             if free < job.slices:
                 if learn:
                     self.jobs.ledger.observe(job.profile)

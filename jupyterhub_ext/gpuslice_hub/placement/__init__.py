@@ -1,6 +1,6 @@
 """Placement: a pure function from (request, cluster state, policy) to a placement or refusal."""
 
-from .engine import Policy, feasible, fitting_gpus, place
+from .engine import Policy, feasible, fitting_gpus, place, place_in
 from .policies.default import Default
 from .policies.fgd import FGD
 from .policies.packing import GpuClustering, GpuPacking
@@ -56,4 +56,5 @@ __all__ = [
     "fitting_gpus",
     "get_policy",
     "place",
+    "place_in",
 ]

@@ -41,12 +41,19 @@ def place(
     """
     if not hosts:
         return Refusal("there are no hosts")
-    state = from_hosts(hosts)
+    return place_in(request, from_hosts(hosts), policy, learn=learn)
+
+
+def place_in(
+    request: Request, state: ClusterState, policy: Policy, *, learn: bool = True
+) -> Placement | Refusal:
+    """``place`` on arrays the caller keeps (the service's ``ClusterCache``); not modified
+    except for the policy's score cache."""
     chosen = select(state, request, policy, learn)
     if chosen is None:
-        return Refusal(describe_shortage(request, hosts))
+        return Refusal(describe_shortage(request, state.hosts))
     node, slots = chosen
-    return Placement(hosts[node].name, assignments(state, node, slots, request))
+    return Placement(state.names[node], assignments(state, node, slots, request))
 
 
 def assignments(
@@ -76,4 +83,4 @@ def describe_shortage(request: Request, hosts: Sequence[HostState]) -> str:
     return f"no host has {what} free"
 
 
-__all__ = ["Policy", "describe_shortage", "feasible", "fitting_gpus", "place"]
+__all__ = ["Policy", "describe_shortage", "feasible", "fitting_gpus", "place", "place_in"]

@@ -117,51 +117,62 @@ def share_memory(request: Request, gpu_memory_mib: int) -> int:
 
 
 def from_hosts(hosts: Sequence[HostState]) -> ClusterState:
-    """Arrays for the service's hosts (cheap for tens of hosts)."""
+    """Arrays for the service's hosts."""
     n = len(hosts)
     g = max((len(h.gpus) for h in hosts), default=0) or 1
     models = sorted({gpu.model for h in hosts for gpu in h.gpus})
     profiles = sorted({s.profile for h in hosts for gpu in h.gpus for s in gpu.mig})
     mig_milli = np.zeros(len(profiles), np.int64)
-    gpu_free = np.zeros((n, g), np.int64)
-    gpu_mem_free = np.zeros((n, g), np.int64)
-    gpu_mem_cap = np.zeros((n, g), np.int64)
-    gpu_model = np.zeros((n, g), np.int32)
-    gpu_ok = np.zeros((n, g), bool)
-    mig_ok = np.zeros((n, g), bool)
-    mig_free = np.zeros((n, g, len(profiles)), np.int32)
-    uuids: list[list[str]] = []
-    for r, host in enumerate(hosts):
-        uuids.append([gpu.uuid for gpu in host.gpus])
-        for i, gpu in enumerate(host.gpus):
-            gpu_model[r, i] = models.index(gpu.model)
-            gpu_mem_cap[r, i] = gpu.memory_mib
-            if gpu.is_mig:
-                mig_ok[r, i] = not gpu.drained
-                for slot in gpu.mig:
-                    p = profiles.index(slot.profile)
-                    mig_milli[p] = slot.milli
-                    if slot.free and not gpu.drained:
-                        mig_free[r, i, p] += 1
-                continue
-            gpu_ok[r, i] = not gpu.drained
-            gpu_free[r, i] = gpu.free_milli
-            gpu_mem_free[r, i] = gpu.free_memory_mib
-    return ClusterState(
+    for h in hosts:
+        for gpu in h.gpus:
+            for slot in gpu.mig:
+                mig_milli[profiles.index(slot.profile)] = slot.milli
+    state = ClusterState(
         names=[h.name for h in hosts],
         rank=np.array([h.rank for h in hosts], np.int64),
-        cpu_free=np.array([h.cpu_milli_free for h in hosts], np.int64),
-        mem_free=np.array([h.memory_mib_free for h in hosts], np.int64),
-        gpu_free=gpu_free,
-        gpu_mem_free=gpu_mem_free,
-        gpu_mem_cap=gpu_mem_cap,
-        gpu_model=gpu_model,
-        gpu_ok=gpu_ok,
+        cpu_free=np.zeros(n, np.int64),
+        mem_free=np.zeros(n, np.int64),
+        gpu_free=np.zeros((n, g), np.int64),
+        gpu_mem_free=np.zeros((n, g), np.int64),
+        gpu_mem_cap=np.zeros((n, g), np.int64),
+        gpu_model=np.zeros((n, g), np.int32),
+        gpu_ok=np.zeros((n, g), bool),
         models=models,
-        mig_free=mig_free,
+        mig_free=np.zeros((n, g, len(profiles)), np.int32),
         mig_profiles=profiles,
         mig_milli=mig_milli,
-        mig_ok=mig_ok,
-        gpu_uuids=uuids,
-        hosts=hosts,
+        mig_ok=np.zeros((n, g), bool),
+        gpu_uuids=[[] for _ in hosts],
+        hosts=list(hosts),
     )
+    for r, host in enumerate(hosts):
+        fill_row(state, r, host)
+    return state
+
+
+def fill_row(state: ClusterState, r: int, host: HostState) -> None:
+    """Write ``host`` into row ``r``: its GPUs' models and MIG profiles must be among the
+    state's (true for a host of the inventory the state was built from)."""
+    assert isinstance(state.hosts, list)
+    state.hosts[r] = host
+    state.gpu_uuids[r] = [gpu.uuid for gpu in host.gpus]
+    state.cpu_free[r] = host.cpu_milli_free
+    state.mem_free[r] = host.memory_mib_free
+    for arr in (state.gpu_free, state.gpu_mem_free, state.gpu_mem_cap, state.gpu_model):
+        arr[r] = 0
+    state.gpu_ok[r] = False
+    assert state.mig_ok is not None
+    state.mig_ok[r] = False
+    state.mig_free[r] = 0
+    for i, gpu in enumerate(host.gpus):
+        state.gpu_model[r, i] = state.models.index(gpu.model)
+        state.gpu_mem_cap[r, i] = gpu.memory_mib
+        if gpu.is_mig:
+            state.mig_ok[r, i] = not gpu.drained
+            for slot in gpu.mig:
+                if slot.free and not gpu.drained:
+                    state.mig_free[r, i, state.mig_profiles.index(slot.profile)] += 1
+            continue
+        state.gpu_ok[r, i] = not gpu.drained
+        state.gpu_free[r, i] = gpu.free_milli
+        state.gpu_mem_free[r, i] = gpu.free_memory_mib

@@ -20,4 +20,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_column("usage_samples", "in_service_milli")
+    with op.batch_alter_table("usage_samples") as batch:
+        batch.drop_column("in_service_milli")
