@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..errors import RequestError
@@ -44,7 +45,9 @@ class JobsHandler(JobsBase):
         if order not in ("newest", "run"):
             raise RequestError(400, f"query argument order must be newest or run, got {order!r}")
         cursor = int_arg(self, "cursor", 0, 0, 2**62) if self.get_argument("cursor", "") else None
-        page, following, total = self.jobs.list_jobs(user, states, limit, order, cursor)
+        page, following, total = await asyncio.to_thread(
+            self.jobs.list_jobs, user, states, limit, order, cursor
+        )
         self.write_json({"jobs": page, "next": following, "total": total})
 
     @api_authenticated
@@ -57,7 +60,7 @@ class JobsHandler(JobsBase):
         if "groups" in body:
             raise RequestError(403, "a job's groups are looked up on the hub, not stated")
         caller = await self.resolve_caller(ident, {}, "submit jobs")
-        self.write_json(self.jobs.submit(caller, body), 201)
+        self.write_json(await asyncio.to_thread(self.jobs.submit, caller, body), 201)
 
 
 class JobHandler(JobsBase):
@@ -73,7 +76,7 @@ class JobHandler(JobsBase):
         if not ident.is_admin and job.user != ident.name:
             raise RequestError(403, "only the job's owner or an admin may cancel it")
         reason = self.optional_reason()
-        self.write_json(self.jobs.cancel(job.id, ident.name, reason[:255]))
+        self.write_json(await asyncio.to_thread(self.jobs.cancel, job.id, ident.name, reason[:255]))
 
 
 class JobLogHandler(JobsBase):
@@ -93,7 +96,7 @@ class JobOutputHandler(JobsBase):
         fmt = self.get_argument("format", "ipynb")
         if fmt not in ("ipynb", "html"):
             raise RequestError(400, "query argument format must be 'ipynb' or 'html'")
-        data = self.jobs.output(job, fmt, self.service.max_notebook_bytes)
+        data = await asyncio.to_thread(self.jobs.output, job, fmt, self.service.max_notebook_bytes)
         if data is None:
             raise RequestError(404, f"job {job.id} has no {fmt} output yet")
         self.set_header(
@@ -114,7 +117,8 @@ class JobPreemptHandler(JobsBase):
         job = self.owned(ident, job_id)
         reason = self.optional_reason() or self.get_argument("reason", "")
         reason = reason or "preempted by an admin"
-        self.write_json(self.jobs.preempt(job.id, ident.name, reason[:255]), 202)
+        preempted = await asyncio.to_thread(self.jobs.preempt, job.id, ident.name, reason[:255])
+        self.write_json(preempted, 202)
 
 
 def job_handlers(api: str) -> list[tuple[str, type]]:
