@@ -63,15 +63,8 @@ class _Layout:
             state.memory_mib_free -= a.memory_mib
             for c in a.claims:
                 held = by_uuid.get(c.gpu_uuid) if c.active else None
-                if held is None:
-                    continue
-                if c.mig_uuid:
-                    for slot in held.mig:
-                        if slot.uuid == c.mig_uuid:
-                            slot.free = False
-                else:
-                    held.free_milli -= c.milli
-                    held.free_memory_mib -= c.memory_mib
+                if held is not None:
+                    _take(held, c.mig_uuid, c.milli, c.memory_mib)
         return state
 
 
@@ -154,14 +147,18 @@ def apply(hosts: Sequence[HostState], request: Request, placement: Placement) ->
     host.memory_mib_free -= request.memory_mib
     gpus = {g.uuid: g for g in host.gpus}
     for a in placement.assignments:
-        gpu = gpus[a.gpu_uuid]
-        if a.mig_uuid:
-            for slot in gpu.mig:
-                if slot.uuid == a.mig_uuid:
-                    slot.free = False
-        else:
-            gpu.free_milli -= a.milli
-            gpu.free_memory_mib -= a.memory_mib
+        _take(gpus[a.gpu_uuid], a.mig_uuid, a.milli, a.memory_mib)
+
+
+def _take(gpu: GPUState, mig_uuid: str | None, milli: int, memory_mib: int) -> None:
+    """Mark what one claim holds of ``gpu`` as used: its MIG instance, or its share."""
+    if mig_uuid:
+        for slot in gpu.mig:
+            if slot.uuid == mig_uuid:
+                slot.free = False
+    else:
+        gpu.free_milli -= milli
+        gpu.free_memory_mib -= memory_mib
 
 
 def count_fits(request: Request, hosts: Sequence[HostState] | ClusterState | None) -> int:

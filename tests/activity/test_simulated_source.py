@@ -64,3 +64,53 @@ def test_busy_process_outside_kernels_is_server_activity(spawn_plain):
 def test_make_source_rejects_unknown_kind():
     with pytest.raises(ValueError, match="unknown activity source"):
         make_source("cuda")
+
+
+class _FakeProc:
+    """A process whose CPU time the test sets, counted in 10 ms steps like the kernel's."""
+
+    def __init__(self, pid: int, created: float) -> None:
+        self.pid, self.created, self.cpu = pid, created, 0.0
+
+    def oneshot(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def create_time(self) -> float:
+        return self.created
+
+    def cpu_times(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(user=int(self.cpu * 100) / 100, system=0.0)
+
+
+def test_an_idle_kernels_housekeeping_never_reads_as_use(monkeypatch):
+    """An idle kernel does a few ms of housekeeping now and then. With ticks of 0.5 s, one
+    10 ms step of CPU accounting read as 2 % -- busy -- and restarted its idle run, so an
+    idle server was warned twice. Over the 2 s horizon it stays under 1 %."""
+    import gpuslice.activity.simulated_source as simulated
+
+    clock = [1000.0]
+    idle, busy = _FakeProc(11, 900.0), _FakeProc(12, 900.0)
+    parent = type("P", (), {"children": lambda self, recursive: [idle, busy]})()
+    monkeypatch.setattr(simulated.psutil, "Process", lambda pid: parent)
+    monkeypatch.setattr(simulated.time, "time", lambda: clock[0])
+
+    def minute(horizon: float | None) -> list[dict[int, float]]:
+        kw = {} if horizon is None else {"horizon": horizon}
+        source = SimulatedActivitySource(server_pid=1, device="GPU-sim", **kw)
+        readings = []
+        for _ in range(120):  # a minute of 0.5 s ticks
+            clock[0] += 0.5
+            idle.cpu += 0.002  # 4 ms a second: a 10 ms step every 2.5 s
+            busy.cpu += 0.5
+            readings.append({s.pid: s.util for s in source.sample().processes})
+        return readings[4:]  # past the first horizon
+
+    settled = minute(None)
+    assert max(r[11] for r in settled) < 1.0
+    assert min(r[12] for r in settled) > 95.0
+    # read tick by tick, the same kernel looks busy now and then
+    assert max(r[11] for r in minute(0.0)) >= 1.0
