@@ -15,7 +15,7 @@ import signal
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
@@ -233,8 +233,6 @@ class GPUSliceService(Application):
         config=True
     )
 
-    log_level = 20  # type: ignore[assignment]
-
     ledger = Instance(Ledger, allow_none=True)
     admin_settings: AdminSettings | None = None
     inventory = Instance(Inventory, allow_none=True)
@@ -258,6 +256,11 @@ class GPUSliceService(Application):
         "db-url": "GPUSliceService.db_url",
         "log-level": "Application.log_level",
     }
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        # INFO, not traitlets' WARN: the start-up summary and each request are logged
+        return logging.INFO
 
     @default("service_name")
     def _default_service_name(self) -> str:
@@ -403,7 +406,7 @@ class GPUSliceService(Application):
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
-        logging.getLogger("gpuslice").setLevel(self.log_level)
+        logging.getLogger("gpuslice").setLevel(cast(int, self.log_level))
         self.load_settings()
         self.hub_api = HubAPI()
 

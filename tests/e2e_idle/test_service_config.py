@@ -83,3 +83,12 @@ def test_keeping_everything_or_at_least_thirty_days_is_accepted(days):
     config.GPUSliceService.profiles = PROFILES
     config.GPUSliceService.history_retention_days = days
     GPUSliceService(config=config).load_settings()
+
+
+def test_the_log_level_setting_takes_effect():
+    """It was shadowed by a plain class attribute: --log-level and the config did nothing."""
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.log_level = "DEBUG"
+    assert GPUSliceService(config=config).log_level == 10
+    assert GPUSliceService().log_level == 20  # INFO unless asked

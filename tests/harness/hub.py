@@ -250,6 +250,15 @@ if cfg["spawner"]:
     c.Spawner.http_timeout = 60
     c.Spawner.default_url = "/tree"
     c.SimpleLocalProcessSpawner.home_dir_template = cfg["workdir"] + "/home/{{username}}"
+# JupyterHub restarts a managed service that died when it next polls it: every 30 s, not
+# configurable for services. Poll every 2 s so the restart tests wait for the service's own
+# start, not for the hub to look.
+from jupyterhub.services import service as _services
+_start_polling = _services._ServiceSpawner.start_polling
+def _poll_often(self):
+    self.poll_interval = 2
+    return _start_polling(self)
+_services._ServiceSpawner.start_polling = _poll_often
 exec(cfg["extra_hub_config"])
 """
 

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -86,13 +87,43 @@ def test_installed_without_node_the_extension_is_enabled_and_ok(
     wheel: Path, tmp_path: Path
 ) -> None:
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
+    # Its dependencies (JupyterLab and the rest) come from this test run's environment
+    # through a .pth file: downloading and installing them again took most of a minute and
+    # tests pip, not the wheel. The wheel itself is installed into the new prefix, so its
+    # labextension lands where JupyterLab looks for the new venv's.
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    here = sysconfig.get_paths()["purelib"]
+    (Path(site) / "_test_env_deps.pth").write_text(here + "\n")
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", str(wheel), "jupyterlab>=4,<5"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            str(wheel),
+        ],
         check=True,
         timeout=900,
     )
+    # every dependency the wheel declares is there (as pip would have resolved it)
+    check = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "gpuslice" not in check.stdout, check.stdout
     path = os.pathsep.join([str(env_dir / "bin"), without_node_path()])
     assert shutil.which("node", path=path) is None
     assert shutil.which("npm", path=path) is None
@@ -105,9 +136,9 @@ def test_installed_without_node_the_extension_is_enabled_and_ok(
         "JUPYTER_PLATFORM_DIRS": "1",
     }
 
-    def jupyter(*args: str) -> str:
+    def jupyter(*module_and_args: str) -> str:
         result = subprocess.run(
-            [str(env_dir / "bin" / "jupyter"), *args],
+            [str(python), "-m", *module_and_args],
             env=env,
             capture_output=True,
             text=True,
@@ -116,13 +147,23 @@ def test_installed_without_node_the_extension_is_enabled_and_ok(
         )
         return ANSI.sub("", result.stdout + result.stderr)
 
-    labs = jupyter("labextension", "list")
+    # the wheel's gpuslice, not this checkout's
+    where = subprocess.run(
+        [str(python), "-c", "import gpuslice; print(gpuslice.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(env_dir)), where
+
+    labs = jupyter("jupyterlab.labextensions", "list")
     line = next((ln for ln in labs.splitlines() if "gpuslice-labextension" in ln), None)
     assert line is not None, labs
     assert re.search(r"gpuslice-labextension v\S+ enabled OK \(python, gpuslice\)", line), line
     assert str(env_dir / "share" / "jupyter" / "labextensions") in labs
 
     if (REPO / "server_ext" / "gpuslice" / "extension").is_dir():
-        servers = jupyter("server", "extension", "list")
+        servers = jupyter("jupyter_server.extension.serverextension", "list")
         assert re.search(r"^\s*gpuslice enabled\s*$", servers, re.M), servers
         assert re.search(r"^\s*gpuslice \S+ OK\s*$", servers, re.M), servers
