@@ -67,7 +67,7 @@ PACKAGE = Path(__file__).resolve().parent
 
 
 class GPUSliceService(Application):
-    name = "gpuslice"
+    name = "gpuslice-hub-service"
     description = "The gpuslice hub service: GPU inventory, allocation ledger and REST API."
     version = __version__
 
@@ -249,6 +249,12 @@ class GPUSliceService(Application):
 
     # what --help-all and --generate-config cover
     classes = [JobManager]
+    subcommands = {
+        "upgrade-db": (
+            "gpuslice_hub.app.UpgradeDB",
+            "Bring the ledger database to this version's schema (back it up first).",
+        ),
+    }
 
     aliases = {
         "f": "GPUSliceService.config_file",
@@ -406,6 +412,8 @@ class GPUSliceService(Application):
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
+        if self.subapp is not None:
+            return  # a subcommand (upgrade-db): it loads what it needs
         logging.getLogger("gpuslice").setLevel(cast(int, self.log_level))
         self.load_settings()
         self.hub_api = HubAPI()
@@ -555,7 +563,39 @@ class GPUSliceService(Application):
             await asyncio.sleep(self.reconcile_interval)
 
     def start(self) -> None:
+        if self.subapp is not None:
+            self.subapp.start()
+            return
         asyncio.run(self.start_async())
+
+
+class UpgradeDB(Application):
+    """``gpuslice-hub-service upgrade-db``: bring the ledger to this version's schema."""
+
+    name = "gpuslice-hub-service upgrade-db"
+    description = (
+        "Bring the ledger database (db_url of the config file) to this version's schema. "
+        "Back it up first; the service refuses to start on an older schema until this ran."
+    )
+    aliases = {
+        "f": "GPUSliceService.config_file",
+        "config": "GPUSliceService.config_file",
+        "db-url": "GPUSliceService.db_url",
+    }
+    classes = [GPUSliceService]
+
+    def start(self) -> None:
+        # the GPUSliceService that ran this subcommand (not an isinstance check: under
+        # ``python -m gpuslice_hub.app`` that class is ``__main__``'s)
+        service: Any = self.parent
+        service.update_config(self.config)  # what was given after the subcommand
+        service.load_settings()
+        db = open_database(service.db_url)
+        try:
+            upgrade(db)
+        finally:
+            db.dispose()
+        service.log.info("database %s is at the newest schema", safe_url(service.db_url))
 
 
 def private_sqlite_files(db_url: str) -> None:
@@ -570,18 +610,13 @@ def private_sqlite_files(db_url: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    upgrade_db = bool(argv) and argv[0] == "upgrade-db"
     app = GPUSliceService()
     if argv == ["--generate-config"]:
         # every setting with its help, commented out: a starting gpuslice_config.py
         print(app.generate_config_file())
         return
     try:
-        app.initialize(argv[1:] if upgrade_db else argv)
-        if upgrade_db:
-            upgrade(open_database(app.db_url))
-            app.log.info("database %s is at the newest schema", safe_url(app.db_url))
-            return
+        app.initialize(argv)
         app.start()
     except (ConfigError, SchemaError) as e:
         print(

@@ -195,3 +195,15 @@ def test_upgrade_db_creates_the_schema(tmp_path):
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
     assert con.execute("SELECT id FROM ledger_lock").fetchall() == [(1,)]
     assert {"allocations", "claims", "events", "alembic_version"} <= tables
+    # a traitlets subcommand: listed in the service's help, with help of its own
+    helps = [
+        subprocess.run(
+            [sys.executable, "-m", "gpuslice_hub.app", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        for args in (["--help"], ["upgrade-db", "--help"])
+    ]
+    assert "upgrade-db" in helps[0] and "this version's schema" in helps[0]
+    assert "--config=<Unicode>" in helps[1] and "Back it up first" in helps[1]
