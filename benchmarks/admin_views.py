@@ -41,7 +41,7 @@ from gpuslice_hub.admin.overview import overview  # noqa: E402
 from gpuslice_hub.admin.usage import FIELDS, series, take_sample  # noqa: E402
 from gpuslice_hub.db.admin_models import UsageReportRow, UsageSampleRow  # noqa: E402
 from gpuslice_hub.db.models import AllocationRow, EventRow, utcnow  # noqa: E402
-from gpuslice_hub.errors import RequestError  # noqa: E402
+from gpuslice_hub.errors import Refused  # noqa: E402
 from gpuslice_hub.ledger import Caller, Ledger  # noqa: E402
 from tests.service.conftest import build_ledger  # noqa: E402
 
@@ -85,7 +85,7 @@ def fill(ledger: Ledger, rng: random.Random) -> int:
             alloc, _ = ledger.allocate(
                 Caller(user, (f"g{rng.randrange(12)}",), user), rng.choice(names), f"s{len(made)}"
             )
-        except RequestError:
+        except Refused:
             misses += 1
             continue
         misses = 0

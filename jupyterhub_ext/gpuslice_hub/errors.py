@@ -1,4 +1,6 @@
-"""Errors the service reports to admins (config) and to API callers (requests)."""
+"""Errors the service reports to admins (config) and the outcomes its core reports to
+callers: a refusal (``Refused``) or work under way (``Pending``). Only ``api/`` knows HTTP:
+it maps each refusal code to a status (``api/base.py``)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,41 @@ class ConfigError(ValueError):
         self.key = key
 
 
-class RequestError(Exception):
-    """A request the service refuses; ``status`` is the HTTP status to answer with."""
+# Every kind of refusal, and what it means. A caller branches on the code; a person reads
+# the message, which names the real reason.
+REFUSAL_CODES = {
+    "bad_request": "the request is malformed or a value is out of its range",
+    "not_found": "no such thing, or not one the caller may see",
+    "unknown_profile": "no profile of that name is configured",
+    "forbidden_profile": "the profile is not offered to the caller's groups",
+    "no_account": "the user has no system account to run a job as",
+    "over_quota": "it would take the user or their group over a quota",
+    "too_many_jobs": "the user has as many unfinished jobs as they may",
+    "no_capacity": "nothing free fits; the message says what is free instead",
+    "server_holds_allocation": "that server already holds a slice of another profile",
+    "wrong_state": "the thing is not in a state that allows this (already ended, not running)",
+    "conflict": "a concurrent change won; try again",
+}
 
-    def __init__(self, status: int, message: str, **detail: object) -> None:
+
+class Refused(Exception):
+    """The core will not do what was asked: ``code`` (one of ``REFUSAL_CODES``) says what
+    kind of refusal, ``message`` says why, ``detail`` adds fields for the caller."""
+
+    def __init__(self, code: str, message: str, **detail: object) -> None:
+        if code not in REFUSAL_CODES:
+            raise ValueError(f"unknown refusal code {code!r}")
         super().__init__(message)
-        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+class Pending(Exception):
+    """Not a refusal: what was asked is under way (a batch job is giving its slice up for
+    this spawn); ask again after ``detail['retry_after']`` seconds."""
+
+    def __init__(self, message: str, **detail: object) -> None:
+        super().__init__(message)
         self.message = message
         self.detail = detail

@@ -34,7 +34,7 @@ from .db.models import (
     MigRow,
     utcnow,
 )
-from .errors import RequestError
+from .errors import Pending, Refused
 from .overrides import apply_overrides
 from .placement import Placement, Refusal, place_in
 from .placement.engine import Policy
@@ -176,7 +176,7 @@ class Ledger:
         with self.db.writing() as s:
             row = s.get(GPURow, gpu_uuid)
             if row is None:
-                raise RequestError(404, f"no GPU {gpu_uuid!r} in the inventory", code="not_found")
+                raise Refused("not_found", f"no GPU {gpu_uuid!r} in the inventory")
             changed = row.drained != drained
             row.drained = drained
             if changed:
@@ -200,7 +200,7 @@ class Ledger:
         wait_seconds: float | None = None,
         learn: bool = True,
     ) -> tuple[dict[str, Any], bool]:
-        """Allocate a slice; returns (allocation, created). Raises RequestError on refusal.
+        """Allocate a slice; returns (allocation, created). Raises Refused, or Pending (below).
 
         Idempotent per server: asking again for the same server and profile returns the
         allocation it already holds (a retried spawn must not hold two slices).
@@ -208,30 +208,29 @@ class Ledger:
         ``learn``: a placement policy that learns the request mix counts this request (the
         scheduler's retries of one job are one request: it passes False after the first).
         An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
-        gets a 202 ``preempting`` answer when ``preempt_hook`` starts freeing a slice, but
+        gets ``Pending`` (ask again later) when ``preempt_hook`` starts freeing a slice, but
         only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
         """
         profile = self.profiles.get(profile_name)
         if profile is None:
-            raise RequestError(404, f"unknown profile {profile_name!r}", code="unknown_profile")
+            raise Refused("unknown_profile", f"unknown profile {profile_name!r}")
         if purpose not in PURPOSES:
-            raise RequestError(400, f"purpose must be one of {list(PURPOSES)}", code="bad_request")
+            raise Refused("bad_request", f"purpose must be one of {list(PURPOSES)}")
         try:
             return self._allocate(
                 caller, profile, server_name, purpose, priority, preemptible, learn
             )
-        except RequestError as refused:
+        except Refused as refused:
             e = refused
-            code = e.detail.get("code")
-            if code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
+            if e.code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
                 pending = self.preempt_hook(caller, profile, server_name, wait_seconds)
                 if isinstance(pending, str):
                     # a job could make room, not in time: the refusal says why not
-                    e = RequestError(409, f"{e.message}; {pending}", **e.detail)
+                    e = Refused(e.code, f"{e.message}; {pending}", **e.detail)
                 elif pending is not None:
                     message = pending.pop("message")
-                    raise RequestError(202, message, code="preempting", **pending) from None
-            if code in REFUSALS and not quiet:
+                    raise Pending(message, **pending) from None
+            if e.code in REFUSALS and not quiet:
                 # Recorded in a transaction of its own: the refused one was rolled back.
                 with self.db.writing() as s:
                     self._event(
@@ -242,9 +241,9 @@ class Ledger:
                         None,
                         profile.name,
                         e.message,
-                        {"code": e.detail["code"]},
+                        {"code": e.code},
                     )
-                self.on_refusal(profile.name, str(e.detail["code"]))
+                self.on_refusal(profile.name, e.code)
             if e is refused:
                 raise
             raise e from None
@@ -260,9 +259,7 @@ class Ledger:
         learn: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         if not profile.allowed_for(caller.groups):
-            raise RequestError(
-                403, f"{profile.name} is not allowed for your groups", code="forbidden_profile"
-            )
+            raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
         request = profile.request()
         try:
             with self.db.writing() as s:
@@ -284,11 +281,10 @@ class Ledger:
                             view = load_allocation(s, held.id)
                             assert view is not None
                             return allocation_json(view, self._gpus(s)), False
-                        raise RequestError(
-                            409,
+                        raise Refused(
+                            "server_holds_allocation",
                             f"server {server_name or '(default)'} of {caller.user} already holds "
                             f"allocation {held.id} ({held.profile}); release it first",
-                            code="server_holds_allocation",
                             allocation_id=held.id,
                         )
                 inv = self.inventory_cache.get(s)
@@ -300,7 +296,7 @@ class Ledger:
                     caller.user, caller.groups, want, _holdings(active)
                 )
                 if not isinstance(charge, Charge):
-                    raise RequestError(429, charge, code="over_quota")
+                    raise Refused("over_quota", charge)
                 with self.cluster_cache.use(inv, active) as state, self._policy_lock:
                     result: Placement | Refusal = Refusal("there are no hosts")
                     if state is not None:
@@ -313,9 +309,7 @@ class Ledger:
                 return allocation_json(row, self._gpus(s)), True
         except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
             log.error("ledger constraint refused an allocation: %s", e)
-            raise RequestError(
-                409, "the slice was taken concurrently; retry", code="conflict"
-            ) from e
+            raise Refused("conflict", "the slice was taken concurrently; retry") from e
 
     def _write_allocation(
         self,
@@ -384,7 +378,7 @@ class Ledger:
 
     def _no_capacity(
         self, inv: InventoryView, caller: Caller, profile: Profile, state: ClusterState | None
-    ) -> RequestError:
+    ) -> Refused:
         total = self._totals(inv)[profile.name]
         others = []
         for other in self.profiles.values():
@@ -400,7 +394,7 @@ class Ledger:
             message = f"No {profile.name} can be placed: {why}"
         if others:
             message += "; " + ", ".join(others)
-        return RequestError(409, message, code="no_capacity", alternatives=others)
+        return Refused("no_capacity", message, alternatives=others)
 
     def observe(self, profile_name: str) -> None:
         """Count a request for ``profile_name`` that was not tried (a job refused for the
@@ -450,17 +444,18 @@ class Ledger:
     ) -> tuple[dict[str, Any], bool]:
         """Release once; a second release is a no-op that reports ``released=False``.
 
-        ``owner``: when given, only that user's allocation may be released (404 otherwise).
+        ``owner``: when given, only that user's allocation may be released (``not_found``
+        otherwise).
         ``server_stopped``: the spawner releases the slice of a server the hub stopped; when
         the service asked for that stop, the release says why (see ``_why_stopped``).
         """
         with self.db.writing() as s:
             view = load_allocation(s, alloc_id)
             if view is None:
-                raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
+                raise Refused("not_found", f"no allocation {alloc_id}")
             if owner is not None and view.user != owner:
                 # the same answer as for one that does not exist: ids are not a side channel
-                raise RequestError(404, f"no allocation {alloc_id}", code="not_found")
+                raise Refused("not_found", f"no allocation {alloc_id}")
             if not view.active:
                 return allocation_json(view, self._gpus(s)), False
             if server_stopped:

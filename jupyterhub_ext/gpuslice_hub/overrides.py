@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from .db.admin_models import IdleExemptionRow, QuotaOverrideRow
 from .db.engine import Database
 from .db.models import EventRow, utcnow
-from .errors import RequestError
+from .errors import Refused
 from .quotas import Limit, Quotas
 from .serialize import iso
 from .snapshot import bump_generation
@@ -84,18 +84,19 @@ def parse_limit_body(body: Mapping[str, Any]) -> tuple[float | None, int | None]
         or not isinstance(slices, int | float)
         or not 0 <= slices <= MAX_SLICES
     ):
-        raise RequestError(
-            400, f"field 'max_slices' must be a number from 0 to {MAX_SLICES} or null"
+        raise Refused(
+            "bad_request", f"field 'max_slices' must be a number from 0 to {MAX_SLICES} or null"
         )
     milli = body.get("max_milli")
     if milli is not None and (
         isinstance(milli, bool) or not isinstance(milli, int) or not 0 <= milli <= MAX_MILLI
     ):
-        raise RequestError(
-            400, f"field 'max_milli' must be an integer from 0 to {MAX_MILLI} (milli-GPU) or null"
+        raise Refused(
+            "bad_request",
+            f"field 'max_milli' must be an integer from 0 to {MAX_MILLI} (milli-GPU) or null",
         )
     if "max_slices" not in body and "max_milli" not in body:
-        raise RequestError(400, "give 'max_slices' and/or 'max_milli' (null: no limit)")
+        raise Refused("bad_request", "give 'max_slices' and/or 'max_milli' (null: no limit)")
     return (None if slices is None else float(slices)), milli
 
 
@@ -218,11 +219,15 @@ def _live(row: IdleExemptionRow, now: datetime) -> bool:
 
 def _check_subject(subject: str, name: str) -> None:
     if subject not in SUBJECTS:
-        raise RequestError(404, f"quota subject must be one of {list(SUBJECTS)}, not {subject!r}")
+        raise Refused(
+            "not_found", f"quota subject must be one of {list(SUBJECTS)}, not {subject!r}"
+        )
     if (subject == "default_user") != (name == ""):
-        raise RequestError(400, "the default user quota has no name; users and groups need one")
+        raise Refused(
+            "bad_request", "the default user quota has no name; users and groups need one"
+        )
     if len(name) > 255:
-        raise RequestError(400, "name too long (255 characters at most)")
+        raise Refused("bad_request", "name too long (255 characters at most)")
 
 
 def record_admin_event(

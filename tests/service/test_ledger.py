@@ -10,7 +10,7 @@ import pytest
 from gpuslice_hub.clusterview import ClusterCache, build_hosts
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.models import utcnow
-from gpuslice_hub.errors import RequestError
+from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.placement.state import from_hosts
@@ -29,10 +29,10 @@ def test_mig_slices_are_handed_out_once_then_refused_with_alternatives(make_ledg
     assert created
     migs = {a["assignments"][0]["mig_uuid"], b["assignments"][0]["mig_uuid"]}
     assert len(migs) == 2 and all(m.startswith("MIG-sim-") for m in migs)
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(Refused) as info:
         ledger.allocate(ANN, "mig-1g.10gb", "three")
     err = info.value
-    assert err.status == 409 and err.detail["code"] == "no_capacity"
+    assert err.code == "no_capacity"
     assert err.message.startswith("No mig-1g.10gb free (2 of 2 in use); ")
     # the two plain GPUs take 8 quarter shares, or 2 whole GPUs
     assert "share-250 has 8 free" in err.message and "gpu-1 has 2 free" in err.message
@@ -54,7 +54,7 @@ def test_shares_pack_and_respect_memory_caps(make_ledger):
             per_gpu.get(a["assignments"][0]["gpu_uuid"], 0) + 1
         )
     assert sorted(per_gpu.values()) == [2, 2]
-    with pytest.raises(RequestError):
+    with pytest.raises(Refused):
         ledger.allocate(ANN, "big-share", "s5")
 
 
@@ -63,9 +63,10 @@ def test_same_server_is_idempotent_and_conflicting_profile_refused(make_ledger):
     a, created = ledger.allocate(ANN, "share-250", "")
     again, created_again = ledger.allocate(ANN, "share-250", "")
     assert created and not created_again and again["id"] == a["id"]
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(Refused) as info:
         ledger.allocate(ANN, "gpu-1", "")
-    assert info.value.status == 409 and info.value.detail["allocation_id"] == a["id"]
+    assert info.value.code == "server_holds_allocation"
+    assert info.value.detail["allocation_id"] == a["id"]
     assert len(ledger.allocations(user="ann")) == 1
 
 
@@ -82,27 +83,28 @@ def test_release_happens_exactly_once(make_ledger):
         ledger.allocate(ANN, "gpu-1", "")[0]["assignments"][0]["gpu_uuid"]
         == a["assignments"][0]["gpu_uuid"]
     )
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(Refused) as info:
         ledger.release(9999, "ann", "x")
-    assert info.value.status == 404
+    assert info.value.code == "not_found"
 
 
 def test_forbidden_profile_and_quota_refusals_write_nothing_but_an_event(make_ledger):
     ledger = make_ledger(
         quotas={"default_user": {"max_slices": 1}, "groups": {"physics": {"max_milli": 500}}}
     )
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(Refused) as info:
         ledger.allocate(ANN, "mig-3g.40gb", "")
-    assert info.value.status == 403 and "not allowed" in info.value.message
+    assert info.value.code == "forbidden_profile" and "not allowed" in info.value.message
     ledger.allocate(ANN, "share-250", "a")
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(Refused) as info:
         ledger.allocate(ANN, "share-250", "b")
     assert (
-        info.value.status == 429 and "over your quota (1 of 1 slices in use)" in info.value.message
+        info.value.code == "over_quota"
+        and "over your quota (1 of 1 slices in use)" in info.value.message
     )
     # physics: the 3g instance is 428 milli; a second slice would pass 500 milli
     ledger.allocate(PHYS, "mig-3g.40gb", "")
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(Refused) as info:
         ledger.allocate(PHYS, "share-250", "x")
     assert "over your quota" in info.value.message or "group physics" in info.value.message
     assert len(ledger.allocations()) == 2
@@ -253,7 +255,7 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
             profile = rng.choice(["share-250", "mig-1g.10gb", "gpu-1"])
             try:
                 alloc, _ = ledger.allocate(ANN, profile, f"s{step}")
-            except RequestError:
+            except Refused:
                 continue
             held.append((ledger, alloc["id"]))
         with mine.db.reading() as s:
@@ -316,8 +318,8 @@ def test_kept_arrays_place_exactly_as_arrays_built_afresh(tmp_path):
         for ledger in (kept, fresh):
             try:
                 alloc, _ = ledger.allocate(ANN, profile, f"s{step}")
-            except RequestError as e:
-                outcome.append(("refused", e.detail["code"]))
+            except Refused as e:
+                outcome.append(("refused", e.code))
                 continue
             where = [alloc["host"]] + [(x["gpu_index"], x["milli"]) for x in alloc["assignments"]]
             outcome.append((alloc["id"], where))
@@ -328,3 +330,14 @@ def test_kept_arrays_place_exactly_as_arrays_built_afresh(tmp_path):
     assert placed > 100 and kept.cluster_cache.rows_rebuilt < 2 * 300
     kept.db.dispose()
     fresh.db.dispose()
+
+
+def test_every_refusal_code_has_an_http_status_and_a_meaning():
+    """The core refuses with codes; api/ alone maps them to HTTP statuses."""
+    from gpuslice_hub.api.base import STATUS_BY_CODE
+    from gpuslice_hub.errors import REFUSAL_CODES
+
+    assert set(STATUS_BY_CODE) == set(REFUSAL_CODES)
+    assert all(400 <= s < 500 for s in STATUS_BY_CODE.values())
+    with pytest.raises(ValueError, match="unknown refusal code"):
+        Refused("nope", "a code nobody maps")

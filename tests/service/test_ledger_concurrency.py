@@ -22,7 +22,7 @@ from .conftest import build_ledger
 WORKER = textwrap.dedent(
     """
     import json, sys
-    from gpuslice_hub.errors import RequestError
+    from gpuslice_hub.errors import Refused
     from gpuslice_hub.ledger import Caller
     from tests.service.conftest import build_ledger
     url, worker = sys.argv[1], int(sys.argv[2])
@@ -33,8 +33,8 @@ WORKER = textwrap.dedent(
         try:
             a, _ = ledger.allocate(Caller(f"u{worker}", (), "t"), profile, f"s{i}")
             got.append(a["id"])
-        except RequestError as e:
-            assert e.status == 409, e.message
+        except Refused as e:
+            assert e.code == "no_capacity", e.message
     print(json.dumps(got))
     """
 )

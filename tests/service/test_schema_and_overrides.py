@@ -103,7 +103,7 @@ def test_overrides_replace_limits_and_a_group_keeps_its_borrowing() -> None:
 
 
 def test_a_quota_override_reaches_every_ledger_on_the_database(make_ledger) -> None:
-    from gpuslice_hub.errors import RequestError
+    from gpuslice_hub.errors import Refused
     from gpuslice_hub.ledger import Caller
     from gpuslice_hub.overrides import AdminSettings
 
@@ -111,8 +111,8 @@ def test_a_quota_override_reaches_every_ledger_on_the_database(make_ledger) -> N
     ann = Caller("ann", (), "ann")
     second.allocate(ann, "share-250", "a")  # warms second's quota cache
     AdminSettings(first.db).set_quota("user", "ann", 1, None, "admin", "one is enough")
-    with pytest.raises(RequestError) as refused:
+    with pytest.raises(Refused) as refused:
         second.allocate(ann, "share-250", "b")
-    assert refused.value.status == 429 and "1 of 1 slices" in refused.value.message
+    assert refused.value.code == "over_quota" and "1 of 1 slices" in refused.value.message
     assert AdminSettings(first.db).reset_quota("user", "ann", "admin", "")
     second.allocate(ann, "share-250", "b")

@@ -3,9 +3,8 @@ of such actions. Each change is recorded as an event with who made it and why.""
 
 from __future__ import annotations
 
-from ..errors import RequestError
 from ..overrides import ADMIN_EVENT_KINDS, AdminSettings, parse_limit_body, quotas_json
-from .base import BaseHandler, Identity, api_authenticated, int_arg
+from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
 
 
 class AdminBase(BaseHandler):

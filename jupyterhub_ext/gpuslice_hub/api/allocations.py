@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from ..errors import RequestError
-from .base import BaseHandler, api_authenticated, int_arg
+from .base import BaseHandler, RequestError, api_authenticated, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
 CREATE_FIELDS = {

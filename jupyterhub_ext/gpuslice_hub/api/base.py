@@ -15,11 +15,38 @@ from tornado import web
 
 from gpuslice.jsonbody import BodyError, parse_json_object
 
-from ..errors import RequestError
+from ..errors import Pending, Refused
 from ..ledger import Caller
 
 if TYPE_CHECKING:
     from ..app import GPUSliceService
+
+
+class RequestError(Exception):
+    """A request the API refuses; ``status`` is the HTTP status to answer with. The core
+    raises ``Refused`` instead (``STATUS_BY_CODE`` maps it): only ``api/`` knows HTTP."""
+
+    def __init__(self, status: int, message: str, **detail: object) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.detail = detail
+
+
+# The HTTP status of each of the core's refusal codes (errors.REFUSAL_CODES).
+STATUS_BY_CODE = {
+    "bad_request": 400,
+    "forbidden_profile": 403,
+    "no_account": 403,
+    "not_found": 404,
+    "unknown_profile": 404,
+    "conflict": 409,
+    "no_capacity": 409,
+    "server_holds_allocation": 409,
+    "wrong_state": 409,
+    "over_quota": 429,
+    "too_many_jobs": 429,
+}
 
 
 @dataclass(frozen=True)
@@ -177,14 +204,24 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         self.finish(dumps(body))
 
     def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, RequestError):
-            if self._finished:
-                return
-            self.set_status(e.status)
-            self.set_header("Content-Type", "application/json")
-            self.finish(dumps({"status": e.status, "message": e.message, **e.detail}))
+        if isinstance(e, Refused):
+            status = STATUS_BY_CODE[e.code]
+            body = {"status": status, "message": e.message, "code": e.code, **e.detail}
+        elif isinstance(e, Pending):
+            # under way, not refused: the caller asks again after detail["retry_after"]
+            status = 202
+            body = {"status": status, "message": e.message, "code": "preempting", **e.detail}
+        elif isinstance(e, RequestError):
+            status = e.status
+            body = {"status": status, "message": e.message, **e.detail}
+        else:
+            super()._handle_request_exception(e)  # type: ignore[misc]
             return
-        super()._handle_request_exception(e)  # type: ignore[misc]
+        if self._finished:
+            return
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(dumps(body))
 
 
 class NotFoundHandler(BaseHandler):

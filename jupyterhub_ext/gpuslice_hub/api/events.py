@@ -12,8 +12,7 @@ from typing import Any
 
 from gpuslice.vocab import IDLE_EVENT_KINDS
 
-from ..errors import RequestError
-from .base import BaseHandler, allocation_age, api_authenticated, int_arg
+from .base import BaseHandler, RequestError, allocation_age, api_authenticated, int_arg
 
 # The kinds a server extension reports (gpuslice.extension.decisions.SERVICE_KIND).
 EVENT_KINDS = tuple(IDLE_EVENT_KINDS.values())

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..errors import RequestError
 from ..idle import announced, effective_policy
 from ..serialize import inventory_json, iso
-from .base import BaseHandler, api_authenticated
+from .base import BaseHandler, RequestError, api_authenticated
 
 
 class HealthHandler(BaseHandler):

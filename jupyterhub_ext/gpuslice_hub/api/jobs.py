@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..errors import RequestError
 from ..jobs.manager import SUBMIT_FIELDS, JobManager
 from ..jobs.states import ALLOWED, TERMINAL
-from .base import BaseHandler, Identity, api_authenticated, int_arg
+from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
 
 STATES = {s for s in ALLOWED if s} | set(TERMINAL)
 

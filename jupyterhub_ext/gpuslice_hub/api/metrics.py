@@ -6,8 +6,7 @@ import asyncio
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..errors import RequestError
-from .base import BaseHandler
+from .base import BaseHandler, RequestError
 
 
 class MetricsHandler(BaseHandler):

@@ -7,9 +7,8 @@ from typing import Any
 
 from tornado.httpclient import HTTPClientError
 
-from ..errors import RequestError
 from ..idle import effective_policy
-from .base import BaseHandler, Identity, allocation_age, api_authenticated
+from .base import BaseHandler, Identity, RequestError, allocation_age, api_authenticated
 
 
 class IdlePolicyHandler(BaseHandler):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import RequestError
 from ..serialize import iso
-from .base import BaseHandler, api_authenticated
+from .base import BaseHandler, RequestError, api_authenticated
 
 
 def _number(body: dict[str, Any], key: str, hi: float, nullable: bool) -> float | None:

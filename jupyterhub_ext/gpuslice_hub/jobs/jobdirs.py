@@ -13,23 +13,26 @@ import nbformat
 
 from gpuslice.run.jobdir import JobDir
 
-from ..errors import RequestError
+from ..errors import Refused
 from .accounts import Account
 
 
 def read_notebook(content: Any) -> nbformat.NotebookNode:
-    """Validate a submitted notebook (its JSON); 400 with the reason when it is not one."""
+    """Validate a submitted notebook (its JSON); refused (``bad_request``) with the reason
+    when it is not one."""
     if not isinstance(content, dict):
-        raise RequestError(400, "field 'notebook' must be a notebook (nbformat JSON object)")
+        raise Refused("bad_request", "field 'notebook' must be a notebook (nbformat JSON object)")
     try:
         nb = nbformat.from_dict(content)
         if nb.get("nbformat") != 4:
             nb = nbformat.convert(nb, 4)
         nbformat.validate(nb)
     except Exception as e:
-        raise RequestError(400, f"field 'notebook' is not a valid notebook: {e}"[:500]) from None
+        raise Refused(
+            "bad_request", f"field 'notebook' is not a valid notebook: {e}"[:500]
+        ) from None
     if not any(c.get("cell_type") == "code" for c in nb.cells):
-        raise RequestError(400, "the notebook has no code cells to run")
+        raise Refused("bad_request", "the notebook has no code cells to run")
     return nb
 
 

@@ -25,7 +25,7 @@ from gpuslice.run.params import parameter_warnings
 from ..db.engine import Database
 from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import utcnow
-from ..errors import RequestError
+from ..errors import Refused
 from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..profiles import Profile
@@ -192,19 +192,19 @@ class JobManager(LoggingConfigurable):
             or "\0" in workdir
             or len(workdir) > 4096
         ):
-            raise RequestError(400, "field 'workdir' must be an absolute path")
+            raise Refused("bad_request", "field 'workdir' must be an absolute path")
         nb = read_notebook(body.get("notebook"))
         try:
             account = self.account(caller.user)
         except AccountError as e:
-            raise RequestError(403, str(e), code="no_account") from None
+            raise Refused("no_account", str(e)) from None
         with self.db.writing() as s:
             unfinished = s.scalars(
                 select(JobRow.id).where(JobRow.user == caller.user, JobRow.state.not_in(TERMINAL))
             ).all()
             if len(unfinished) >= self.max_jobs_per_user:
-                raise RequestError(
-                    429, f"{caller.user} already has {len(unfinished)} unfinished jobs"
+                raise Refused(
+                    "too_many_jobs", f"{caller.user} already has {len(unfinished)} unfinished jobs"
                 )
             job = JobRow(
                 user=caller.user,
@@ -248,22 +248,26 @@ class JobManager(LoggingConfigurable):
     def _validate(self, body: dict[str, Any]) -> dict[str, Any]:
         profile = body.get("profile")
         if not isinstance(profile, str) or profile not in self.ledger.profiles:
-            raise RequestError(
-                400 if not isinstance(profile, str) else 404,
+            raise Refused(
+                "bad_request" if not isinstance(profile, str) else "unknown_profile",
                 f"unknown profile {profile!r}; known: {sorted(self.ledger.profiles)}",
             )
         priority = body.get("priority", "preemptible")
         if not isinstance(priority, str) or priority not in PRIORITY_CLASSES:
-            raise RequestError(400, f"field 'priority' must be one of {list(PRIORITY_CLASSES)}")
+            raise Refused(
+                "bad_request", f"field 'priority' must be one of {list(PRIORITY_CLASSES)}"
+            )
         slices = body.get("slices", 1)
         if not _int_in(slices, 1, self.max_slices_per_job):
-            raise RequestError(
-                400, f"field 'slices' must be an integer from 1 to {self.max_slices_per_job}"
+            raise Refused(
+                "bad_request",
+                f"field 'slices' must be an integer from 1 to {self.max_slices_per_job}",
             )
         max_runtime = body.get("max_runtime", self.default_max_runtime)
         if not _num_in(max_runtime, 1, self.max_runtime_limit):
-            raise RequestError(
-                400, f"field 'max_runtime' must be 1 to {self.max_runtime_limit:g} seconds"
+            raise Refused(
+                "bad_request",
+                f"field 'max_runtime' must be 1 to {self.max_runtime_limit:g} seconds",
             )
         # The default never exceeds the job's own max runtime (a 5-minute job checkpoints
         # within its 5 minutes); an interval the user chose is theirs.
@@ -271,18 +275,18 @@ class JobManager(LoggingConfigurable):
             "checkpoint_interval", min(self.default_checkpoint_interval, float(max_runtime))
         )
         if not _num_in(interval, 1, 86400):
-            raise RequestError(400, "field 'checkpoint_interval' must be 1 to 86400 seconds")
+            raise Refused("bad_request", "field 'checkpoint_interval' must be 1 to 86400 seconds")
         try:
             raw = body.get("parameters")
             parameters = validate_parameters({} if raw is None else raw)
         except ValueError as e:
-            raise RequestError(400, f"field 'parameters': {e}") from None
+            raise Refused("bad_request", f"field 'parameters': {e}") from None
         path = body.get("path", "")
         if not isinstance(path, str) or len(path) > 1024:
-            raise RequestError(400, "field 'path' must be the notebook's path (a string)")
+            raise Refused("bad_request", "field 'path' must be the notebook's path (a string)")
         name = body.get("name")
         if name is not None and not isinstance(name, str):
-            raise RequestError(400, "field 'name' must be a string")
+            raise Refused("bad_request", "field 'name' must be a string")
         name = name or Path(path).stem or "notebook"
         name = _NAME.sub("-", name).strip("-.")[:60] or "notebook"
         return {
@@ -383,9 +387,9 @@ class JobManager(LoggingConfigurable):
         with self.db.writing() as s:
             job = s.get(JobRow, job_id)
             if job is None:
-                raise RequestError(404, f"no job {job_id}")
+                raise Refused("not_found", f"no job {job_id}")
             if job.state in TERMINAL:
-                raise RequestError(409, f"job {job_id} is already {job.state}")
+                raise Refused("wrong_state", f"job {job_id} is already {job.state}")
             ref, allocs = dict(job.backend_ref or {}), list(job.allocation_ids or [])
             was_active = job.state in ACTIVE
             detail = {"job_id": job_id, "name": job.name, "state": job.state}
@@ -413,11 +417,11 @@ class JobManager(LoggingConfigurable):
         with self.db.writing() as s:
             job = s.get(JobRow, job_id)
             if job is None:
-                raise RequestError(404, f"no job {job_id}")
+                raise Refused("not_found", f"no job {job_id}")
             if job.state == "preempting":
                 return job_json(job)
             if job.state not in ("starting", "running"):
-                raise RequestError(409, f"job {job_id} is {job.state}, not running")
+                raise Refused("wrong_state", f"job {job_id} is {job.state}, not running")
             detail = {"job_id": job_id, "name": job.name, "state": job.state}
             record_admin_event(s, "job-preempt-requested", job.user, actor, reason, detail)
             transition(s, job, "preempting", f"{reason} (by {actor})")
@@ -486,7 +490,7 @@ class JobManager(LoggingConfigurable):
         for alloc_id in allocation_ids:
             try:
                 self.ledger.release(alloc_id, "scheduler", reason)
-            except RequestError as e:
+            except Refused as e:
                 self.log.warning("could not release allocation %s: %s", alloc_id, e.message)
 
     def log_line(self, job: JobRow, message: str) -> None:

@@ -22,7 +22,7 @@ from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
 from ..db.jobs_models import JobRow
 from ..db.models import utcnow
-from ..errors import RequestError
+from ..errors import Refused
 from ..ledger import Caller
 from .accounts import Account, AccountError, job_environment
 from .backends.base import RunStatus
@@ -262,7 +262,7 @@ class Scheduler:
             queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
         ready = [j for j in queued if (j.not_before or now) <= now]
         blocked_rank = -1
-        refused: dict[tuple[Any, ...], RequestError] = {}
+        refused: dict[tuple[Any, ...], Refused] = {}
         reasons: dict[int, str] = {}
         for job in queue_order(ready, now, self.jobs.aging_seconds):
             rank = PRIORITY_CLASSES[job.priority_class]
@@ -283,13 +283,13 @@ class Scheduler:
             if refusal is None:
                 granted, refusal = self._allocate(job, learn=first)
                 if refusal is not None:
-                    capacity = refusal.detail.get("code") == "no_capacity"
+                    capacity = refusal.code == "no_capacity"
                     refused[shape if capacity else mine] = refusal
             elif first:
                 self.jobs.ledger.observe(job.profile)
             if refusal is not None:
                 reasons[job.id] = refusal.message
-                if refusal.detail.get("code") == "no_capacity":
+                if refusal.code == "no_capacity":
                     blocked_rank = max(blocked_rank, rank)
                     if rank > 0:
                         self._preempt_for(job, rank)
@@ -304,7 +304,7 @@ class Scheduler:
 
     def _allocate(
         self, job: Any, learn: bool = True
-    ) -> tuple[list[dict[str, Any]], None] | tuple[None, RequestError]:
+    ) -> tuple[list[dict[str, Any]], None] | tuple[None, Refused]:
         caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
         if job.slices > 1:
             # Cheap check first: allocating and releasing part of a wide job every pass
@@ -314,7 +314,7 @@ class Scheduler:
                 if learn:
                     self.jobs.ledger.observe(job.profile)
                 message = f"No {job.slices} {job.profile} slices free at once ({free} free)"
-                return None, RequestError(409, message, code="no_capacity")
+                return None, Refused("no_capacity", message)
         got: list[dict[str, Any]] = []
         for _ in range(job.slices):
             try:
@@ -329,7 +329,7 @@ class Scheduler:
                     # a wide job's slices are one request
                     learn=learn and not got,
                 )
-            except RequestError as e:
+            except Refused as e:
                 self.jobs.release(
                     [a["id"] for a in got], f"job {job.id} got {len(got)} of {job.slices} slices"
                 )
