@@ -341,9 +341,10 @@ class GPUSliceService(Application):
         hosts = self.hosts if self.gpu_backend in ("static", "simulated") else None
         try:
             return discover(self.gpu_backend, hosts or None)
+        except ConfigError:
+            raise  # names its key (hosts[0].gpus[1].mig, ...)
         except GPUDiscoveryError as e:
-            key = "hosts" if "hosts" in str(e) or "gpus" in str(e) else "gpu_backend"
-            raise ConfigError(key, str(e)) from None
+            raise ConfigError("gpu_backend", str(e)) from None
 
     def open_ledger(self) -> None:
         self.db = open_database(self.db_url)

@@ -4,14 +4,9 @@ it maps each refusal code to a status (``api/base.py``)."""
 
 from __future__ import annotations
 
+from gpuslice.errors import ConfigError
 
-class ConfigError(ValueError):
-    """Malformed configuration; the message names the offending key."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
+__all__ = ["REFUSAL_CODES", "ConfigError", "Pending", "Refused"]
 
 # Every kind of refusal, and what it means. A caller branches on the code; a person reads
 # the message, which names the real reason.

@@ -101,11 +101,11 @@ def _with(mutate):
     [
         (
             lambda c: c[0]["gpus"][0].update(count="two"),
-            "hosts[0].gpus[0].count must be a positive integer, got 'two'",
+            "hosts[0].gpus[0].count: must be a positive integer, got 'two'",
         ),
         (
             lambda c: c[0]["gpus"][1].update(count=True),
-            "hosts[0].gpus[1].count must be a positive integer, got True",
+            "hosts[0].gpus[1].count: must be a positive integer, got True",
         ),
         (
             lambda c: c[1].update(
@@ -121,19 +121,19 @@ def _with(mutate):
             lambda c: c[0]["gpus"][0].update(memory_mib=40960, mig=["3g.40gb", "1g.10gb"]),
             "hosts[0].gpus[0].mig: the layout needs 50 GB of memory, more than the GPU's 40 GB",
         ),
-        (lambda c: c[0]["gpus"][0].update(mig="1g.10gb"), "hosts[0].gpus[0].mig must be a list"),
-        (lambda c: c[0]["gpus"][0].pop("model"), "hosts[0].gpus[0].model is required"),
-        (lambda c: c[0]["gpus"][0].update(memory_mib=-1), "hosts[0].gpus[0].memory_mib must be"),
+        (lambda c: c[0]["gpus"][0].update(mig="1g.10gb"), "hosts[0].gpus[0].mig: must be a list"),
+        (lambda c: c[0]["gpus"][0].pop("model"), "hosts[0].gpus[0].model: is required"),
+        (lambda c: c[0]["gpus"][0].update(memory_mib=-1), "hosts[0].gpus[0].memory_mib: must be"),
         (
             lambda c: c[0]["gpus"][0].update(gpu_count=1),
             "hosts[0].gpus[0]: unknown key 'gpu_count'",
         ),
-        (lambda c: c[1].pop("cpu_milli"), "hosts[1].cpu_milli is required"),
-        (lambda c: c[1].update(name="bad name"), "hosts[1].name must be a host name"),
-        (lambda c: c[1].update(name="node1"), "hosts[1].name 'node1' is declared twice"),
-        (lambda c: c[1].update(gpus="A100"), "hosts[1].gpus must be a list"),
-        (lambda c: c.append("node3"), "hosts[2] must be a dict"),
-        (lambda c: c[0]["gpus"].append(7), "hosts[0].gpus[2] must be a dict"),
+        (lambda c: c[1].pop("cpu_milli"), "hosts[1].cpu_milli: is required"),
+        (lambda c: c[1].update(name="bad name"), "hosts[1].name: must be a host name"),
+        (lambda c: c[1].update(name="node1"), "hosts[1].name: 'node1' is declared twice"),
+        (lambda c: c[1].update(gpus="A100"), "hosts[1].gpus: must be a list"),
+        (lambda c: c.append("node3"), "hosts[2]: must be a dict"),
+        (lambda c: c[0]["gpus"].append(7), "hosts[0].gpus[2]: must be a dict"),
         (
             lambda c: c[0]["gpus"][1].update(uuids=["GPU-x", "GPU-y"]),
             "hosts[0].gpus[1].uuids: only the static backend takes real uuids",
@@ -144,6 +144,7 @@ def test_validation_names_the_key(mutate, message):
     with pytest.raises(ConfigError) as e:
         discover("simulated", _with(mutate))
     assert message in str(e.value)
+    assert e.value.key == message.split(": ")[0]  # the setting, for whoever reports it
 
 
 def test_static_uuid_count_must_match():
@@ -155,7 +156,7 @@ def test_static_uuid_count_must_match():
             "gpus": [{"model": A100, "memory_mib": 81920, "count": 2, "uuids": ["GPU-a"]}],
         }
     ]
-    with pytest.raises(ConfigError, match=r"hosts\[0\]\.gpus\[0\]\.uuids must be a list of 2"):
+    with pytest.raises(ConfigError, match=r"hosts\[0\]\.gpus\[0\]\.uuids: must be a list of 2"):
         discover("static", cfg)
 
 

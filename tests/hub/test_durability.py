@@ -152,7 +152,7 @@ c.GPUSliceService.profiles = [{{"name": "share-250", "kind": "share", "gpu_milli
         (
             'c.GPUSliceService.hosts = [{"name": "n", "cpu_milli": 1, "memory_mib": 1, '
             '"gpus": [{"model": "x", "memory_mib": 1, "count": "two"}]}]',
-            "gpus[0].count",
+            "hosts[0].gpus[0].count: must be a positive integer",
         ),
         ('c.GPUSliceService.placement_policy = "clairvoyant"', "placement_policy"),
         ("c.GPUSliceService.usage_retention_days = 0", "usage_retention_days: must be > 0"),

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ..errors import ConfigError
+
 ACTIONS = ("kernel", "server")
 _NUMBERS = ("idle_timeout", "warning_lead", "max_extension")
 _PER_PROFILE_KEYS = {"action", *_NUMBERS}
@@ -23,13 +25,9 @@ CONFIG_KEYS = {
 }
 
 
-class PolicyError(ValueError):
-    """Malformed policy; ``key`` names the offending setting (``profiles.gpu-1.action``)."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
+class PolicyError(ConfigError):
+    """Malformed idle policy; ``key`` names the offending setting (``profiles.gpu-1.action``).
+    The service prefixes it with ``idle_policy.``."""
 
 
 @dataclass(frozen=True)

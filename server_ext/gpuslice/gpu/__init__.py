@@ -56,8 +56,9 @@ def discover(
         )
     if hosts_config:
         raise ConfigError(
+            "hosts",
             f"the {backend} backend reads GPUs from the driver and takes no hosts list; "
-            "use the 'static' backend to declare hosts"
+            "use the 'static' backend to declare hosts",
         )
     if backend == "nvml":
         return discover_nvml(nvml, hostname)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError as _ConfigError
+
 
 class GPUDiscoveryError(RuntimeError):
     """Discovery could not produce an inventory (no driver, NVML failure, bad backend name)."""
 
 
-class ConfigError(GPUDiscoveryError, ValueError):
-    """A declared host/GPU configuration is malformed; the message names the key path."""
+class ConfigError(GPUDiscoveryError, _ConfigError):
+    """A declared host/GPU configuration is malformed: ``key`` is the key path
+    (``hosts[0].gpus[1].mig``), the message says what is wrong with it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        _ConfigError.__init__(self, key, message)

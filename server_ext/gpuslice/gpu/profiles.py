@@ -28,13 +28,13 @@ def parse_mig_profile(name: object) -> tuple[int, int]:
     """
     example = "'1g.10gb'"
     if not isinstance(name, str):
-        raise ConfigError(f"{name!r} is not a MIG profile name like {example}")
+        raise ConfigError("mig_profile", f"{name!r} is not a MIG profile name like {example}")
     m = _PROFILE_RE.match(name.strip())
     if m is None:
-        raise ConfigError(f"{name!r} is not a MIG profile name like {example}")
+        raise ConfigError("mig_profile", f"{name!r} is not a MIG profile name like {example}")
     slices, gb = int(m["g"]), int(m["gb"])
     if slices not in VALID_GI_SLICES or gb <= 0:
-        raise ConfigError(f"{name!r} is not a MIG profile name like {example}")
+        raise ConfigError("mig_profile", f"{name!r} is not a MIG profile name like {example}")
     return slices, gb
 
 
