@@ -1,0 +1,373 @@
+"""Allocation and release: the only code that writes allocations.
+
+Every write happens inside ``Database.writing()``, which holds the ledger lock for the whole
+read-place-write sequence, so two requests can never both see the same free slice. The
+partial unique indexes on claims and servers are a second, independent guard.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ..db.models import (
+    utcnow,
+)
+from ..errors import Pending, Refused
+from ..placement import Placement, Refusal, place_in
+from ..profiles import Profile
+from ..quotas import Charge, Usage
+from ..serialize import allocation_json
+from ..snapshot import (
+    AllocationView,
+    ClaimView,
+    load_active,
+    load_allocation,
+)
+from .base import (
+    ALLOCATIONS,
+    CLAIMS,
+    EVENTS,
+    PURPOSES,
+    RECLAIM_KINDS,
+    REFUSALS,
+    Caller,
+    _holdings,
+    _mig_milli,
+    log,
+)
+from .capacity import CapacityMixin
+
+
+class AllocationMixin(CapacityMixin):
+    def allocate(
+        self,
+        caller: Caller,
+        profile_name: str,
+        server_name: str = "",
+        purpose: str = "interactive",
+        priority: int = 0,
+        preemptible: bool = False,
+        quiet: bool = False,
+        wait_seconds: float | None = None,
+        learn: bool = True,
+    ) -> tuple[dict[str, Any], bool]:
+        """Allocate a slice; returns (allocation, created). Raises Refused, or Pending (below).
+
+        Idempotent per server: asking again for the same server and profile returns the
+        allocation it already holds (a retried spawn must not hold two slices).
+        ``quiet``: do not record refusals (the job scheduler retries every pass).
+        ``learn``: a placement policy that learns the request mix counts this request (the
+        scheduler's retries of one job are one request: it passes False after the first).
+        An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
+        gets ``Pending`` (ask again later) when ``preempt_hook`` starts freeing a slice, but
+        only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
+        """
+        profile = self.profiles.get(profile_name)
+        if profile is None:
+            raise Refused("unknown_profile", f"unknown profile {profile_name!r}")
+        if purpose not in PURPOSES:
+            raise Refused("bad_request", f"purpose must be one of {list(PURPOSES)}")
+        try:
+            return self._allocate(
+                caller, profile, server_name, purpose, priority, preemptible, learn
+            )
+        except Refused as refused:
+            e = refused
+            if e.code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
+                pending = self.preempt_hook(caller, profile, server_name, wait_seconds)
+                if isinstance(pending, str):
+                    # a job could make room, not in time: the refusal says why not
+                    e = Refused(e.code, f"{e.message}; {pending}", **e.detail)
+                elif pending is not None:
+                    message = pending.pop("message")
+                    raise Pending(message, **pending) from None
+            if e.code in REFUSALS and not quiet:
+                # Recorded in a transaction of its own: the refused one was rolled back.
+                with self.db.writing() as s:
+                    self._event(
+                        s,
+                        "refused",
+                        caller.user,
+                        caller.actor,
+                        None,
+                        profile.name,
+                        e.message,
+                        {"code": e.code},
+                    )
+                self.on_refusal(profile.name, e.code)
+            if e is refused:
+                raise
+            raise e from None
+
+    def _allocate(
+        self,
+        caller: Caller,
+        profile: Profile,
+        server_name: str,
+        purpose: str,
+        priority: int,
+        preemptible: bool,
+        learn: bool = True,
+    ) -> tuple[dict[str, Any], bool]:
+        if not profile.allowed_for(caller.groups):
+            raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
+        request = profile.request()
+        try:
+            with self.db.writing() as s:
+                if purpose == "interactive":
+                    held = (
+                        s.connection()
+                        .execute(
+                            select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
+                                ALLOCATIONS.c.active,
+                                ALLOCATIONS.c.purpose == "interactive",
+                                ALLOCATIONS.c.user == caller.user,
+                                ALLOCATIONS.c.server_name == server_name,
+                            )
+                        )
+                        .first()
+                    )
+                    if held is not None:
+                        if held.profile == profile.name:
+                            view = load_allocation(s, held.id)
+                            assert view is not None
+                            return allocation_json(view, self._gpus(s)), False
+                        raise Refused(
+                            "server_holds_allocation",
+                            f"server {server_name or '(default)'} of {caller.user} already holds "
+                            f"allocation {held.id} ({held.profile}); release it first",
+                            allocation_id=held.id,
+                        )
+                inv = self.inventory_cache.get(s)
+                active = self.active_cache.get(s)
+                want = Usage(
+                    profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, inv)
+                )
+                charge = self.effective_quotas(s).check(
+                    caller.user, caller.groups, want, _holdings(active)
+                )
+                if not isinstance(charge, Charge):
+                    raise Refused("over_quota", charge)
+                with self.cluster_cache.use(inv, active) as state, self._policy_lock:
+                    result: Placement | Refusal = Refusal("there are no hosts")
+                    if state is not None:
+                        result = place_in(request, state, self.policy, learn=learn)
+                    if not isinstance(result, Placement):
+                        raise self._no_capacity(inv, caller, profile, state)
+                row = self._write_allocation(
+                    s, caller, profile, result, server_name, purpose, priority, preemptible, charge
+                )
+                return allocation_json(row, self._gpus(s)), True
+        except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
+            log.error("ledger constraint refused an allocation: %s", e)
+            raise Refused("conflict", "the slice was taken concurrently; retry") from e
+
+    def _write_allocation(
+        self,
+        s: Session,
+        caller: Caller,
+        profile: Profile,
+        placement: Placement,
+        server_name: str,
+        purpose: str,
+        priority: int,
+        preemptible: bool,
+        charge: Charge,
+    ) -> AllocationView:
+        # Core inserts, not the ORM unit of work: this is the hot path of every spawn.
+        values: dict[str, Any] = {
+            "user": caller.user,
+            "server_name": server_name,
+            "profile": profile.name,
+            "kind": profile.kind,
+            "purpose": purpose,
+            "priority": priority,
+            "preemptible": preemptible,
+            "host": placement.host,
+            "groups": sorted(caller.groups),
+            "charged_group": charge.group,
+            "borrowed": charge.borrowed,
+            "quota_weight": profile.quota_weight,
+            "gpu_milli": sum(a.milli for a in placement.assignments),
+            "cpu_milli": profile.cpu_milli,
+            "memory_mib": profile.memory_mib,
+            "active": True,
+            "created_at": utcnow(),
+            "released_at": None,
+            "release_reason": None,
+        }
+        # Core statements on the session's connection: the ORM layer adds nothing here.
+        conn = s.connection()
+        stmt = insert(ALLOCATIONS).values(**values).returning(ALLOCATIONS.c.id)
+        alloc_id = conn.execute(stmt).scalar_one()
+        claims: list[dict[str, Any]] = [
+            {
+                "allocation_id": alloc_id,
+                "gpu_uuid": a.gpu_uuid,
+                "mig_uuid": a.mig_uuid,
+                "milli": a.milli,
+                "memory_mib": a.memory_mib,
+                # whole GPUs and MIG instances have one holder at a time; shares don't
+                "exclusive_key": a.mig_uuid or (a.gpu_uuid if profile.kind == "gpu" else None),
+                "active": True,
+            }
+            for a in placement.assignments
+        ]
+        conn.execute(insert(CLAIMS), claims)
+        detail: dict[str, Any] = {
+            "host": placement.host,
+            "server_name": server_name,
+            "purpose": purpose,
+        }
+        if charge.group:
+            detail["charged_group"] = charge.group
+            detail["borrowed"] = charge.borrowed
+        self._event(s, "allocated", caller.user, caller.actor, alloc_id, profile.name, None, detail)
+        view = AllocationView(id=alloc_id, **values)
+        view.claims = [ClaimView(id=0, **c) for c in claims]
+        return view
+
+    def observe(self, profile_name: str) -> None:
+        """Count a request for ``profile_name`` that was not tried (a job refused for the
+        reason a job of the same shape was), for a policy that learns the request mix."""
+        profile = self.profiles.get(profile_name)
+        observe = getattr(self.policy, "observe", None)
+        if profile is not None and observe is not None:
+            with self._policy_lock:
+                observe(profile.request())
+
+    def learn_from_history(self, limit: int = 10_000) -> int:
+        """Show a learning policy the newest ``limit`` requests the ledger recorded (slices
+        allocated and refused), oldest first, so it does not start from nothing after a
+        restart. Returns how many it was shown."""
+        observe = getattr(self.policy, "observe", None)
+        if observe is None:
+            return 0
+        with self.db.reading() as s:
+            rows = (
+                s.connection()
+                .execute(
+                    select(EVENTS.c.profile)
+                    .where(EVENTS.c.kind.in_(("allocated", "refused")))
+                    .order_by(EVENTS.c.id.desc())
+                    .limit(limit)
+                )
+                .all()
+            )
+        shown = 0
+        with self._policy_lock:
+            for (name,) in reversed(rows):
+                profile = self.profiles.get(name)
+                if profile is not None:
+                    observe(profile.request())
+                    shown += 1
+        return shown
+
+    def release(
+        self,
+        alloc_id: int,
+        actor: str,
+        reason: str,
+        owner: str | None = None,
+        server_stopped: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """Release once; a second release is a no-op that reports ``released=False``.
+
+        ``owner``: when given, only that user's allocation may be released (``not_found``
+        otherwise).
+        ``server_stopped``: the spawner releases the slice of a server the hub stopped; when
+        the service asked for that stop, the release says why (see ``_why_stopped``).
+        """
+        with self.db.writing() as s:
+            view = load_allocation(s, alloc_id)
+            if view is None:
+                raise Refused("not_found", f"no allocation {alloc_id}")
+            if owner is not None and view.user != owner:
+                # the same answer as for one that does not exist: ids are not a side channel
+                raise Refused("not_found", f"no allocation {alloc_id}")
+            if not view.active:
+                return allocation_json(view, self._gpus(s)), False
+            if server_stopped:
+                reason = self._why_stopped(s, alloc_id) or reason
+            self._release(s, view, actor, reason)
+            return allocation_json(view, self._gpus(s)), True
+
+    @staticmethod
+    def _why_stopped(s: Session, alloc_id: int) -> str | None:
+        """A server the service asked the hub to stop (idle cull, the owner's release, a
+        silent server) is released by its spawner as "server stopped": the release keeps the
+        real reason, from the service's own record of the request."""
+        row = s.execute(
+            select(EVENTS.c.kind, EVENTS.c.reason)
+            .where(EVENTS.c.allocation_id == alloc_id, EVENTS.c.kind.in_(RECLAIM_KINDS))
+            .order_by(EVENTS.c.id.desc())
+            .limit(1)
+        ).first()
+        if row is None:
+            return None
+        kind, reason = row
+        return f"{RECLAIM_KINDS[kind]}: {reason}" if reason else RECLAIM_KINDS[kind]
+
+    def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:
+        now = utcnow()
+        conn = s.connection()
+        conn.execute(
+            update(ALLOCATIONS)
+            .where(ALLOCATIONS.c.id == view.id)
+            .values(active=False, released_at=now, release_reason=reason[:255])
+        )
+        conn.execute(update(CLAIMS).where(CLAIMS.c.allocation_id == view.id).values(active=False))
+        view.active, view.released_at, view.release_reason = False, now, reason[:255]
+        for c in view.claims:
+            c.active = False
+        self._event(
+            s, "released", view.user, actor, view.id, view.profile, reason, {"host": view.host}
+        )
+
+    def servers_missing(
+        self, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None = None
+    ) -> set[tuple[str, str]]:
+        """(user, server) of the interactive allocations past ``grace`` whose server is not
+        in ``existing``: what :meth:`reconcile_servers` would release. Reads only."""
+        with self.db.reading() as s:
+            return {(v.user, v.server_name) for v in self._unmatched(s, existing, grace, now)}
+
+    def reconcile_servers(
+        self,
+        existing: set[tuple[str, str]],
+        grace: timedelta,
+        now: datetime | None = None,
+        only: set[tuple[str, str]] | None = None,
+    ) -> list[int]:
+        """Release interactive allocations whose server no longer exists on the hub.
+
+        Allocations younger than ``grace`` are left alone: a spawn in progress holds its
+        allocation before the hub lists the server as running. ``only``: release none but
+        these servers' (the ones the caller has confirmed gone).
+        """
+        released = []
+        with self.db.writing() as s:
+            for view in self._unmatched(s, existing, grace, now):
+                if only is not None and (view.user, view.server_name) not in only:
+                    continue
+                self._release(s, view, "reconciler", "server no longer exists on the hub")
+                released.append(view.id)
+        return released
+
+    @staticmethod
+    def _unmatched(
+        s: Session, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None
+    ) -> list[AllocationView]:
+        now = now or utcnow()
+        return [
+            view
+            for view in load_active(s)
+            if view.purpose == "interactive"
+            and (view.user, view.server_name) not in existing
+            and now - view.created_at >= grace
+        ]

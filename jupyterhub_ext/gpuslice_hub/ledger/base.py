@@ -1,0 +1,146 @@
+"""The ledger's state and what every part of it shares: the database, the profiles,
+quotas and placement policy, the caches of inventory, active allocations and placement
+arrays, and how an event is written."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, insert, select
+from sqlalchemy.orm import Session
+
+from ..clusterview import ClusterCache
+from ..db.admin_models import QuotaOverrideRow
+from ..db.engine import Database
+from ..db.models import (
+    AllocationRow,
+    ClaimRow,
+    EventRow,
+    utcnow,
+)
+from ..overrides import apply_overrides
+from ..placement.engine import Policy
+from ..profiles import Profile
+from ..quotas import Holding, Quotas, Usage
+from ..snapshot import (
+    ActiveCache,
+    AllocationView,
+    GPUView,
+    HostView,
+    InventoryCache,
+    InventoryView,
+)
+
+log = logging.getLogger("gpuslice.ledger")
+
+ALLOCATIONS = cast(Table, AllocationRow.__table__)
+CLAIMS = cast(Table, ClaimRow.__table__)
+EVENTS = cast(Table, EventRow.__table__)
+
+PURPOSES = ("interactive", "batch")
+# Events of a stop the service asked for, and how a release that follows one reads.
+RECLAIM_KINDS = {
+    "idle-culled": "idle-culled",
+    "release-requested": "released by its owner",
+    "reclaim-silent": "reclaimed: its server stopped reporting",
+}
+REFUSALS = ("forbidden_profile", "over_quota", "no_capacity")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the user the allocation is for, and who actually sent the request."""
+
+    user: str
+    groups: tuple[str, ...]
+    actor: str
+
+
+class LedgerBase:
+    def __init__(
+        self,
+        db: Database,
+        profiles: dict[str, Profile],
+        quotas: Quotas,
+        policy: Policy,
+        on_refusal: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.db = db
+        self.profiles = profiles
+        self.quotas = quotas
+        self.policy = policy
+        self.on_refusal = on_refusal or (lambda profile, code: None)
+        # Set by the job manager: (caller, profile, server_name, wait_seconds) -> {"job_id",
+        # "retry_after", "message"} when it starts preempting a batch job for this spawn; a
+        # str when one could be preempted but not within the spawn's wait (why not); None.
+        self.preempt_hook: Callable[
+            [Caller, Profile, str, float | None], dict[str, Any] | str | None
+        ] = lambda caller, profile, server_name, wait_seconds: None
+        self.inventory_cache = InventoryCache()
+        self.active_cache = ActiveCache()
+        self.cluster_cache = ClusterCache()
+        # A learning policy's state is shared by the event loop and the scheduler's thread.
+        self._policy_lock = threading.Lock()
+        # Held while history is pruned and while the pruned totals are read with the
+        # events left (admin/history.py): the two are then one consistent state.
+        self.history_lock = threading.Lock()
+        self._quota_cache: tuple[int, Quotas] | None = None
+        self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
+        self._totals_cache: tuple[int, dict[str, int]] | None = None
+        self._undrained_cache: tuple[int, dict[str, int]] | None = None
+
+    def snapshot(self) -> tuple[tuple[HostView, ...], tuple[GPUView, ...], list[AllocationView]]:
+        """Inventory and active allocations, read in one transaction."""
+        with self.db.reading() as s:
+            inv = self.inventory_cache.get(s)
+            return inv.hosts, inv.gpus, self.active_cache.get(s)
+
+    def effective_quotas(self, s: Session) -> Quotas:
+        """The configured quotas with the admins' runtime overrides applied.
+
+        Overrides change the ledger generation, so they are read again only when it moves.
+        """
+        generation = self.inventory_cache.get(s).generation
+        if self._quota_cache is None or self._quota_cache[0] != generation:
+            rows = s.connection().execute(select(QuotaOverrideRow.__table__)).all()
+            self._quota_cache = (generation, apply_overrides(self.quotas, rows))
+        return self._quota_cache[1]
+
+    def _gpus(self, s: Session) -> dict[str, GPUView]:
+        return self.inventory_cache.get(s).by_uuid
+
+    @staticmethod
+    def _event(  # type: ignore[no-untyped-def]
+        s: Session, kind, user, actor, allocation_id=None, profile=None, reason=None, detail=None
+    ) -> int:
+        values = {
+            "ts": utcnow(),
+            "kind": kind,
+            "user": user,
+            "actor": actor,
+            "allocation_id": allocation_id,
+            "profile": profile,
+            "reason": reason,
+            "detail": detail or {},
+        }
+        stmt = insert(EVENTS).values(**values).returning(EVENTS.c.id)
+        return int(s.connection().execute(stmt).scalar_one())
+
+
+def _holdings(active: Iterable[AllocationView]) -> list[Holding]:
+    return [Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli)) for a in active]
+
+
+def _mig_milli(profile: Profile, inv: InventoryView) -> int:
+    """A MIG profile's compute share, from any instance of it in the inventory."""
+    if profile.kind != "mig":
+        return 0
+    for g in inv.gpus:
+        for m in g.mig_instances:
+            if m.profile == profile.mig_profile:
+                return m.milli
+    return 0

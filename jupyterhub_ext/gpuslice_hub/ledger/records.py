@@ -1,0 +1,121 @@
+"""What the ledger records besides allocations' state: reading allocations and events,
+recording a client's event, and the latest usage each holder reported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from ..db.admin_models import UsageReportRow
+from ..db.models import (
+    AllocationRow,
+    EventRow,
+    utcnow,
+)
+from ..serialize import allocation_json, event_json
+from ..snapshot import (
+    load_allocation,
+)
+from .base import (
+    LedgerBase,
+)
+
+
+class RecordsMixin(LedgerBase):
+    def get(self, alloc_id: int) -> dict[str, Any] | None:
+        with self.db.reading() as s:
+            view = load_allocation(s, alloc_id)
+            return allocation_json(view, self._gpus(s)) if view else None
+
+    def allocations(
+        self,
+        user: str | None = None,
+        active_only: bool = True,
+        limit: int = 500,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Newest first; ``before_id``: the page after the one that ended there."""
+        with self.db.reading() as s:
+            q = select(AllocationRow).order_by(AllocationRow.id.desc()).limit(limit)
+            if before_id is not None:
+                q = q.where(AllocationRow.id < before_id)
+            if user is not None:
+                q = q.where(AllocationRow.user == user)
+            if active_only:
+                q = q.where(AllocationRow.active)
+            gpus = self._gpus(s)
+            return [allocation_json(r, gpus) for r in s.scalars(q)]
+
+    def events(
+        self,
+        user: str | None = None,
+        since_id: int | None = None,
+        limit: int = 200,
+        kinds: Iterable[str] | None = None,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Newest first; with ``since_id`` the oldest after it first, so that a reader
+        following the log page by page (the last id as the next ``since_id``) misses none."""
+        with self.db.reading() as s:
+            q = select(EventRow).limit(limit)
+            if since_id is None:
+                q = q.order_by(EventRow.id.desc())
+            else:
+                q = q.where(EventRow.id > since_id).order_by(EventRow.id.asc())
+            if before_id is not None:
+                q = q.where(EventRow.id < before_id)
+            if user is not None:
+                q = q.where(EventRow.user == user)
+            if kinds is not None:
+                q = q.where(EventRow.kind.in_(list(kinds)))
+            return [event_json(e) for e in s.scalars(q)]
+
+    def record_event(
+        self, kind: str, user: str | None, actor: str, reason: str | None, detail: dict[str, Any]
+    ) -> dict[str, Any]:
+        with self.db.writing() as s:
+            event_id = self._event(
+                s,
+                kind,
+                user,
+                actor,
+                detail.get("allocation_id"),
+                detail.get("profile"),
+                reason,
+                detail,
+            )
+            row = s.get(EventRow, event_id)
+            assert row is not None
+            return event_json(row)
+
+    def record_usage(
+        self,
+        alloc_id: int,
+        utilization: float | None,
+        memory_mib: float | None,
+        idle_seconds: float,
+        interval_seconds: float,
+    ) -> datetime:
+        """Keep the latest utilization the holder of an active allocation measured."""
+        now = utcnow()
+        values = {
+            "reported_at": now,
+            "utilization": utilization,
+            "memory_mib": memory_mib,
+            "idle_seconds": idle_seconds,
+            "interval_seconds": interval_seconds,
+        }
+        reports = cast(Table, UsageReportRow.__table__)
+        upsert = pg_insert if not self.db.is_sqlite else sqlite_insert
+        stmt = upsert(reports).values(allocation_id=alloc_id, **values)
+        # One statement, safe without the ledger lock: 500 servers reporting every minute
+        # do not queue behind spawns.
+        stmt = stmt.on_conflict_do_update(index_elements=[reports.c.allocation_id], set_=values)
+        with self.db.writing(lock=False) as s:
+            s.connection().execute(stmt)
+        return now
