@@ -22,13 +22,13 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from sqlalchemy.engine import make_url
 from tornado import web
-from tornado.httpclient import HTTPClientError
 from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from gpuslice.extension.policy import PolicyConfig, PolicyError
 from gpuslice.gpu import GPUDiscoveryError, discover
+from gpuslice.jsonclient import JSONError
 from gpuslice.model import Inventory
 
 from . import __version__
@@ -529,13 +529,10 @@ class GPUSliceService(Application):
                 self.log.warning("stopping %s's server %r: %s", a.user, a.server_name, reason)
             try:
                 await self.hub_api.stop_server(a.user, a.server_name)
-            except HTTPClientError as e:
-                if e.code != 404:
+            except JSONError as e:
+                if e.status != 404:  # already gone: nothing to stop
                     self.log.error("could not stop %s's silent server: %s", a.user, e)
                     continue
-            except OSError as e:
-                self.log.error("could not stop %s's silent server: %s", a.user, e)
-                continue
             stopped.append(a.id)
         return stopped
 
@@ -552,7 +549,7 @@ class GPUSliceService(Application):
             except Exception as e:
                 wait = min(retry, self.reconcile_interval)
                 retry = min(retry * 2, 30.0)
-                if isinstance(e, OSError | HTTPClientError | IncompleteListing):
+                if isinstance(e, JSONError | IncompleteListing):
                     self.log.warning(
                         "reconciliation with the hub failed (%s); retry in %gs", e, wait
                     )

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from gpuslice.jsonclient import JSONClient, JSONError
 
 PAGINATED = "application/jupyterhub-pagination+json"
 # What we ask for per page; the hub cuts it to its own api_page_max_limit.
@@ -23,31 +22,22 @@ def _active(server: dict[str, Any]) -> bool:
 
 
 class HubAPI:
+    """Errors are ``JSONError`` (the hub's status; 503 when it cannot be reached)."""
+
     def __init__(self, api_url: str | None = None, token: str | None = None) -> None:
         self.api_url = (api_url or os.environ.get("JUPYTERHUB_API_URL", "")).rstrip("/")
-        self.token = token or os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        self.http = JSONClient(
+            self.api_url, token or os.environ.get("JUPYTERHUB_API_TOKEN", ""), what="the hub"
+        )
 
     @property
     def configured(self) -> bool:
-        return bool(self.api_url and self.token)
+        return self.http.configured
 
     async def _request(
         self, method: str, path: str, body: Any = None, accept: str = "application/json"
     ) -> Any:
-        req = HTTPRequest(
-            self.api_url + path,
-            method=method,
-            headers={
-                "Authorization": f"token {self.token}",
-                "Content-Type": "application/json",
-                "Accept": accept,
-            },
-            body=None if body is None else json.dumps(body),
-            allow_nonstandard_methods=True,
-            request_timeout=30,
-        )
-        resp = await AsyncHTTPClient().fetch(req)
-        return json.loads(resp.body) if resp.body else None
+        return await self.http.request(method, path, body, accept=accept)
 
     async def existing_servers(self) -> set[tuple[str, str]]:
         """(user, server name) of every server that is running or starting.
@@ -91,16 +81,16 @@ class HubAPI:
         """The hub's model of user ``name`` (active servers only), None if there is none."""
         try:
             return await self._request("GET", f"/users/{quote(name, safe='')}")
-        except HTTPClientError as e:
-            if e.code == 404:
+        except JSONError as e:
+            if e.status == 404:
                 return None
             raise
 
     async def group_exists(self, name: str) -> bool:
         try:
             await self._request("GET", f"/groups/{quote(name, safe='')}")
-        except HTTPClientError as e:
-            if e.code == 404:
+        except JSONError as e:
+            if e.status == 404:
                 return False
             raise
         return True

@@ -33,9 +33,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gpuslice.jsonbody import BodyError, parse_json_object
+from gpuslice.jsonclient import JSONClient, JSONError
 from gpuslice.run.jobdir import open_beneath
 from gpuslice.vocab import TERMINAL_JOB_STATES
 
@@ -101,9 +101,7 @@ class Service:
     """The gpuslice service, called with this server's hub token."""
 
     def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/") + "/" if url else ""
-        self.token = token
-        self.timeout = timeout
+        self.http = JSONClient(url, token, timeout)
 
     @classmethod
     def from_env(cls) -> Service:
@@ -112,36 +110,16 @@ class Service:
         )
 
     async def call(self, method: str, path: str, body: Any = None, raw: bool = False) -> Any:
-        if not (self.url and self.token):
+        """The service's answer; a refusal or an outage is passed on as its status and
+        message (504 when it did not answer in time, 503 when it cannot be reached)."""
+        if not self.http.configured:
             raise web.HTTPError(
                 503, "this server has no gpuslice service (GPUSLICE_SERVICE_URL is not set)"
             )
-        req = HTTPRequest(
-            self.url + path,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=None if body is None else json.dumps(body),
-            request_timeout=self.timeout,
-            follow_redirects=False,
-            allow_nonstandard_methods=True,
-        )
         try:
-            resp = await AsyncHTTPClient().fetch(req)
-        except HTTPClientError as e:
-            if e.code == 599:  # tornado's own code for a timeout: no HTTP status to pass on
-                raise ProxyError(
-                    504, f"the gpuslice service did not answer within {self.timeout:g} s"
-                ) from None
-            message = f"the gpuslice service answered {e.code}"
-            if e.response is not None and e.response.body:
-                with contextlib.suppress(ValueError, AttributeError):
-                    message = json.loads(e.response.body).get("message", message)
-            raise ProxyError(e.code, message) from None
-        except OSError as e:
-            raise ProxyError(503, f"the gpuslice service cannot be reached: {e}") from None
-        if raw:
-            return resp.body
-        return json.loads(resp.body) if resp.body else None
+            return await self.http.request(method, path, body, raw=raw)
+        except JSONError as e:
+            raise ProxyError(e.status, e.message) from None
 
 
 def resolve_notebook(root: str, path: Any) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tornado.httpclient import HTTPClientError
+from gpuslice.jsonclient import JSONError
 
 from ..idle import effective_policy
 from .base import BaseHandler, Identity, RequestError, allocation_age, api_authenticated
@@ -88,11 +88,9 @@ class ReclaimHandler(BaseHandler):
         self.write_json({"allocation_id": alloc["id"], "stopping": True, "event": event}, 202)
         try:
             await self.service.hub_api.stop_server(alloc["user"], alloc["server_name"])
-        except HTTPClientError as e:
-            if e.code != 404:  # already gone: the slice is being released anyway
+        except JSONError as e:
+            if e.status != 404:  # already gone: the slice is being released anyway
                 self._stop_failed(alloc, ident.name, str(e))
-        except OSError as e:
-            self._stop_failed(alloc, ident.name, str(e))
 
     def _stop_failed(self, alloc: dict[str, Any], actor: str, error: str) -> None:
         self.service.log.error("could not stop %s's server: %s", alloc["user"], error)

@@ -4,60 +4,39 @@ reclaiming the slice."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 from typing import Any
-from urllib.parse import urlencode
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
+from ..jsonclient import JSONClient, JSONError
 from .decisions import SERVICE_KIND, Decision
 from .events import iso
 from .policy import IdlePolicy
 
 
-class ServiceError(RuntimeError):
-    pass
+class ServiceError(JSONError):
+    """A call to the service that did not succeed; the message says which call and why."""
 
 
 class ServiceClient:
     def __init__(
         self, url: str, token: str, allocation_id: int | None, user: str, timeout: float = 15.0
     ) -> None:
-        self.url = url.rstrip("/") + "/" if url else ""
-        self.token = token
+        self.http = JSONClient(url, token, timeout)
         self.allocation_id = allocation_id
         self.user = user
-        self.timeout = timeout
 
     @property
     def configured(self) -> bool:
-        return bool(self.url and self.token)
+        return self.http.configured
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
-        req = HTTPRequest(
-            self.url + path,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=None if body is None else json.dumps(body),
-            request_timeout=self.timeout,
-            follow_redirects=False,
-        )
+    async def _call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
         try:
-            resp = await AsyncHTTPClient().fetch(req)
-        except HTTPClientError as e:
-            message = str(e)
-            if e.response is not None and e.response.body:
-                with contextlib.suppress(ValueError, AttributeError):
-                    message = json.loads(e.response.body).get("message", message)
-            raise ServiceError(f"{method} {path}: {message}") from e
-        except OSError as e:
-            raise ServiceError(f"{method} {path}: {e}") from e
-        return json.loads(resp.body) if resp.body else None
+            return await self.http.request(method, path, body, query or None)
+        except JSONError as e:
+            raise ServiceError(e.status, f"{method} {path}: {e.message}", e.detail) from e
 
     async def idle_policy(self) -> IdlePolicy:
         query = {"allocation_id": self.allocation_id} if self.allocation_id else {}
-        reply = await self._call("GET", "api/idle-policy?" + urlencode(query))
+        reply = await self._call("GET", "api/idle-policy", **query)
         return IdlePolicy.from_json(reply.get("policy", reply))
 
     async def report(self, decision: Decision, detail: dict[str, Any]) -> None:
@@ -81,7 +60,7 @@ class ServiceClient:
         self, reason: str, idle_seconds: float | None = None, voluntary: bool = False
     ) -> dict[str, Any]:
         if not self.allocation_id:
-            raise ServiceError("this server has no gpuslice allocation to release")
+            raise ServiceError(409, "this server has no gpuslice allocation to release")
         body: dict[str, Any] = {"reason": reason, "voluntary": voluntary}
         if idle_seconds is not None:
             body["idle_seconds"] = idle_seconds
@@ -97,7 +76,7 @@ class ServiceClient:
     ) -> dict[str, Any]:
         """One usage report for the admin panel's utilization-against-allocation view."""
         if not self.allocation_id:
-            raise ServiceError("this server has no gpuslice allocation to report usage for")
+            raise ServiceError(409, "this server has no gpuslice allocation to report usage for")
         body = {
             "utilization": utilization,
             "memory_mib": memory_mib,
