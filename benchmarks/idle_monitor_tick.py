@@ -35,7 +35,7 @@ from gpuslice.activity import (
 )
 from gpuslice.extension.memcap import MemoryCap
 from gpuslice.extension.monitor import Monitor, SliceInfo
-from gpuslice.extension.policy import IdlePolicy
+from gpuslice.idle_policy import IdlePolicy
 from gpuslice.testing.fake_pynvml import FakeNVML
 
 

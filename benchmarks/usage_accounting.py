@@ -34,9 +34,9 @@ from gpuslice.activity import (
 )
 from gpuslice.extension.memcap import MemoryCap
 from gpuslice.extension.monitor import Monitor, SliceInfo
-from gpuslice.extension.policy import IdlePolicy
 from gpuslice.extension.service import ServiceClient
 from gpuslice.extension.usage_reporter import UsageReporter
+from gpuslice.idle_policy import IdlePolicy
 from gpuslice.testing.fake_pynvml import FakeNVML
 
 

@@ -26,8 +26,8 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from gpuslice.extension.policy import PolicyConfig, PolicyError
 from gpuslice.gpu import GPUDiscoveryError, discover
+from gpuslice.idle_policy import PolicyConfig, PolicyError
 from gpuslice.jsonclient import JSONError
 from gpuslice.model import Inventory
 

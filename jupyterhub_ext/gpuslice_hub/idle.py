@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpuslice.extension.policy import IdlePolicy, PolicyConfig
+from gpuslice.idle_policy import IdlePolicy, PolicyConfig
 
 from .profiles import Profile
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpuslice.extension.policy import IdlePolicy
+from gpuslice.idle_policy import IdlePolicy
 
 from .admin.times import utc
 from .db.admin_models import UsageReportRow

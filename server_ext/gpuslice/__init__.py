@@ -1,8 +1,15 @@
 """gpuslice: fractional GPUs, idle reclaim and preemptible notebook jobs for JupyterHub.
 
-This package is what runs next to the user's code (the single-user server extension,
-the batch runner and the in-notebook checkpoint API) and holds the model shared with
-the hub service. It must never import hub-side code.
+This package is what runs next to the user's code and what the hub service shares with it.
+It must never import hub-side code.
+
+The shared core, imported by the hub service too (no Jupyter server needed):
+``model`` (inventory), ``gpu`` (discovery), ``vocab`` (job states, exit codes, event kinds),
+``idle_policy``, ``errors``, ``jsonbody`` (request bodies), ``jsonclient`` (HTTP calls).
+
+Next to the user's code only: ``extension`` (the single-user server extension),
+``activity`` (GPU use per kernel), ``jobs_proxy`` (the lab's jobs API), ``run`` (the batch
+runner) and ``checkpoint`` (the in-notebook checkpoint API); ``testing`` holds test doubles.
 """
 
 from typing import Any

@@ -6,8 +6,8 @@ import pytest
 
 from gpuslice.activity import SERVER_KEY, IdleState
 from gpuslice.extension.memcap import MemoryCap
-from gpuslice.extension.policy import IdlePolicy, PolicyConfig, PolicyError
 from gpuslice.extension.reclaim import ExtensionRefused, Reclaimer
+from gpuslice.idle_policy import IdlePolicy, PolicyConfig, PolicyError
 
 POLICY = IdlePolicy(idle_timeout=100, warning_lead=20, max_extension=50)
 

@@ -20,8 +20,8 @@ from gpuslice.activity import SERVER_KEY, Activity, ActivityReport, Attribution,
 from gpuslice.activity.usage import UsageWindow, total_memory, total_utilization
 from gpuslice.extension.memcap import MemoryCap
 from gpuslice.extension.monitor import Monitor, SliceInfo
-from gpuslice.extension.policy import IdlePolicy
 from gpuslice.extension.service import ServiceClient
+from gpuslice.idle_policy import IdlePolicy
 
 MiB = 1024 * 1024
 STEP = 5.0

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from traitlets.config import Config
 
-from gpuslice.extension.policy import PolicyConfig
+from gpuslice.idle_policy import PolicyConfig
 from gpuslice.jsonbody import BodyError, parse_json_object
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.hubconfig import configure_jupyterhub

@@ -37,12 +37,12 @@ from ..activity import (
     make_source,
     visible_devices,
 )
+from ..idle_policy import ACTIONS, IdlePolicy, PolicyConfig, PolicyError
 from . import events
 from .handlers import default_handlers
 from .memcap import MEMORY_ACTIONS, MemoryCap
 from .monitor import Monitor, SliceInfo
 from .notifier import load_notifier
-from .policy import ACTIONS, IdlePolicy, PolicyConfig, PolicyError
 from .service import ServiceClient
 
 API_PREFIX = "gpuslice/api"

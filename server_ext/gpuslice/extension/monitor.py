@@ -14,11 +14,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..activity import SERVER_KEY, Activity, ActivityReport, ActivitySampler, IdleTrackers
+from ..idle_policy import IdlePolicy
 from . import events
 from .decisions import CULLED, EXTENDED, MEMORY_CULLED, Decision
 from .memcap import MemoryCap
 from .notifier import Notifier, notify
-from .policy import IdlePolicy
 from .reclaim import Reclaimer
 from .service import ServiceClient, ServiceError
 from .usage_reporter import UsageReporter

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..activity import SERVER_KEY, IdleState
+from ..idle_policy import IdlePolicy
 from .decisions import CULLED, EXTENDED, WARNING, Decision
-from .policy import IdlePolicy
 
 SERVER_SCOPE = SERVER_KEY  # the key of the single watch in "server" mode
 

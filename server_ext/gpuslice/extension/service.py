@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..idle_policy import IdlePolicy
 from ..jsonclient import JSONClient, JSONError
 from .decisions import SERVICE_KIND, Decision
 from .events import iso
-from .policy import IdlePolicy
 
 
 class ServiceError(JSONError):

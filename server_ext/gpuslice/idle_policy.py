@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 ACTIONS = ("kernel", "server")
 _NUMBERS = ("idle_timeout", "warning_lead", "max_extension")
