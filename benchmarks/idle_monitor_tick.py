@@ -36,7 +36,7 @@ from gpuslice.activity import (
 from gpuslice.extension.memcap import MemoryCap
 from gpuslice.extension.monitor import Monitor, SliceInfo
 from gpuslice.idle_policy import IdlePolicy
-from gpuslice.testing.fake_pynvml import FakeNVML
+from tests.fakes.fake_pynvml import FakeNVML
 
 
 class StubKernels:

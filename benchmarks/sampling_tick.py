@@ -1,6 +1,6 @@
 """Cost of one GPU-activity sampling tick vs the number of kernels and GPU processes.
 
-Uses the fake NVML driver (gpuslice.testing.fake_pynvml) and a fake /proc in a temporary
+Uses the fake NVML driver (tests/fakes/fake_pynvml.py) and a fake /proc in a temporary
 directory: N kernels under one server, each with one child worker that is the GPU
 process (so attribution walks two levels), spread over 8 GPUs, all with utilization
 samples. Reports, per N:
@@ -31,7 +31,7 @@ from gpuslice.activity import (
     NvmlActivitySource,
     ProcReader,
 )
-from gpuslice.testing.fake_pynvml import FakeNVML
+from tests.fakes.fake_pynvml import FakeNVML
 
 SERVER = 100
 GPUS = 8

@@ -37,7 +37,7 @@ from gpuslice.extension.monitor import Monitor, SliceInfo
 from gpuslice.extension.service import ServiceClient
 from gpuslice.extension.usage_reporter import UsageReporter
 from gpuslice.idle_policy import IdlePolicy
-from gpuslice.testing.fake_pynvml import FakeNVML
+from tests.fakes.fake_pynvml import FakeNVML
 
 
 def measure(root: Path, n: int, repeat: int) -> tuple[float, float]:

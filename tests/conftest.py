@@ -1,4 +1,17 @@
-"""Fixtures shared by the whole suite live in tests/harness/; this file only wires them in."""
+"""Fixtures shared by the whole suite live in tests/harness/; this file only wires them in.
+
+Every process the tests start gets tests/fakes/site on its PYTHONPATH: its
+``sitecustomize`` puts the fake NVML driver in place of ``pynvml`` where a test sets
+$GPUSLICE_FAKE_NVML (gpuslice itself has no such switch, and ships no test code)."""
+
+import os
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(_REPO / "tests" / "fakes" / "site"), str(_REPO)]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 pytest_plugins = [
     "tests.harness.postgres",

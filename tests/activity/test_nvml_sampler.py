@@ -12,8 +12,8 @@ from gpuslice.activity import (
     ProcReader,
     make_source,
 )
-from gpuslice.gpu.nvml_discovery import FAKE_NVML_ENV
-from gpuslice.testing.fake_pynvml import FakeNVML, write_state
+from tests.fakes import FAKE_NVML_ENV
+from tests.fakes.fake_pynvml import FakeNVML, write_state
 
 MiB = 1024 * 1024
 SRV = 100
@@ -244,7 +244,7 @@ def test_container_host_pids(fake_proc):
 def test_state_file_rewritten_by_another_process_drives_idleness(procs, tmp_path, monkeypatch):
     path = tmp_path / "nvml.json"
     write_state(path, {"devices": [gpu([{"pid": 200, "used_memory_mib": 512, "sm_util": 80}])]})
-    monkeypatch.setenv(FAKE_NVML_ENV, str(path))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML.from_file(str(path)))
     source = make_source("nvml", devices=None)
     sampler = ActivitySampler(
         source, Attributor(ProcReader(str(procs.root)), server_pid=SRV, server_uid=1000)
@@ -259,7 +259,7 @@ def test_state_file_rewritten_by_another_process_drives_idleness(procs, tmp_path
         [
             sys.executable,
             "-c",
-            "import json, sys; from gpuslice.testing.fake_pynvml import write_state; "
+            "import json, sys; from tests.fakes.fake_pynvml import write_state; "
             "write_state(sys.argv[1], json.loads(sys.argv[2]))",
             str(path),
             __import__("json").dumps(idle),

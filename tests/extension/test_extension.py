@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import pytest
 from traitlets.config import Config
 
 from gpuslice.extension.events import SCHEMA_ID
-from gpuslice.gpu.nvml_discovery import FAKE_NVML_ENV
-from gpuslice.testing.fake_pynvml import write_state
+from tests.fakes.fake_pynvml import FakeNVML, write_state
 
 LEAD = 20
 TIMEOUT = 60
@@ -43,7 +43,8 @@ def gpu(processes, **kw):
 def nvml_path(tmp_path, monkeypatch):
     path = tmp_path / "nvml.json"
     write_state(path, {"devices": [gpu([])]})
-    monkeypatch.setenv(FAKE_NVML_ENV, str(path))
+    # the server runs in this process: the fake driver goes where ``import pynvml`` looks
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML.from_file(str(path)))
     monkeypatch.setenv("JUPYTERHUB_USER", "ann")
     monkeypatch.setenv("GPUSLICE_PROFILE", "share-250")
     monkeypatch.setenv("GPUSLICE_PROFILE_KIND", "share")

@@ -1,11 +1,12 @@
+import sys
+
 import pynvml
 import pytest
 
 from gpuslice.gpu import GPUDiscoveryError, NoDriverError, discover, nvml_available
-from gpuslice.gpu.nvml_discovery import FAKE_NVML_ENV
 from gpuslice.model import MigMode
-from gpuslice.testing import fake_pynvml
-from gpuslice.testing.fake_pynvml import FakeNVML, write_state
+from tests.fakes import FAKE_NVML_ENV, fake_pynvml
+from tests.fakes.fake_pynvml import FakeNVML, write_state
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -166,10 +167,11 @@ def test_nvml_refuses_a_hosts_list_and_unknown_backends():
         discover("nvidia")
 
 
-def test_fake_selected_by_environment(tmp_path, monkeypatch):
+def test_a_fake_driver_in_place_of_pynvml_is_marked_simulated(tmp_path, monkeypatch):
+    """What tests/fakes/site/sitecustomize.py does in the processes tests start."""
     path = tmp_path / "state.json"
     write_state(path, {"devices": [plain_gpu(0)]})
-    monkeypatch.setenv(FAKE_NVML_ENV, str(path))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML.from_file(str(path)))
     inv = discover("nvml", hostname="h")
     assert inv.simulated is True
     assert [g.uuid for g in inv.gpus()] == ["GPU-aaaa-0"]

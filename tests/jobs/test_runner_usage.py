@@ -12,8 +12,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from gpuslice.gpu.nvml_discovery import FAKE_NVML_ENV
-from gpuslice.testing.fake_pynvml import write_state
+from gpuslice.activity.simulated_source import HORIZON
+from tests.fakes import FAKE_NVML_ENV
+from tests.fakes.fake_pynvml import write_state
 from tests.harness.hub import wait_for
 from tests.jobs.notebooks import make_job_dir
 
@@ -55,7 +56,7 @@ def test_a_busy_cell_reads_busy_and_a_sleeping_cell_idle(tmp_path: Path):
     cells = [
         "import time",
         "end = time.time() + 5\nn = 0\nwhile time.time() < end:\n    n += 1",
-        "time.sleep(5)",
+        "time.sleep(7)",
     ]
     jd = make_job_dir(tmp_path / "job", cells=cells, interval=3600)
     proc = start_runner(jd, "--usage-interval", str(INTERVAL), GPUSLICE_SIMULATED="1")
@@ -78,9 +79,10 @@ def test_a_busy_cell_reads_busy_and_a_sleeping_cell_idle(tmp_path: Path):
     assert 1 in seen and 2 in seen, readings
 
     def settled(cell: int) -> list[float | None]:
-        # Readings whose whole interval lies inside the cell (written a full interval and
-        # a margin after the cell was seen to start, while it was still running).
-        return [u for c, t, u in readings if c == cell and t >= seen[cell] + 2 * INTERVAL]
+        # Readings whose whole window lies inside the cell: written a full interval, the
+        # simulated source's horizon and a margin after the cell was seen to start.
+        since = seen[cell] + HORIZON + 2 * INTERVAL
+        return [u for c, t, u in readings if c == cell and t >= since]
 
     busy, idle = settled(1), settled(2)
     assert busy and idle, readings

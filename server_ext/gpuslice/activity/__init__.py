@@ -66,7 +66,7 @@ def visible_devices(env: Any = None) -> list[str] | None:
 
 
 def make_source(kind: str, **kwargs: Any) -> ActivitySource:
-    """``"nvml"`` or ``"simulated"``; nvml honours ``$GPUSLICE_FAKE_NVML`` (tests)."""
+    """``"nvml"`` or ``"simulated"``."""
     if kind == "nvml":
         kwargs.setdefault("devices", visible_devices())
         return NvmlActivitySource(**kwargs)

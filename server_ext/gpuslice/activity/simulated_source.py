@@ -19,6 +19,10 @@ def _default_device() -> str:
     return visible or "GPU-sim"
 
 
+# Seconds simulated utilization is measured over, at least (see the class docstring).
+HORIZON = 2.0
+
+
 class SimulatedActivitySource:
     """Samples every process under the server (*server_pid*), the server itself excluded.
 
@@ -38,7 +42,7 @@ class SimulatedActivitySource:
         memory_mib: int = 0,
         touch_threshold: float = 1.0,
         clock: Callable[[], float] = time.time,
-        horizon: float = 2.0,
+        horizon: float = HORIZON,
     ) -> None:
         self.server_pid = os.getpid() if server_pid is None else server_pid
         self.device = device or _default_device()

@@ -46,7 +46,7 @@ def discover(
     *hosts_config* is the declared host list for ``static``/``simulated``; the NVML
     backends refuse a non-empty one rather than ignore it. *hostname* names the local host
     for ``nvml``/``auto`` (default: ``socket.gethostname()``). *nvml* replaces the pynvml
-    module (tests pass ``gpuslice.testing.fake_pynvml.FakeNVML``).
+    module (tests pass ``tests.fakes.fake_pynvml.FakeNVML``).
     """
     if backend in ("static", "simulated"):
         return declared_inventory(backend, hosts_config)

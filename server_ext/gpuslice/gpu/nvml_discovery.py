@@ -1,6 +1,6 @@
 """The ``nvml`` backend: real GPUs and MIG instances on this host, read through NVML.
 
-The pynvml module is a parameter so tests pass :mod:`gpuslice.testing.fake_pynvml`.
+The pynvml module is a parameter so tests pass :mod:`tests.fakes.fake_pynvml`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from .profiles import DEFAULT_COMPUTE_SLICES, compute_milli, profile_memory_gb, 
 
 log = logging.getLogger(__name__)
 
-FAKE_NVML_ENV = "GPUSLICE_FAKE_NVML"
 
 NO_DRIVER_HINT = (
     "If this machine has no NVIDIA GPU, choose the 'simulated' backend explicitly "
@@ -44,19 +43,12 @@ def nvml_error(nvml: Any, name: str) -> type[BaseException]:
 
 
 def default_nvml_module() -> ModuleType | Any:
-    """The real ``pynvml``, or the fake one when ``$GPUSLICE_FAKE_NVML`` names a state file.
-
-    The environment variable exists for end-to-end tests that run gpuslice in another
-    process; it is logged loudly because it replaces every GPU reading.
-    """
-    path = os.environ.get(FAKE_NVML_ENV)
-    if path:
-        from ..testing import fake_pynvml
-
-        log.warning("%s=%s: using the FAKE NVML driver, not the real GPUs", FAKE_NVML_ENV, path)
-        return fake_pynvml.FakeNVML.from_file(path)
+    """The ``pynvml`` module. Tests put a fake in its place in the processes they start
+    (tests/fakes); a fake says so (``FAKE``), and its readings are marked simulated."""
     import pynvml
 
+    if getattr(pynvml, "FAKE", False):
+        log.warning("pynvml is a FAKE driver here: GPU readings are simulated, not real GPUs")
     return pynvml
 
 
