@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from statistics import fmean
 
-from gpuslice_hub.bench.cli import parse_seeds
-from gpuslice_hub.bench.simulate import run_seed
-from gpuslice_hub.bench.workload import read_nodes, read_pods
+from benchmarks.tracebench.cli import parse_seeds
+from benchmarks.tracebench.simulate import run_seed
+from benchmarks.tracebench.workload import read_nodes, read_pods
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
 POLICIES = "random,dotprod,gpu-clustering,gpu-packing,best-fit,fgd,default"

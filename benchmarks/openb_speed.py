@@ -14,8 +14,8 @@ import cProfile
 import pstats
 from pathlib import Path
 
-from gpuslice_hub.bench import simulate
-from gpuslice_hub.bench.workload import read_nodes, read_pods
+from benchmarks.tracebench import simulate
+from benchmarks.tracebench.workload import read_nodes, read_pods
 from gpuslice_hub.placement import select as select_module
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"

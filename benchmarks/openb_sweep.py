@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/openb_sweep.py --traces default,cpu050 \
         --policies fgd,default --seeds 42-51 --out benchmarks/results/openb.jsonl
 
-Each line is what ``gpuslice-bench openb --json`` prints for that cell. One process, one
-core: run it in the background and keep other heavy work off the machine meanwhile.
+Each line is what ``python -m benchmarks.tracebench openb --json`` prints for that cell.
+One process, one core: run it in the background and keep other heavy work off the machine meanwhile.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import io
 import json
 from pathlib import Path
 
-from gpuslice_hub.bench.cli import main as bench_main
-from gpuslice_hub.bench.cli import parse_seeds
+from benchmarks.tracebench.cli import main as bench_main
+from benchmarks.tracebench.cli import parse_seeds
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
 

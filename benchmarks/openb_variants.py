@@ -18,9 +18,9 @@ from statistics import fmean
 
 import numpy as np
 
-from gpuslice_hub.bench import simulate
-from gpuslice_hub.bench.cli import parse_seeds
-from gpuslice_hub.bench.workload import Workload, read_nodes, read_pods
+from benchmarks.tracebench import simulate
+from benchmarks.tracebench.cli import parse_seeds
+from benchmarks.tracebench.workload import Workload, read_nodes, read_pods
 from gpuslice_hub.placement.policies.fgd import FGD, ScoreCache, fragmentation_delta
 from gpuslice_hub.placement.policies.typical import (
     OnlineTypical,

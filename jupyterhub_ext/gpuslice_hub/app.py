@@ -148,7 +148,7 @@ class GPUSliceService(Application):
 
     placement_policy = Unicode(
         "default",
-        help="Placement policy for new slices (see ``gpuslice-bench openb --help`` for the list).",
+        help="Placement policy for new slices (see docs/benchmarks.md for how each one does).",
     ).tag(config=True)
 
     admin_scope = Unicode(

@@ -1,10 +1,10 @@
-"""``gpuslice-bench openb`` end to end on a tiny trace."""
+"""``python -m benchmarks.tracebench openb`` end to end on a tiny trace."""
 
 import json
 
 import pytest
 
-from gpuslice_hub.bench.cli import main, parse_seeds
+from benchmarks.tracebench.cli import main, parse_seeds
 
 
 def test_parse_seeds():

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from gpuslice_hub.bench.columns import columns
+from benchmarks.tracebench.columns import columns
 
 
 def test_columns_hand_computed():

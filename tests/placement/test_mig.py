@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from gpuslice_hub.bench.mig import as_mig, layout_sequence, partition, plan, profile_for
+from benchmarks.tracebench.mig import as_mig, layout_sequence, partition, plan, profile_for
 from gpuslice_hub.placement.select import select
 from gpuslice_hub.placement.types import Request
 

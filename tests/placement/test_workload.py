@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuslice_hub.bench.workload import build_workload, read_nodes, read_pods
+from benchmarks.tracebench.workload import build_workload, read_nodes, read_pods
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,4 +1,4 @@
-"""Seed means and the readable table of ``gpuslice-bench openb``."""
+"""Seed means and the readable table of ``python -m benchmarks.tracebench openb``."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..placement.state import ClusterState
-from ..placement.types import Request
+from gpuslice_hub.placement.state import ClusterState
+from gpuslice_hub.placement.types import Request
 
 TUNE = 1.3
 

@@ -1,8 +1,9 @@
-"""``gpuslice-bench``: benchmarks of the placement engine.
+"""``python -m benchmarks.tracebench``: benchmarks of the placement engine.
 
-``gpuslice-bench openb --pods FILE --nodes FILE --policy NAME --seeds 42-51 [--json]``
+``python -m benchmarks.tracebench openb --pods FILE --nodes FILE --policy NAME
+--seeds 42-51 [--json]``
 runs the openb protocol (data/openb/PROTOCOL.md) once per seed and prints the seed means.
-``--mig {mig,timeslice,mixed}`` runs the MIG variant instead (see ``bench/mig.py``).
+``--mig {mig,timeslice,mixed}`` runs the MIG variant instead (see ``tracebench/mig.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..placement import POLICIES
+from gpuslice_hub.placement import POLICIES
+
 from .report import summarise, table
 from .simulate import run_seed
 from .workload import read_nodes, read_pods
@@ -44,7 +46,9 @@ def trace_name(path: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuslice-bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tracebench", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     openb = sub.add_parser("openb", help="the openb trace protocol of the FGD paper")
     openb.add_argument("--pods", required=True, help="openb_pod_list_*.csv")

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..placement.policies.typical import typical_from_requests
-from ..placement.select import select
-from ..placement.state import ClusterState
+from gpuslice_hub.placement.policies.typical import typical_from_requests
+from gpuslice_hub.placement.select import select
+from gpuslice_hub.placement.state import ClusterState
+
 from .columns import columns
 from .workload import Pod, Workload, build_cluster, build_workload
 
@@ -31,7 +32,7 @@ def make_policy(name: str, workload: Workload, seed: int):
     FGD and default get the trace's typical pods in advance, as in the paper;
     ``default-online`` learns them from the arriving requests, as the service does.
     """
-    from ..placement import POLICIES
+    from gpuslice_hub.placement import POLICIES
 
     if name == "default-online":
         return POLICIES["default"]()

@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
-from ..placement.select import select
-from ..placement.types import Request
+from gpuslice_hub.placement.select import select
+from gpuslice_hub.placement.types import Request
+
 from .columns import columns
 from .simulate import SeedResult, make_policy, run_seed
 from .workload import Pod, build_cluster, build_workload

@@ -1,1 +1,0 @@
-"""The openb trace benchmark (``gpuslice-bench openb``) over the placement engine."""
