@@ -73,6 +73,9 @@ def test_wheel_carries_the_prebuilt_labextension_once(wheel: Path) -> None:
     assert any(n.endswith(f"{SHARE}/schemas/gpuslice-labextension/plugin.json") for n in data)
     # Not a second copy inside the Python package.
     assert not [n for n in names if n.startswith("gpuslice/labextension/")]
+    # No test doubles or benchmark code in what a site installs.
+    assert not [n for n in names if n.startswith(("gpuslice/testing/", "gpuslice_hub/bench/"))]
+    assert not [n for n in names if "fake_pynvml" in n or n.startswith(("tests/", "benchmarks/"))]
     # The hub service's admin panel page and its script, and the database migrations.
     for name in (
         "gpuslice_hub/templates/admin.html",
