@@ -112,6 +112,16 @@ class ClusterCache:
             self._generation = inv.generation
             self.rows_rebuilt += len(hosts)
             return self._state
+        try:
+            return self._follow(views)
+        except BaseException:
+            # the views were followed only part of the way: rebuild everything next time
+            # rather than place on rows that miss a change
+            self._state = None
+            raise
+
+    def _follow(self, views: dict[int, Any]) -> ClusterState:
+        """Rebuild the rows of the hosts whose allocations changed since the last look."""
         changed: set[str] = set()
         old = self._views
         for alloc_id, view in views.items():

@@ -341,3 +341,28 @@ def test_every_refusal_code_has_an_http_status_and_a_meaning():
     assert all(400 <= s < 500 for s in STATUS_BY_CODE.values())
     with pytest.raises(ValueError, match="unknown refusal code"):
         Refused("nope", "a code nobody maps")
+
+
+def test_a_failure_while_following_changes_rebuilds_the_arrays_next_time(make_ledger, monkeypatch):
+    """Placing on rows that missed a change would double-book: a failure halfway through
+    following the changes makes the next look rebuild everything."""
+    from gpuslice_hub import clusterview
+
+    ledger = make_ledger()
+    a, _ = ledger.allocate(ANN, "gpu-1", "a")
+    before = ledger.profile_capacity()["gpu-1"][0]  # the arrays are built with a held
+    ledger.release(a["id"], "ann", "done")
+
+    real = clusterview._Layout.host_state
+    calls = {"n": 0}
+
+    def fail_once(self, *args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a database hiccup while following the release")
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(clusterview._Layout, "host_state", fail_once)
+    with pytest.raises(RuntimeError):
+        ledger.profile_capacity()
+    assert ledger.profile_capacity()["gpu-1"][0] == before + 1  # the release is seen
