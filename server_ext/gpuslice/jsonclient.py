@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.simple_httpclient import HTTPTimeoutError
 
 RETRY_STATUSES = frozenset({502, 503})
 IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})
@@ -103,8 +104,11 @@ class JSONClient:
         )
 
     def _error(self, e: HTTPClientError) -> JSONError:
-        if e.code == 599:  # tornado's code for a timeout: no answer came
+        # curl_httpclient (JupyterHub uses it where pycurl is installed) says "Timeout"
+        if isinstance(e, HTTPTimeoutError) or (e.code == 599 and "timeout" in str(e).lower()):
             return JSONError(504, f"{self.what} did not answer within {self.timeout:g} s")
+        if e.code == 599:  # tornado's code for no answer at all: the connection closed
+            return JSONError(503, f"{self.what} closed the connection without answering")
         message = f"{self.what} answered {e.code}"
         detail: dict[str, Any] = {}
         if e.response is not None and e.response.body:
