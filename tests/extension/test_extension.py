@@ -13,6 +13,7 @@ import pytest
 from traitlets.config import Config
 
 from gpuslice.extension.events import SCHEMA_ID
+from gpuslice.jsonclient import JSONClient
 from tests.fakes.fake_pynvml import FakeNVML, write_state
 
 LEAD = 20
@@ -550,7 +551,7 @@ def test_server_mode_asks_the_service_and_retries_when_it_is_down(fake_service, 
 
 @pytest.mark.parametrize("ext_config", [{"policy_from_service": True}])
 def test_unreachable_service_falls_back_to_the_local_policy(env):
-    env.monitor.service.url = "http://127.0.0.1:9/"
-    env.monitor.service.token = "t"
+    env.monitor.service.http = JSONClient("http://127.0.0.1:9/", "t", retry_delay=0.01)
+    assert env.monitor.service.configured  # so the policy is asked for, and nobody answers
     env.run(env.monitor.refresh_policy())
     assert env.monitor.policy_source == "local" and env.monitor.policy.idle_timeout == TIMEOUT
