@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from html import escape
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
+
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader
 
 
 def _memory(p: dict[str, Any]) -> str:
@@ -37,19 +40,6 @@ def _idle(p: dict[str, Any]) -> str:
     )
 
 
-# Scoped to the form, on top of the hub page's Bootstrap: rows that cannot be chosen are
-# greyed, so the one line that matters there -- why not -- stands out.
-_STYLE = """<style>
-.gpuslice-form .gpuslice-profile { cursor: pointer; }
-.gpuslice-form .gpuslice-profile input { margin-right: .4em; }
-.gpuslice-form .gpuslice-free { margin-left: .4em; }
-.gpuslice-form .gpuslice-profile.disabled { cursor: not-allowed; background: #f6f6f6; }
-.gpuslice-form .gpuslice-profile.disabled .gpuslice-free { background: #6c757d; }
-.gpuslice-form .gpuslice-details { color: #555; margin-left: 1.6em; }
-.gpuslice-form .gpuslice-why { font-size: .9em; margin: .2em 0 0 1.6em; }
-</style>"""
-
-
 def quota_line(quota: list[dict[str, Any]] | None) -> str:
     """The quotas that limit the user, in a line (``Your quota: 1 of 2 slices in use;
     Group physics: …``), or "" when none does."""
@@ -61,60 +51,57 @@ def quota_line(quota: list[dict[str, Any]] | None) -> str:
     return "; ".join(parts)
 
 
+TEMPLATE = "spawn_form.html"
+
+
 def render_form(
     profiles: list[dict[str, Any]],
     simulated: bool = False,
     quota: list[dict[str, Any]] | None = None,
+    template: str = TEMPLATE,
+    template_paths: Sequence[str] = (),
 ) -> str:
-    """HTML for JupyterHub's spawn page; the first available profile is preselected."""
+    """HTML for JupyterHub's spawn page, from the Jinja template ``template`` (looked up
+    in ``template_paths`` first, then in the package); the first available profile is
+    preselected."""
     visible = [p for p in profiles if p.get("allowed", True)]
     if not visible:
         return "<p>No GPU profile is open to you. Ask your JupyterHub admin for access.</p>"
     first = next((p["name"] for p in visible if p.get("available")), None)
     rows = []
     for p in visible:
-        name = escape(p["name"])
-        available = bool(p.get("available"))
         description = p.get("description") or ""
         # the default description (the profile's summary) already states a share's cap
         memory = "" if "memory cap" in description else _memory(p)
-        details = [escape(description), memory, _idle(p)]
-        status = f"{p.get('free', 0)} of {p.get('total', 0)} free"
-        why = ""
-        if not available and p.get("reason"):
-            why = f'<div class="gpuslice-why text-danger">Unavailable: {escape(p["reason"])}</div>'
+        available = bool(p.get("available"))
         rows.append(
-            f"""<label class="gpuslice-profile list-group-item{"" if available else " disabled"}"
-  data-profile="{name}">
-  <input type="radio" name="profile" value="{name}"{" checked" if p["name"] == first else ""}
-   {"" if available else "disabled"}>
-  <strong>{escape(p.get("display_name") or p["name"])}</strong>
-  <span class="badge gpuslice-free {"bg-success" if available else "bg-secondary"}">{status}</span>
-  <div class="gpuslice-details small">{" · ".join(d for d in details if d)}</div>{why}
-</label>"""
+            {
+                "name": p["name"],
+                "display_name": p.get("display_name") or p["name"],
+                "available": available,
+                "checked": p["name"] == first,
+                "status": f"{p.get('free', 0)} of {p.get('total', 0)} free",
+                "details": [d for d in (description, memory, _idle(p)) if d],
+                "reason": "" if available else (p.get("reason") or ""),
+            }
         )
-    others = [p for p in visible if p.get("available")]
-    hint = ""
-    if not others:
-        hint = (
-            '<p class="gpuslice-none text-danger">Nothing is free for you right now. '
-            "Try again later, or submit your notebook as a batch job.</p>"
-            # Start would only be refused: the hub's button (below this, in the same form)
-            # is disabled once the page is parsed
-            "<script>(() => { const form = document.currentScript.closest('form');"
-            " const off = () => form?.querySelectorAll('[type=submit]')"
-            ".forEach(b => { b.disabled = true; });"
-            " document.addEventListener('DOMContentLoaded', off); })();</script>"
+    return (
+        _environment(tuple(template_paths))
+        .get_template(template)
+        .render(
+            profiles=rows,
+            simulated=simulated,
+            quota_text=quota_line(quota),
+            nothing_free=not any(p.get("available") for p in visible),
         )
-    banner = ""
-    if simulated:
-        banner = (
-            '<p class="gpuslice-simulated alert alert-warning">These GPUs are simulated '
-            "(gpuslice demo mode): there is no real GPU behind them.</p>"
-        )
-    quota_text = quota_line(quota)
-    if quota_text:
-        banner += f'<p class="gpuslice-quota small">{escape(quota_text)}.</p>'
-    return f"""<div class="gpuslice-form">{_STYLE}{banner}
-<p>Choose a GPU slice for this server:</p>
-<div class="list-group">{"".join(rows)}</div>{hint}</div>"""
+    )
+
+
+@lru_cache(maxsize=8)
+def _environment(paths: tuple[str, ...]) -> Environment:
+    # An admin's folders first, so their spawn_form.html wins; autoescape: every profile
+    # field and reason is escaped unless a template marks it safe.
+    loader = ChoiceLoader(
+        [FileSystemLoader(list(paths)), PackageLoader("gpuslice_spawner", "templates")]
+    )
+    return Environment(loader=loader, autoescape=True)

@@ -17,12 +17,12 @@ from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, Spawner
 from tornado import web
-from traitlets import Float, Integer, Unicode, default
+from traitlets import Float, Integer, List, Unicode, default
 
 from gpuslice_hub.client import ServiceClient, ServiceError
 
 from .env import slice_env
-from .form import render_form
+from .form import TEMPLATE, render_form
 
 
 class SliceRefused(web.HTTPError):
@@ -115,6 +115,18 @@ class GPUSliceMixin(Spawner):
             0.0, min(self.preempt_wait_timeout, self.start_timeout - self.server_start_margin)
         )
 
+    form_template = Unicode(
+        TEMPLATE,
+        help="The Jinja template of the spawn form (autoescaped). Copy the package's "
+        "gpuslice_spawner/templates/spawn_form.html into a folder of form_template_paths "
+        "to change it; its comment lists the variables.",
+    ).tag(config=True)
+
+    form_template_paths = List(
+        Unicode(),
+        help="Folders searched for form_template before the package's own templates.",
+    ).tag(config=True)
+
     default_profile = Unicode(
         "",
         help="Profile used when a spawn names none (e.g. through the REST API); empty: the "
@@ -157,7 +169,11 @@ class GPUSliceMixin(Spawner):
         except ServiceError as e:
             return f"<p class='text-danger'>{escape(refusal(e, self.log).message)}</p>"  # type: ignore[attr-defined]
         return render_form(
-            data["profiles"], simulated=bool(data.get("simulated")), quota=data.get("quota")
+            data["profiles"],
+            simulated=bool(data.get("simulated")),
+            quota=data.get("quota"),
+            template=self.form_template,
+            template_paths=self.form_template_paths,
         )
 
     def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:

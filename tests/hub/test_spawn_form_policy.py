@@ -83,3 +83,37 @@ def test_render_form_words_for_each_policy():
     for idle, words in cases:
         html = render_form([{**base, "name": "p", "idle": idle}])
         assert words in html, (idle, html)
+
+
+def test_the_form_escapes_what_it_shows_and_an_admin_template_replaces_it(tmp_path):
+    """A profile's name, description and refusal reason come from config and the service:
+    the template escapes them all. An admin's spawn_form.html wins over the package's."""
+    evil = "<img src=x onerror=alert(1)>"
+    profiles = [
+        {
+            "name": "a",
+            "display_name": evil,
+            "description": evil,
+            "free": 0,
+            "total": 2,
+            "available": False,
+            "reason": evil,
+            "idle": {"timeout": 0},
+        },
+        {"name": "b", "free": 3, "total": 4, "available": True, "idle": {"timeout": 0}},
+    ]
+    html = render_form(profiles, simulated=True, quota=[{"scope": "user", "text": "1 of 2"}])
+    assert evil not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert 'value="b" checked' in html and 'value="a" disabled' in html
+    assert "3 of 4 free" in html and "Unavailable: &lt;img" in html
+    assert "simulated" in html and "Your quota: 1 of 2." in html
+    assert "gpuslice-none" not in html  # b is free
+    nothing = render_form([profiles[0]])
+    assert "Nothing is free for you right now" in nothing and "[type=submit]" in nothing
+
+    (tmp_path / "spawn_form.html").write_text(
+        "<ul>{% for p in profiles %}<li>{{ p.display_name }}: {{ p.status }}</li>{% endfor %}</ul>"
+    )
+    mine = render_form(profiles, template_paths=[str(tmp_path)])
+    shown = "<li>&lt;img src=x onerror=alert(1)&gt;: 0 of 2 free</li><li>b: 3 of 4 free</li>"
+    assert mine == f"<ul>{shown}</ul>"
