@@ -17,7 +17,7 @@ from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, Spawner
 from tornado import web
-from traitlets import Float, Integer, List, Unicode, default
+from traitlets import Float, Instance, Integer, List, Unicode, default
 
 from gpuslice_hub.client import ServiceClient, ServiceError
 
@@ -52,6 +52,19 @@ def refusal(e: ServiceError, log: Any) -> SliceRefused:
         "Try again in a minute; if it persists, tell your JupyterHub admin.",
         503,
     )
+
+
+class SpawnProgress:
+    """What a spawn has reported so far (JupyterHub's progress page reads it), and an
+    event that is set at each new report."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.changed = asyncio.Event()
+
+    def add(self, percent: int, message: str) -> None:
+        self.events.append({"progress": percent, "message": message})
+        self.changed.set()
 
 
 class GPUSliceMixin(Spawner):
@@ -205,32 +218,29 @@ class GPUSliceMixin(Spawner):
 
     # -- progress --------------------------------------------------------------------------
 
+    # what this spawn has reported (one per spawner, made on first use; not a setting)
+    _spawn_log = Instance(SpawnProgress, args=())
+
     def _progress(self, percent: int, message: str) -> None:
-        events = self.__dict__.setdefault("_gpuslice_events", [])
-        events.append({"progress": percent, "message": message})
+        self._spawn_log.add(percent, message)
         self.log.info("gpuslice %s: %s", self._log_name, message)  # type: ignore[attr-defined]
-        waiter = self.__dict__.get("_gpuslice_waiter")
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        sent = 0
+        log, sent = self._spawn_log, 0
         while True:
-            events = self.__dict__.setdefault("_gpuslice_events", [])
-            while sent < len(events):
-                yield events[sent]
+            log.changed.clear()  # before reading: a report from now on wakes the wait
+            while sent < len(log.events):
+                yield log.events[sent]
                 sent += 1
             if getattr(self, "_spawn_pending", False) is False and sent:
                 return
-            waiter = asyncio.get_running_loop().create_future()
-            self.__dict__["_gpuslice_waiter"] = waiter
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(waiter, 1.0)
+                await asyncio.wait_for(log.changed.wait(), 1.0)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> Any:
-        self.__dict__["_gpuslice_events"] = []
+        self._spawn_log.events.clear()
         profile = self._chosen_profile()
         if self.allocation_id:
             # left over from a spawn that never stopped cleanly: give it back first
