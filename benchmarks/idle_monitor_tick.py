@@ -19,7 +19,7 @@ import platform
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,7 +43,7 @@ class StubKernels:
     """What the monitor reads from jupyter_server's MappingKernelManager."""
 
     def __init__(self, kernels: dict[str, int]) -> None:
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         self._k = {
             kid: SimpleNamespace(
                 provisioner=SimpleNamespace(pid=pid),

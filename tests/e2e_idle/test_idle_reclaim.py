@@ -13,7 +13,7 @@ import re
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import requests
@@ -115,7 +115,7 @@ class Session:
                         "session": uuid.uuid4().hex,
                         "msg_type": "execute_request",
                         "version": "5.3",
-                        "date": datetime.now(timezone.utc).isoformat(),
+                        "date": datetime.now(UTC).isoformat(),
                     },
                     "parent_header": {},
                     "metadata": {},

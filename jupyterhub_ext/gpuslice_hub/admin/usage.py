@@ -6,7 +6,7 @@ held idle), not a capacity problem; the samples show which one an admin is looki
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import Connection, Table, case, delete, func, insert, select
@@ -18,7 +18,7 @@ from .pool import read_pool, totals
 from .sqltime import epoch, floor_div
 
 SAMPLES = cast(Table, UsageSampleRow.__table__)
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # What a sample stores besides its timestamp, in the order the series lists them.
 FIELDS = (
     "capacity_milli",

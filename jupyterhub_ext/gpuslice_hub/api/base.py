@@ -7,7 +7,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyterhub.services.auth import HubOAuthenticated
@@ -240,8 +240,8 @@ def allocation_age(alloc: dict[str, Any]) -> float:
     idle time reported about it."""
     created = datetime.fromisoformat(str(alloc["created_at"]).replace("Z", "+00:00"))
     if created.tzinfo is None:
-        created = created.replace(tzinfo=timezone.utc)
-    return max(0.0, (datetime.now(timezone.utc) - created).total_seconds())
+        created = created.replace(tzinfo=UTC)
+    return max(0.0, (datetime.now(UTC) - created).total_seconds())
 
 
 def dumps(data: Any) -> str:

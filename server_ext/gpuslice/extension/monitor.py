@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..activity import SERVER_KEY, Activity, ActivityReport, ActivitySampler, IdleTrackers
@@ -167,7 +167,7 @@ class Monitor:
             # jupyter_server counts every ``*_last_activity`` setting, and JupyterHub's
             # single-user extension reports the latest to the hub, so jupyterhub-idle-culler
             # sees a server that trains silently as active. Idle, we leave it alone.
-            self.web_settings["gpuslice_last_activity"] = datetime.now(timezone.utc)
+            self.web_settings["gpuslice_last_activity"] = datetime.now(UTC)
         decisions = self.reclaimer.observe(now, self.states, active)
         decisions += self.memcap.observe(
             now, {kid: a.memory_bytes for kid, a in report.kernels.items()}

@@ -17,7 +17,7 @@ import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..activity import DEFAULT_SAMPLE_INTERVAL, ActivitySampler, Attributor, make_source
@@ -44,7 +44,7 @@ def source_kind(env: Any = None) -> str:
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 class JobUsage:
