@@ -20,13 +20,17 @@ from gpuslice_hub.overrides import apply_overrides
 from gpuslice_hub.quotas import parse_quotas
 
 
+def assert_models_match(db) -> None:
+    with db.read_engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == [], diff
+
+
 def test_migrations_build_exactly_the_models(db_url: str) -> None:
     db = open_database(db_url)
     try:
         upgrade(db)
-        with db.read_engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
-        assert diff == [], diff
+        assert_models_match(db)
     finally:
         db.dispose()
 
@@ -41,9 +45,7 @@ def test_every_revision_downgrades_and_upgrades_again(db_url: str) -> None:
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, "0001")
         upgrade(db)
-        with db.read_engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
-        assert diff == [], diff
+        assert_models_match(db)
     finally:
         db.dispose()
 
