@@ -56,7 +56,7 @@ from .jobs.setup import start_jobs
 from .ledger import Ledger
 from .metrics import make_registry
 from .overrides import AdminSettings
-from .placement import get_policy
+from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
 from .silent import SILENT_KIND, find_silent, silent_detail
@@ -148,7 +148,8 @@ class GPUSliceService(Application):
 
     placement_policy = Unicode(
         "default",
-        help="Placement policy for new slices (see docs/benchmarks.md for how each one does).",
+        help=f"Placement policy for new slices: one of {', '.join(sorted(POLICIES))} "
+        "(docs/benchmarks.md compares them on the openb traces).",
     ).tag(config=True)
 
     admin_scope = Unicode(
@@ -303,7 +304,7 @@ class GPUSliceService(Application):
             raise ConfigError("reclaim_silent_after", "must be >= 0 seconds (0: never)")
         if self.usage_retention_days <= 0:
             raise ConfigError("usage_retention_days", "must be > 0 days")
-        if 0 < self.history_retention_days < MIN_RETENTION_DAYS or self.history_retention_days < 0:
+        if self.history_retention_days != 0 and self.history_retention_days < MIN_RETENTION_DAYS:
             raise ConfigError(
                 "history_retention_days",
                 f"must be 0 (keep everything) or at least {MIN_RETENTION_DAYS:g} days, the "

@@ -41,12 +41,13 @@ def idle_figures(registry) -> list[str]:
     )
 
 
-def add_job(ledger, state: str, when) -> int:
+def add_job(ledger, state: str, when, finished=None) -> int:
     with ledger.db.writing() as s:
         job = JobRow(
             name="j",
             user="ann",
             state=state,
+            finished_at=finished,
             profile="share-250",
             priority_class="normal",
             checkpoint_interval=60.0,
@@ -71,7 +72,9 @@ def test_pruning_keeps_every_figure_and_everything_live(make_ledger):
     idle_event(ledger, "idle-culled", gone, scope="server", reclaimed_gpu_hours=2.5)
     idle_event(ledger, "idle-culled", gone, scope="kernel", kernel_id="k1")
     ledger.release(gone["id"], "ann", "done")
-    ended = add_job(ledger, "completed", now - OLD)
+    ended = add_job(ledger, "completed", now - OLD, finished=now - OLD)
+    # started as long ago, ended recently: its history stays whole
+    recent = add_job(ledger, "completed", now - OLD, finished=now - timedelta(days=1))
     live = add_job(ledger, "running", now - OLD)
     # all of that happened 40 days ago ...
     with ledger.db.writing() as s:
@@ -107,9 +110,9 @@ def test_pruning_keeps_every_figure_and_everything_live(make_ledger):
             job_id: s.execute(
                 select(func.count()).where(JobTransitionRow.job_id == job_id)
             ).scalar()
-            for job_id in (ended, live)
+            for job_id in (ended, recent, live)
         }
-    assert histories == {ended: 0, live: 2}  # a live job keeps all of its own
+    assert histories == {ended: 0, recent: 2, live: 2}  # whole histories, or none
     # the same figures: from the collector that saw the events, from a new one, and in
     # the admin panel
     assert idle_figures(registry) == before

@@ -184,13 +184,14 @@ def _add_total(s: Session, key: Key, n: int, hours: float) -> None:
 
 
 def _prune_transitions(ledger: Ledger, before: datetime, batch: int) -> int:
-    """The state history of jobs that ended (a live job keeps all of its own)."""
+    """The state history of jobs that ended before ``before``, each job's whole history at
+    once (a live job, or one that ended since, keeps all of its own)."""
     with ledger.db.writing() as s:
         ids = (
             s.execute(
                 select(JobTransitionRow.id)
                 .join(JobRow, JobRow.id == JobTransitionRow.job_id)
-                .where(JobTransitionRow.at < before, JobRow.state.in_(TERMINAL_JOB_STATES))
+                .where(JobRow.state.in_(TERMINAL_JOB_STATES), JobRow.finished_at < before)
                 .limit(batch)
             )
             .scalars()

@@ -20,7 +20,7 @@ from ..db.models import (
 from ..errors import Pending, Refused
 from ..placement import Placement, Refusal, place_in
 from ..profiles import Profile
-from ..quotas import Charge, Usage
+from ..quotas import Charge
 from ..serialize import allocation_json
 from ..snapshot import (
     AllocationView,
@@ -36,9 +36,9 @@ from .base import (
     RECLAIM_KINDS,
     REFUSALS,
     Caller,
-    _holdings,
-    _mig_milli,
+    holdings_of,
     log,
+    quota_usage,
 )
 from .capacity import CapacityMixin
 
@@ -145,11 +145,8 @@ class AllocationMixin(CapacityMixin):
                         )
                 inv = self.inventory_cache.get(s)
                 active = self.active_cache.get(s)
-                want = Usage(
-                    profile.quota_weight, request.total_gpu_milli or _mig_milli(profile, inv)
-                )
                 charge = self.effective_quotas(s).check(
-                    caller.user, caller.groups, want, _holdings(active)
+                    caller.user, caller.groups, quota_usage(profile, inv), holdings_of(active)
                 )
                 if not isinstance(charge, Charge):
                     raise Refused("over_quota", charge)

@@ -131,8 +131,16 @@ class LedgerBase:
         return int(s.connection().execute(stmt).scalar_one())
 
 
-def _holdings(active: Iterable[AllocationView]) -> list[Holding]:
+def holdings_of(active: Iterable[AllocationView]) -> list[Holding]:
+    """What each active allocation counts against its user's and group's quotas."""
     return [Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli)) for a in active]
+
+
+def quota_usage(profile: Profile, inv: InventoryView) -> Usage:
+    """What one more slice of ``profile`` would count against a quota."""
+    return Usage(
+        profile.quota_weight, profile.request().total_gpu_milli or _mig_milli(profile, inv)
+    )
 
 
 def _mig_milli(profile: Profile, inv: InventoryView) -> int:

@@ -14,7 +14,7 @@ from ..clusterview import build_hosts, count_fits
 from ..errors import Refused
 from ..placement.state import ClusterState
 from ..profiles import Profile
-from ..quotas import Charge, Usage
+from ..quotas import Charge
 from ..snapshot import (
     InventoryView,
 )
@@ -22,8 +22,8 @@ from .base import (
     EVENTS,
     Caller,
     LedgerBase,
-    _holdings,
-    _mig_milli,
+    holdings_of,
+    quota_usage,
 )
 
 
@@ -101,7 +101,7 @@ class CapacityMixin(LedgerBase):
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
             capacity = self._capacity(s, inv)
-            holdings = _holdings(self.active_cache.get(s))
+            holdings = holdings_of(self.active_cache.get(s))
             out = []
             for p in self.profiles.values():
                 entry = p.to_json()
@@ -113,7 +113,7 @@ class CapacityMixin(LedgerBase):
                 elif free == 0:
                     reason = self._none_free(p, total, inv)
                 else:
-                    want = Usage(p.quota_weight, p.request().total_gpu_milli or _mig_milli(p, inv))
+                    want = quota_usage(p, inv)
                     charge = self.effective_quotas(s).check(user, groups, want, holdings)
                     if not isinstance(charge, Charge):
                         reason = charge
@@ -126,7 +126,7 @@ class CapacityMixin(LedgerBase):
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
         with self.db.reading() as s:
-            holdings = _holdings(self.active_cache.get(s))
+            holdings = holdings_of(self.active_cache.get(s))
             return self.effective_quotas(s).standing(user, tuple(groups), holdings)
 
     def _none_free(self, p: Profile, total: int, inv: InventoryView) -> str:
