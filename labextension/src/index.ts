@@ -2,6 +2,7 @@
 import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, IToolbarWidgetRegistry, Notification } from '@jupyterlab/apputils';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { INotebookTracker, type NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon, ToolbarButton } from '@jupyterlab/ui-components';
@@ -10,6 +11,7 @@ import { createApi } from './connection';
 import { IdleNotifier } from './idle';
 import { JobsPanel } from './jobspanel';
 import { confirmRelease, releaseGpu } from './release';
+import { pollIntervals } from './pollsettings';
 import { GpuStatusItem } from './statusbar';
 import { submitJob } from './submit';
 
@@ -53,7 +55,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     ICommandPalette,
     INotebookTracker,
     IDefaultFileBrowser,
-    IToolbarWidgetRegistry
+    IToolbarWidgetRegistry,
+    ISettingRegistry
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -61,7 +64,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null,
     tracker: INotebookTracker | null,
     browser: IDefaultFileBrowser | null,
-    toolbars: IToolbarWidgetRegistry | null
+    toolbars: IToolbarWidgetRegistry | null,
+    settingRegistry: ISettingRegistry | null
   ) => {
     const api = createApi(app.serviceManager.serverSettings);
 
@@ -98,6 +102,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'left', { rank: 600 });
 
+    // Poll intervals: the schema's defaults until the settings load, then the user's.
+    let intervals = pollIntervals();
+    const applySettings = (settings: ISettingRegistry.ISettings): void => {
+      intervals = pollIntervals(settings.composite as Record<string, unknown>);
+      if (status) {
+        status.pollInterval = intervals.statusMs;
+      }
+      panel.pollMs = intervals.jobsMs;
+      panel.hiddenPollMs = intervals.jobsHiddenMs;
+    };
+    settingRegistry
+      ?.load(plugin.id)
+      .then(settings => {
+        applySettings(settings);
+        settings.changed.connect(applySettings);
+      })
+      .catch(reason => console.warn('gpuslice: settings not loaded, using defaults', reason));
+
     app.commands.addCommand(JOBS_COMMAND, {
       label: 'Show GPU jobs',
       execute: () => app.shell.activateById(panel.id)
@@ -119,10 +141,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (open?.context.model.dirty) {
           await open.context.save();
         }
-        await submitJob(api, path, () => {
-          app.shell.activateById(panel.id);
-          void panel.refresh();
-        });
+        await submitJob(
+          api,
+          path,
+          () => {
+            app.shell.activateById(panel.id);
+            void panel.refresh();
+          },
+          intervals.profilesMs
+        );
       }
     });
     // The notebook toolbar's button submits the notebook it belongs to, not whichever one

@@ -21,12 +21,9 @@ import {
   stateBadge,
   type IJobEvent
 } from './jobview';
+import { pollIntervals } from './pollsettings';
 import { refusalMessage } from './refusal';
 import type { IJob } from './types';
-
-const VISIBLE_POLL_MS = 3000;
-// While hidden, poll slowly and only while some job is unfinished, just to notify.
-const HIDDEN_POLL_MS = 30000;
 
 export interface IJobsPanelOptions {
   api: GpusliceApi;
@@ -60,6 +57,9 @@ export class JobsPanel extends Widget {
   private readonly message = el('div', 'jp-gpuslice-jobs-message');
   private timer: number | undefined;
   private loaded = false;
+  /** Refresh intervals (ms) while shown and while hidden; set from the settings. */
+  pollMs = pollIntervals().jobsMs;
+  hiddenPollMs = pollIntervals().jobsHiddenMs;
 
   constructor(private readonly options: IJobsPanelOptions) {
     super();
@@ -115,9 +115,10 @@ export class JobsPanel extends Widget {
   private schedule(): void {
     const active = this.jobs.some(job => !isTerminal(job.state));
     if (this.isVisible) {
-      this.timer = window.setTimeout(() => void this.refresh(), VISIBLE_POLL_MS);
+      this.timer = window.setTimeout(() => void this.refresh(), this.pollMs);
     } else if (active) {
-      this.timer = window.setTimeout(() => void this.refresh(), HIDDEN_POLL_MS);
+      // While hidden, poll slowly and only while some job is unfinished, just to notify.
+      this.timer = window.setTimeout(() => void this.refresh(), this.hiddenPollMs);
     }
   }
 

@@ -25,7 +25,7 @@ export class VisiblePoller {
 
   constructor(
     private readonly poll: () => void,
-    private readonly intervalMs: number,
+    private intervalMs: number,
     private readonly visibility: IVisibility
   ) {}
 
@@ -39,6 +39,16 @@ export class VisiblePoller {
     this.stopped = true;
     this.clear();
     this.unsubscribe?.();
+  }
+
+  /** A new interval (the settings changed): takes effect at once, without an extra poll. */
+  set interval(ms: number) {
+    if (ms === this.intervalMs) {
+      return;
+    }
+    this.intervalMs = ms;
+    this.clear();
+    this.sync(false);
   }
 
   get running(): boolean {

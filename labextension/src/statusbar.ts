@@ -3,10 +3,9 @@ import { Widget } from '@lumino/widgets';
 
 import { ApiError, type GpusliceApi } from './api';
 import { documentVisibility, VisiblePoller } from './poller';
+import { pollIntervals } from './pollsettings';
 import { statusView } from './statusview';
 import type { IStatus } from './types';
-
-const POLL_MS = 5000;
 
 export class GpuStatusItem extends Widget {
   private status: IStatus | null = null;
@@ -27,10 +26,19 @@ export class GpuStatusItem extends Widget {
     this.label.textContent = 'GPU …';
     // Only while the tab is on screen (see poller.ts); the events stream still brings
     // warnings to a hidden tab.
-    this.poller = new VisiblePoller(() => void this.refresh(), POLL_MS, documentVisibility);
+    this.poller = new VisiblePoller(
+      () => void this.refresh(),
+      pollIntervals().statusMs,
+      documentVisibility
+    );
     this.poller.start();
     // The countdown ticks every second between polls, from the last answer's deadlines.
     this.tickTimer = window.setInterval(() => this.render(), 1000);
+  }
+
+  /** How often to poll while the tab is on screen (from the settings). */
+  set pollInterval(ms: number) {
+    this.poller.interval = ms;
   }
 
   /** Poll now (after a keep-alive, the deadline moved). */

@@ -6,10 +6,9 @@ import { Widget } from '@lumino/widgets';
 import type { GpusliceApi } from './api';
 import { formatDuration } from './format';
 import { buildSubmitRequest, type ISubmitForm } from './params';
+import { pollIntervals } from './pollsettings';
 import { defaultProfile, profileLabel, refusalMessage } from './refusal';
 import { PRIORITIES, type IJob, type IProfile } from './types';
-
-const PROFILE_POLL_MS = 5000;
 
 function field(label: string, input: HTMLElement, hint?: string): HTMLLabelElement {
   const row = document.createElement('label');
@@ -37,7 +36,8 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
   constructor(
     private readonly api: GpusliceApi,
     private readonly initial: ISubmitForm,
-    errors: string[]
+    errors: string[],
+    pollMs: number = pollIntervals().profilesMs
   ) {
     super();
     this.addClass('jp-gpuslice-submit');
@@ -80,7 +80,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     this.node.addEventListener('input', () => this.showErrors([]));
     this.profile.add(new Option('loading profiles…', ''));
     void this.loadProfiles();
-    this.timer = window.setInterval(() => void this.loadProfiles(), PROFILE_POLL_MS);
+    this.timer = window.setInterval(() => void this.loadProfiles(), pollMs);
   }
 
   getValue(): ISubmitForm {
@@ -159,14 +159,15 @@ export const EMPTY_FORM: Omit<ISubmitForm, 'path'> = {
 export async function submitJob(
   api: GpusliceApi,
   path: string,
-  onSubmitted: (job: IJob) => void
+  onSubmitted: (job: IJob) => void,
+  pollMs?: number
 ): Promise<IJob | null> {
   let form: ISubmitForm = { ...EMPTY_FORM, path };
   let errors: string[] = [];
   for (;;) {
     const result = await showDialog<ISubmitForm>({
       title: 'Submit as GPU job',
-      body: new SubmitForm(api, form, errors),
+      body: new SubmitForm(api, form, errors, pollMs),
       buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Submit' })]
     });
     if (!result.button.accept || !result.value) {

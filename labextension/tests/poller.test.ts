@@ -61,4 +61,14 @@ describe('VisiblePoller', () => {
     expect(poll).not.toHaveBeenCalled();
     expect(visibility.subscribers).toBe(0);
   });
+
+  it('takes a new interval at once, without an extra poll', () => {
+    const poll = jest.fn();
+    const poller = new VisiblePoller(poll, 5000, new FakeVisibility());
+    poller.start();
+    poller.interval = 1000;
+    expect(poll).toHaveBeenCalledTimes(1);
+    jest.advanceTimersByTime(3000);
+    expect(poll).toHaveBeenCalledTimes(4);
+  });
 });

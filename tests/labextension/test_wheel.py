@@ -6,6 +6,7 @@ no Node.js on the PATH.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from tests.harness.engines import need
 
@@ -86,6 +88,20 @@ def test_wheel_carries_the_prebuilt_labextension_once(wheel: Path) -> None:
         "gpuslice_spawner/templates/spawn_form.html",
     ):
         assert name in names, name
+
+
+def test_python_and_npm_share_one_version(wheel: Path) -> None:
+    """The version comes from labextension/package.json alone (hatch-nodejs-version): the
+    wheel's metadata, the labextension it ships and the installed package all say it."""
+    npm_version = json.loads((REPO / "labextension" / "package.json").read_text())["version"]
+    archive = zipfile.ZipFile(wheel)
+    (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    match = re.search(r"^Version: (\S+)$", archive.read(metadata).decode(), re.MULTILINE)
+    # PEP 440 normalises npm's "1.0.0-alpha.1" to "1.0.0a1"
+    assert match and Version(match.group(1)) == Version(npm_version)
+    (shipped,) = [n for n in archive.namelist() if n.endswith(f"{SHARE}/package.json")]
+    assert json.loads(archive.read(shipped))["version"] == npm_version
+    assert not (REPO / "server_ext" / "gpuslice" / "_version.py").read_text().count(npm_version)
 
 
 def test_installed_without_node_the_extension_is_enabled_and_ok(
