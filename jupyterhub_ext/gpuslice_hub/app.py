@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlparse
 
+import jinja2
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from sqlalchemy.engine import make_url
@@ -60,6 +61,7 @@ from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
 from .silent import SILENT_KIND, find_silent, silent_detail
+from .templating import check_template_paths, page_environment
 
 ADMIN_SCOPE = "custom:gpuslice:admin"
 METRICS_SCOPE = "custom:gpuslice:metrics"
@@ -150,6 +152,14 @@ class GPUSliceService(Application):
         "default",
         help=f"Placement policy for new slices: one of {', '.join(sorted(POLICIES))} "
         "(docs/benchmarks.md compares them on the openb traces).",
+    ).tag(config=True)
+
+    template_paths = List(
+        Unicode(),
+        help="Folders searched for the service's page templates (Jinja) before its own: a "
+        "file named page.html, overview.html, admin.html or forbidden.html there replaces "
+        'the built-in one, which it can extend as "gpuslice/<name>" (see the admin '
+        "guide). Each folder must exist and hold at least one of them.",
     ).tag(config=True)
 
     admin_scope = Unicode(
@@ -243,10 +253,13 @@ class GPUSliceService(Application):
     # when the last reconciliation with the hub completed (api/health says it)
     reconciled_at: datetime | None = None
     _silent_reported: set[int]
+    # the pages' templates, with the site's template_paths once the settings are loaded
+    page_templates: jinja2.Environment
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self._silent_reported = set()
+        self.page_templates = page_environment()
 
     # what --help-all and --generate-config cover
     classes = [JobManager]
@@ -297,6 +310,7 @@ class GPUSliceService(Application):
         if not self.parsed_profiles:
             raise ConfigError("profiles", "no profiles configured: users could ask for nothing")
         self.parsed_quotas = parse_quotas(self.quotas)
+        self.page_templates = check_template_paths(self.template_paths)
         self.idle_policy_config = self._parse_idle_policy()
         if self.usage_sample_interval < 0:
             raise ConfigError("usage_sample_interval", "must be >= 0 seconds (0: no samples)")
@@ -393,7 +407,7 @@ class GPUSliceService(Application):
             hub_auth=hub_auth,
             cookie_secret=os.urandom(32),
             static_path=str(PACKAGE / "static"),
-            template_path=str(PACKAGE / "templates"),
+            gpuslice_templates=self.page_templates,
             static_url_prefix=url_path_join(prefix, "static/"),
             log_function=self._log_request,
         )

@@ -13,7 +13,19 @@ QUOTAS = {"default_user": {"max_slices": 4}, "groups": {"physics": {"max_milli":
 def shared_hub(tmp_path_factory):
     from tests.harness.hub import start_hub
 
-    hub = start_hub(tmp_path_factory.mktemp("admin-hub"), quotas=QUOTAS)
+    work = tmp_path_factory.mktemp("admin-hub")
+    # A site's template override: a banner on every page, extending the built-in layout.
+    (work / "site-templates").mkdir()
+    (work / "site-templates" / "page.html").write_text(
+        '{% extends "gpuslice/page.html" %}'
+        '{% block announcement %}<p id="site-banner">{{ user }}: maintenance Friday</p>'
+        "{% endblock %}"
+    )
+    hub = start_hub(
+        work,
+        quotas=QUOTAS,
+        extra_service_config=f"c.GPUSliceService.template_paths = [{str(work / 'site-templates')!r}]",
+    )
     yield hub
     hub.stop()
 
@@ -49,6 +61,19 @@ def test_admin_endpoints_need_the_admin_scope(clean):
         assert "custom:gpuslice:admin" in r.json()["message"]
     r = clean.api("GET", "/admin", ann, allow_redirects=False)
     assert r.status_code == 403 and "custom:gpuslice:admin" in r.text
+
+
+def test_a_site_template_override_shows_on_every_page(clean):
+    ann = clean.add_user("ann")
+    for path in ("/admin", "/"):  # the refusal (403) and the overview page
+        r = clean.api("GET", path, ann, allow_redirects=False)
+        assert r.headers["Content-Type"].startswith("text/html"), (path, r.status_code)
+        assert '<p id="site-banner">ann: maintenance Friday</p>' in r.text, r.text
+    admin = clean.add_user("admin")
+    r = clean.api("GET", "/admin", admin)
+    assert r.status_code == 200 and "site-banner" in r.text
+    # the built-in page still around the banner: the admin panel's script and its API
+    assert 'name="gpuslice-api"' in r.text and "admin.js" in r.text
 
 
 def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_config(clean):

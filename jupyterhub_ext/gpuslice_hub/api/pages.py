@@ -4,14 +4,31 @@ the admin panel, whose script reads the REST API with the page's XSRF token."""
 from __future__ import annotations
 
 import asyncio
-from html import escape
+from typing import Any
 
 from tornado import web
 
 from .base import BaseHandler
 
 
-class HomeHandler(BaseHandler):
+class PageHandler(BaseHandler):
+    def render_page(self, name: str, status: int = 200, **values: Any) -> None:
+        """Render one of the service's templates (the site's override, if any)."""
+        html = (
+            self.settings["gpuslice_templates"]
+            .get_template(name)
+            .render(
+                static_url=self.static_url,
+                prefix=self.service.service_prefix,
+                **values,
+            )
+        )
+        self.set_status(status)
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(html)
+
+
+class HomeHandler(PageHandler):
     """What a researcher can get and holds, and their quota; admins see every holder."""
 
     @web.authenticated
@@ -30,11 +47,10 @@ class HomeHandler(BaseHandler):
             )
             allocations.append({**a, "holder": holder, "where": where})
         hub_prefix = self.hub_auth.hub_prefix if self.hub_auth else "/hub/"
-        self.render(
+        self.render_page(
             "overview.html",
             user=ident.name,
             is_admin=ident.is_admin,
-            prefix=self.service.service_prefix,
             hub_prefix=hub_prefix,
             backend=inv.backend if inv else "?",
             simulated=bool(inv and inv.simulated),
@@ -44,24 +60,20 @@ class HomeHandler(BaseHandler):
         )
 
 
-class AdminPageHandler(BaseHandler):
+class AdminPageHandler(PageHandler):
     @web.authenticated
     async def get(self) -> None:
         ident = self.identity()
         if not ident.is_admin:
-            self.set_status(403)
-            self.set_header("Content-Type", "text/html; charset=utf-8")
-            self.finish(
-                "<!doctype html><title>gpuslice: not an admin</title>"
-                f"<p>The gpuslice admin panel needs the <code>{escape(self.service.admin_scope)}"
-                f"</code> scope; {escape(ident.name)} does not have it.</p>"
+            self.render_page(
+                "forbidden.html", 403, user=ident.name, admin_scope=self.service.admin_scope
             )
             return
         inv = self.service.inventory
-        self.render(
+        self.render_page(
             "admin.html",
             user=ident.name,
-            prefix=self.service.service_prefix,
+            xsrf_token=self.xsrf_token.decode(),
             backend=inv.backend if inv else "?",
             simulated=bool(inv and inv.simulated),
             admin_scope=self.service.admin_scope,
