@@ -31,6 +31,7 @@ from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.idle_policy import PolicyConfig, PolicyError
 from gpuslice.jsonclient import JSONError
 from gpuslice.model import Inventory
+from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from . import __version__
 from .admin.history import MIN_RETENTION_DAYS, run_pruner
@@ -262,7 +263,7 @@ class GPUSliceService(Application):
         self.page_templates = page_environment()
 
     # what --help-all and --generate-config cover
-    classes = [JobManager]
+    classes = [JobManager, SlurmGresConfig]
     subcommands = {
         "upgrade-db": (
             "gpuslice_hub.app.UpgradeDB",

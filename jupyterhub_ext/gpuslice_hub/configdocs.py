@@ -30,6 +30,12 @@ SECTIONS = (
         "Batch jobs: the queue, preemption, checkpoints, the backends that run them.",
     ),
     (
+        "gpuslice_spawner.slurm_gres",
+        "SlurmGresConfig",
+        "gpuslice_config.py (configure_jupyterhub copies it to the hub for the spawner)",
+        "The Slurm cluster's gres names, for servers and batch jobs alike.",
+    ),
+    (
         "gpuslice_spawner.spawner",
         "GPUSliceMixin",
         "jupyterhub_config.py",

@@ -20,9 +20,10 @@ import secrets
 import socket
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from traitlets.config import Config
+from traitlets.config import Config, PyFileConfigLoader
 
 from .app import ADMIN_SCOPE, METRICS_SCOPE
 
@@ -60,6 +61,7 @@ def configure_jupyterhub(
     ``metrics_services``: hub services (e.g. Prometheus' scraper) given the read-only
     ``custom:gpuslice:metrics`` scope, enough for ``/metrics`` and nothing else."""
     token = api_token or secrets.token_hex(32)
+    share_sections(c, config_file)
     # A free loopback port unless the admin names one: two hubs on one host (or a port
     # some other program holds) must not make the service crash-loop on a fixed default.
     url = url or f"http://127.0.0.1:{free_port()}"
@@ -116,6 +118,32 @@ def configure_jupyterhub(
         c.GPUSliceMixin.service_token = token
         c.GPUSliceMixin.service_name = name
     return token
+
+
+# Settings the hub's spawner and the service must agree on, written once in the service's
+# config file: the Slurm gres names (servers and batch jobs ask Slurm for the same gres).
+SHARED_SECTIONS = ("SlurmGresConfig",)
+
+
+def share_sections(c: Any, config_file: str) -> None:
+    """Copy :data:`SHARED_SECTIONS` from the service's config file into the hub's ``c``.
+
+    A value the hub's config also sets must be the same: servers and jobs asking Slurm for
+    different gres would make the ledger and Slurm disagree about what is held."""
+    path = Path(config_file)
+    if not path.is_file():
+        return  # the service refuses to start without it, with the path in its message
+    loaded = PyFileConfigLoader(path.name, str(path.parent.resolve())).load_config()
+    for section in SHARED_SECTIONS:
+        if section not in loaded:
+            continue
+        for key, value in loaded[section].items():
+            if key in c[section] and c[section][key] != value:
+                raise ValueError(
+                    f"c.{section}.{key} is {c[section][key]!r} in the hub's config but "
+                    f"{value!r} in {config_file}: set it in {config_file} only"
+                )
+            c[section][key] = value
 
 
 def free_port() -> int:

@@ -53,8 +53,8 @@ def check_template_paths(template_paths: Sequence[str]) -> jinja2.Environment:
     for name in PAGES:
         try:
             env.get_template(name)
-        except jinja2.TemplateError as e:
-            syntax = isinstance(e, jinja2.TemplateSyntaxError)
-            where = f"{e.filename}:{e.lineno}" if syntax else name
-            raise ConfigError("template_paths", f"{where}: {e.message or e}") from None
+        except jinja2.TemplateSyntaxError as e:
+            raise ConfigError("template_paths", f"{e.filename}:{e.lineno}: {e.message}") from None
+        except jinja2.TemplateError as e:  # e.g. an {% extends %} of a missing template
+            raise ConfigError("template_paths", f"{name}: {e}") from None
     return env

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pwd
 from typing import Any, cast
 
-from traitlets import Bool, Dict, Enum, Integer, List, Unicode, default
+from traitlets import List, Unicode, default
 
 from .launchers.slurm import BATCH_SCRIPT_TEMPLATE, SlurmGres, batch_script, sbatch_options
+from .slurm_gres import SlurmGresConfig
 from .spawner import GPUSliceMixin
 
 try:
@@ -29,7 +30,8 @@ class GPUSliceSlurmSpawner(GPUSliceMixin, SlurmSpawner):
     """batchspawner's SlurmSpawner whose job holds exactly the slice gpuslice granted.
 
     Name the service's inventory hosts after the Slurm node names: the job is pinned to
-    the granted host with ``--nodelist``.
+    the granted host with ``--nodelist``. The cluster's gres names are ``c.SlurmGresConfig``
+    (in gpuslice_config.py, shared with the service's Slurm jobs).
     """
 
     batch_script = Unicode(
@@ -37,40 +39,6 @@ class GPUSliceSlurmSpawner(GPUSliceMixin, SlurmSpawner):
         help="batchspawner's job script template, plus the line @GPUSLICE_SBATCH@ where the "
         "grant's #SBATCH --gres/--nodelist lines go. Keep that marker after your own #SBATCH "
         "lines: the last directive wins, so nothing earlier can override the grant.",
-    ).tag(config=True)
-
-    gres_name = Unicode(
-        "gpu", help="Slurm gres name of GPUs and MIG instances (GresTypes in slurm.conf)."
-    ).tag(config=True)
-
-    gpu_gres_types = Dict(
-        value_trait=Unicode(),
-        help="GPU model as NVML names it -> Slurm gres type for whole-GPU grants, e.g. "
-        "{'NVIDIA H100 80GB HBM3': 'h100'}. A model without an entry is requested untyped.",
-    ).tag(config=True)
-
-    share_gres = Enum(
-        ["shard", "mps"],
-        default_value="shard",
-        help="gres that time-sliced shares are requested as: 'shard' (--gres=shard:N) or "
-        "'mps' (--gres=mps:N, CUDA MPS).",
-    ).tag(config=True)
-
-    shards_per_gpu = Integer(
-        8,
-        min=1,
-        help="Count of Name=shard per GPU in gres.conf; a share of milli m asks for "
-        "ceil(m * shards_per_gpu / 1000) shards.",
-    ).tag(config=True)
-
-    mps_per_gpu = Integer(
-        100, min=1, help="Count of Name=mps per GPU in gres.conf (100 makes N a percentage)."
-    ).tag(config=True)
-
-    pin_to_granted_host = Bool(
-        True,
-        help="Add --nodelist=<granted host>, so the job runs where gpuslice counted the "
-        "slice. Turn off only if the inventory's host names are not Slurm node names.",
     ).tag(config=True)
 
     extra_sbatch_options = List(
@@ -87,15 +55,8 @@ class GPUSliceSlurmSpawner(GPUSliceMixin, SlurmSpawner):
     ).tag(config=True)
 
     def gres_config(self) -> SlurmGres:
-        return SlurmGres(
-            gpu=self.gres_name,
-            gpu_types=dict(self.gpu_gres_types),
-            share=cast(Any, self.share_gres),
-            shards_per_gpu=self.shards_per_gpu,
-            mps_per_gpu=self.mps_per_gpu,
-            pin_host=self.pin_to_granted_host,
-            extra_options=tuple(self.extra_sbatch_options),
-        )
+        # the cluster's gres names: c.SlurmGresConfig, shared with the service's Slurm jobs
+        return SlurmGresConfig(parent=self).value(extra_options=self.extra_sbatch_options)
 
     def apply_grant(self, grant: dict[str, Any]) -> None:
         # Build the options now, so a grant Slurm cannot express fails (and is released)

@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -476,3 +477,29 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     slurm_cluster.cancel_all()
     yield slurm_cluster
     slurm_cluster.cancel_all()
+
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def slurm_hosts(node: str) -> list[dict[str, Any]]:
+    """The fixture's node as gpuslice inventory: its one 1g.10gb instance and two A100s.
+    The host is named after the Slurm node: servers and jobs are pinned to it."""
+    return [
+        {
+            "name": node,
+            "cpu_milli": 32000,
+            "memory_mib": 256000,
+            "gpus": [
+                {"model": A100, "memory_mib": 81920, "mig": ["1g.10gb"]},
+                {"model": A100, "memory_mib": 81920, "count": 2},
+            ],
+        }
+    ]
+
+
+# Profiles the fixture's gres can hold: a MIG instance and a shard-backed share.
+PROFILES = [
+    {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb", "idle_timeout": 600},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+]

@@ -21,10 +21,9 @@ def shared_hub(tmp_path_factory):
         '{% block announcement %}<p id="site-banner">{{ user }}: maintenance Friday</p>'
         "{% endblock %}"
     )
+    site = str(work / "site-templates")
     hub = start_hub(
-        work,
-        quotas=QUOTAS,
-        extra_service_config=f"c.GPUSliceService.template_paths = [{str(work / 'site-templates')!r}]",
+        work, quotas=QUOTAS, extra_service_config=f"c.GPUSliceService.template_paths = [{site!r}]"
     )
     yield hub
     hub.stop()

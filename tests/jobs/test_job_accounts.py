@@ -19,11 +19,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.harness.engines import need
 from tests.harness.hub import Hub
+from tests.harness.slurm import PROFILES, slurm_hosts
 from tests.jobs.test_jobs_hub import nb_json, wait_state
 
 pytestmark = pytest.mark.hub
@@ -153,9 +155,10 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def start(hub_factory, shared: Path, tag: str, extra: str = "") -> Hub:
+def start(hub_factory, shared: Path, tag: str, extra: str = "", **hub: Any) -> Hub:
     ledger = shared / f"{tag}.sqlite"
     return hub_factory(
+        **hub,
         db_url=f"sqlite:///{ledger}",
         jobs_as_service_user=False,
         extra_service_config=f"c.GPUSliceService.jobs_root = {str(shared / tag)!r}\n" + extra,
@@ -266,11 +269,11 @@ def test_slurm_jobs_are_submitted_as_their_owners(accounts, shared_dir, slurm, h
         hub_factory,
         shared_dir,
         "slurm",
-        extra=(
-            f"import os\nos.environ.update({env!r})\n"
-            "c.GPUSliceService.job_backend = 'slurm'\n"
-            "c.JobManager.slurm_gres = {'share-250': 'gpu:1g.10gb:1'}\n"
-        ),
+        extra=(f"import os\nos.environ.update({env!r})\nc.GPUSliceService.job_backend = 'slurm'\n"),
+        # the ledger's host is the Slurm node (the job is pinned to it); share-250 asks
+        # Slurm for shards of one of its A100s
+        hosts=slurm_hosts(slurm.node.name),
+        profiles=PROFILES,
     )
     token = hub.add_user(ann.pw_name)
     facts = run_probe(hub, token, "", shared_dir, "slurm")

@@ -13,6 +13,7 @@ import pytest
 
 from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script
 from tests.harness.hub import wait_for
+from tests.harness.slurm import PROFILES, SlurmCluster, slurm_hosts
 from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written, make_job_dir
 from tests.jobs.test_jobs_hub import expected_w
 
@@ -24,7 +25,7 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         7,
         "/jobs/7",
         "/venv/bin/python",
-        gres="shard:2",
+        placement=["--gres=shard:2", "--nodelist=node1"],
         partition="preemptible",
         time_limit_minutes=90,
         env={"CUDA_VISIBLE_DEVICES": "GPU-1", "GPUSLICE_JOB_ID": "7"},
@@ -35,6 +36,7 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         "#SBATCH --open-mode=append",
         "#SBATCH --signal=B:USR1@60",
         "#SBATCH --gres=shard:2",
+        "#SBATCH --nodelist=node1",
         "#SBATCH --partition=preemptible",
         "#SBATCH --time=90",
         'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-GPU-1}"',
@@ -42,6 +44,12 @@ def test_batch_script_has_requeue_signal_gres_and_append():
     ):
         assert expected in lines
     assert lines[-1] == "exec /venv/bin/python -m gpuslice.run /jobs/7"
+
+
+def mig_grant(slurm: SlurmCluster) -> dict:
+    """A ledger grant of the fixture's 1g.10gb instance on its node."""
+    mig = {"gpu_uuid": "GPU-0", "mig_uuid": "MIG-0", "mig_profile": "1g.10gb", "milli": 142}
+    return {"id": 1, "kind": "mig", "host": slurm.node.name, "assignments": [mig]}
 
 
 def runner_state(d: Path) -> dict:
@@ -55,10 +63,11 @@ def runner_state(d: Path) -> dict:
 def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm, tmp_path):
     d = make_job_dir(tmp_path / "job", parameters={"steps": 400, "delay": 0.02}, interval=1.0)
     (d / "result.json").unlink(missing_ok=True)
-    backend = SlurmBackend(
-        sys.executable, partition="preemptible", gres="gpu:1g.10gb:1", env=slurm.env
-    )
-    ref = backend.start(1, str(d), {"GPUSLICE_JOB_ID": "1"})
+    backend = SlurmBackend(sys.executable, partition="preemptible", env=slurm.env)
+    # the ledger's grant: Slurm is asked for the same gres on the same node
+    ref = backend.start(1, str(d), {"GPUSLICE_JOB_ID": "1"}, grants=[mig_grant(slurm)])
+    info = slurm.job_info(ref["slurm_job_id"])
+    assert (info["TresPerNode"], info["ReqNodeList"]) == ("gres:gpu:1g.10gb:1", slurm.node.name)
     slurm.wait_state(ref["slurm_job_id"], "RUNNING", timeout=60)
     wait_for(lambda: loop_checkpoint_written(d), 90, "the loop's first checkpoint")
 
@@ -105,12 +114,14 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
 
     env = {k: v for k, v in slurm.env.items() if k.startswith("SLURM") or k == "PATH"}
     hub = hub_factory(
+        # the ledger's host is the Slurm node: the job is pinned where its slice is counted
+        hosts=slurm_hosts(slurm.node.name),
+        profiles=PROFILES,
         extra_service_config=(
             f"import os\nos.environ.update({env!r})\n"
             "c.GPUSliceService.job_backend = 'slurm'\n"
             "c.JobManager.slurm_partitions = {'preemptible': 'preemptible'}\n"
-            "c.JobManager.slurm_gres = {'mig-1g.10gb': 'gpu:1g.10gb:1'}\n"
-        )
+        ),
     )
     alice = hub.add_user("alice")
     r = submit(
@@ -124,6 +135,13 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     wait_state(hub, alice, job_id, "running", timeout=90)
+    # Slurm was asked for what the ledger granted, where it granted it (no per-profile
+    # table: the spawner's translation of the grant)
+    (sid,) = [
+        j for j in slurm.active_jobs() if slurm.job_info(j)["JobName"] == f"gpuslice-{job_id}"
+    ]
+    info = slurm.job_info(sid)
+    assert (info["TresPerNode"], info["ReqNodeList"]) == ("gres:gpu:1g.10gb:1", slurm.node.name)
     d = hub.workdir / "gpuslice-jobs" / str(job_id)
     wait_for(lambda: loop_checkpoint_written(d), 90, "the loop's first checkpoint")
 

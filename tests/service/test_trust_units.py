@@ -47,6 +47,27 @@ def test_a_fine_body_passes_and_a_notebook_limit_can_be_larger():
     assert parse_json_object(big, {"a"}, max_string=1 << 20)["a"] == "x" * 200_000
 
 
+def test_the_slurm_gres_names_are_set_once_for_servers_and_jobs(tmp_path):
+    from gpuslice_spawner.slurm_gres import SlurmGresConfig
+
+    service_config = tmp_path / "gpuslice_config.py"
+    service_config.write_text(
+        "c.SlurmGresConfig.gpu_gres_types = {'NVIDIA H100 80GB HBM3': 'h100'}\n"
+        "c.SlurmGresConfig.shards_per_gpu = 16\n"
+    )
+    c = Config()
+    c.SlurmGresConfig.shards_per_gpu = 16  # the same value in both files is fine
+    configure_jupyterhub(c, config_file=str(service_config))
+    # what the spawner in the hub reads is what the service reads
+    gres = SlurmGresConfig(config=c).value()
+    assert gres.gpu_types == {"NVIDIA H100 80GB HBM3": "h100"} and gres.shards_per_gpu == 16
+    # two different values would make servers and jobs ask Slurm for different gres
+    clash = Config()
+    clash.SlurmGresConfig.shards_per_gpu = 8
+    with pytest.raises(ValueError, match="shards_per_gpu"):
+        configure_jupyterhub(clash, config_file=str(service_config))
+
+
 def test_hub_config_is_merged_whatever_the_order():
     c = Config()
     c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:users:activity"]}]

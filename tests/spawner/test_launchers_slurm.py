@@ -12,6 +12,7 @@ from gpuslice_spawner.launchers.slurm import (
     BATCH_SCRIPT_TEMPLATE,
     SlurmGres,
     batch_script,
+    grants_sbatch_options,
     gres_spec,
     sbatch_options,
 )
@@ -62,6 +63,27 @@ def test_share_as_shards_scales_milli_to_shards_per_gpu():
 def test_share_as_mps_is_a_percentage():
     assert gres_spec(SHARE, SlurmGres(share="mps")) == "mps:25"
     assert gres_spec(SHARE, SlurmGres(share="mps", mps_per_gpu=1000)) == "mps:250"
+
+
+def test_a_job_of_several_slices_asks_for_their_sum_on_their_one_host():
+    other_mig = copy.deepcopy(MIG)
+    assert grants_sbatch_options([MIG, other_mig, GPUS]) == [
+        "--gres=gpu:1g.18gb:2,gpu:2",
+        "--nodelist=node1",
+    ]
+    shares = [SHARE, copy.deepcopy(SHARE)]
+    assert grants_sbatch_options(shares, SlurmGres(partition="batch")) == [
+        "--gres=shard:4",
+        "--nodelist=node1",
+        "--partition=batch",
+    ]
+
+
+def test_slices_on_several_hosts_cannot_be_pinned_as_one_job():
+    elsewhere = {**SHARE, "host": "node2"}
+    assert grants_sbatch_options([SHARE, elsewhere]) == ["--gres=shard:4"]
+    with pytest.raises(ValueError, match="no grants"):
+        grants_sbatch_options([])
 
 
 def test_partition_extra_options_and_unpinned_host():

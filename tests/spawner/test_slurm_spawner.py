@@ -16,11 +16,10 @@ import psutil
 import pytest
 
 from tests.harness.hub import Hub, start_hub, wait_for
-from tests.harness.slurm import MARKER_ENV, SlurmCluster
+from tests.harness.slurm import MARKER_ENV, PROFILES, SlurmCluster, slurm_hosts
 
 pytestmark = [pytest.mark.hub, pytest.mark.slurm]
 
-A100 = "NVIDIA A100-SXM4-80GB"
 VENV_BIN = Path(sys.executable).parent
 
 # batchspawner, not gpuslice, needs the import: it registers /hub/api/batchspawner, where
@@ -39,27 +38,6 @@ c.Spawner.cmd = [{venv_bin!r} + "/jupyterhub-singleuser"]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 60
 """
-
-
-def slurm_hosts(node: str) -> list[dict[str, Any]]:
-    """The fixture's node as gpuslice inventory: its one 1g.10gb instance and two A100s."""
-    return [
-        {
-            "name": node,
-            "cpu_milli": 32000,
-            "memory_mib": 256000,
-            "gpus": [
-                {"model": A100, "memory_mib": 81920, "mig": ["1g.10gb"]},
-                {"model": A100, "memory_mib": 81920, "count": 2},
-            ],
-        }
-    ]
-
-
-PROFILES = [
-    {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb", "idle_timeout": 600},
-    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
-]
 
 
 @pytest.fixture(scope="module")

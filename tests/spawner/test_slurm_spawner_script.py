@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from traitlets.config import Config
 
 from tests.harness.engines import need_module
 
@@ -37,11 +38,13 @@ SHARE = {
 }
 
 
-def spawner(**traits: Any) -> GPUSliceSlurmSpawner:
+def spawner(gres: dict[str, Any] | None = None, **traits: Any) -> GPUSliceSlurmSpawner:
+    """``gres``: the shared ``c.SlurmGresConfig`` settings."""
     user = SimpleNamespace(name="nobody-here-xyz", id=3, url="/user/x/", groups=[])
     hub = SimpleNamespace(api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", public_host="")
     traits.setdefault("home_dir_template", "/cluster/home/{username}")
-    return GPUSliceSlurmSpawner(user=user, hub=hub, **traits)
+    config = Config({"SlurmGresConfig": gres or {}})
+    return GPUSliceSlurmSpawner(user=user, hub=hub, config=config, **traits)
 
 
 async def script_for(s: GPUSliceSlurmSpawner, grant: dict[str, Any]) -> str:
@@ -64,7 +67,8 @@ async def test_the_grant_comes_last_so_options_cannot_override_it():
 
 async def test_share_as_mps_with_extra_options_and_no_pinning():
     s = spawner(
-        share_gres="mps", pin_to_granted_host=False, extra_sbatch_options=["--time=8:00:00"]
+        {"share_gres": "mps", "pin_to_granted_host": False},
+        extra_sbatch_options=["--time=8:00:00"],
     )
     script = await script_for(s, SHARE)
     lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]

@@ -117,10 +117,6 @@ class JobManager(LoggingConfigurable):
         "preemptible class in a low PriorityTier partition lets Slurm's own preemption "
         "(PreemptMode=REQUEUE) requeue it for higher-priority work.",
     ).tag(config=True)
-    slurm_gres = Dict(
-        help="The ``--gres`` of each profile for Slurm jobs, e.g. "
-        '``{"mig-1g.10gb": "gpu:1g.10gb:1", "share-250": "shard:2"}``.',
-    ).tag(config=True)
     runner_python = Unicode(
         "",
         help="Python that runs ``python -m gpuslice.run`` for the local backend (default: "

@@ -400,7 +400,7 @@ class Scheduler:
                 job.id,
                 job.job_dir,
                 env,
-                profile=job.profile,
+                grants=grants,
                 priority=job.priority_class,
                 previous=dict(job.backend_ref or {}),
                 account=account,

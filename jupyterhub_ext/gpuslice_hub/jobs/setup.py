@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuslice_spawner.slurm_gres import SlurmGresConfig
+
 from ..errors import ConfigError
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend
@@ -38,7 +40,8 @@ def start_jobs(app: GPUSliceService) -> JobManager:
         manager.backend = SlurmBackend(
             python,
             partitions=manager.slurm_partitions,
-            gres_by_profile=manager.slurm_gres,
+            # the same gres names, and translation, as the servers' (GPUSliceSlurmSpawner)
+            gres=SlurmGresConfig(parent=app).value(),
             submit_prefix=manager.slurm_submit_prefix or None,
         )
     elif manager.runner_python:

@@ -83,8 +83,8 @@ def _token(value: object, what: str) -> str:
     return text
 
 
-def gres_spec(grant: Mapping[str, Any], config: SlurmGres | None = None) -> str:
-    """The ``--gres`` value for ``grant``, e.g. ``gpu:1g.10gb:1`` or ``shard:2``."""
+def gres_counts(grant: Mapping[str, Any], config: SlurmGres | None = None) -> Counter[str]:
+    """The gres ``grant`` holds, e.g. ``{"gpu:1g.10gb": 1}`` or ``{"shard": 2}``."""
     cfg = config or SlurmGres()
     kind = grant.get("kind")
     assignments = list(grant.get("assignments") or [])
@@ -112,16 +112,23 @@ def gres_spec(grant: Mapping[str, Any], config: SlurmGres | None = None) -> str:
         counts[cfg.share] = math.ceil(milli * per_gpu / 1000)
     else:
         raise ValueError(f"grant {grant.get('id')} has unknown kind {kind!r}")
+    return counts
+
+
+def _joined(counts: Counter[str]) -> str:
     return ",".join(f"{name}:{n}" for name, n in counts.items())
 
 
-def sbatch_options(grant: Mapping[str, Any], config: SlurmGres | None = None) -> list[str]:
-    """sbatch options that make a job hold what ``grant`` holds."""
-    cfg = config or SlurmGres()
-    options = [f"--gres={gres_spec(grant, cfg)}"]
-    if cfg.pin_host and grant.get("host"):
-        host = str(grant["host"])
-        if not _HOSTNAME.fullmatch(host):
+def gres_spec(grant: Mapping[str, Any], config: SlurmGres | None = None) -> str:
+    """The ``--gres`` value for ``grant``, e.g. ``gpu:1g.10gb:1`` or ``shard:2``."""
+    return _joined(gres_counts(grant, config))
+
+
+def _placement_options(host: object, cfg: SlurmGres) -> list[str]:
+    """``--nodelist`` (the granted host), the partition and the site's extra options."""
+    options = []
+    if cfg.pin_host and host:
+        if not _HOSTNAME.fullmatch(str(host)):
             raise ValueError(f"host {host!r} is not a Slurm node name")
         options.append(f"--nodelist={host}")
     if cfg.partition:
@@ -131,6 +138,32 @@ def sbatch_options(grant: Mapping[str, Any], config: SlurmGres | None = None) ->
             raise ValueError(f"extra sbatch option {option!r} is not --name[=value]")
         options.append(option)
     return options
+
+
+def sbatch_options(grant: Mapping[str, Any], config: SlurmGres | None = None) -> list[str]:
+    """sbatch options that make a job hold what ``grant`` holds."""
+    cfg = config or SlurmGres()
+    return [f"--gres={gres_spec(grant, cfg)}", *_placement_options(grant.get("host"), cfg)]
+
+
+def grants_sbatch_options(
+    grants: Sequence[Mapping[str, Any]], config: SlurmGres | None = None
+) -> list[str]:
+    """sbatch options that make one job hold what all of ``grants`` hold (a batch job of
+    several slices): their gres summed, pinned to their host when they share one.
+
+    Slurm's ``--gres`` is per node: slices the ledger placed on different hosts cannot be
+    pinned as one single-node job, so such a job is submitted without ``--nodelist`` (the
+    admin guide says so)."""
+    if not grants:
+        raise ValueError("no grants to translate")
+    cfg = config or SlurmGres()
+    total: Counter[str] = Counter()
+    for grant in grants:
+        total.update(gres_counts(grant, cfg))
+    hosts = {grant.get("host") for grant in grants}
+    host = next(iter(hosts)) if len(hosts) == 1 else None
+    return [f"--gres={_joined(total)}", *_placement_options(host, cfg)]
 
 
 def batch_script(

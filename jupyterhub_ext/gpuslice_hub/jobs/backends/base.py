@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,12 +27,13 @@ class Backend(Protocol):
         job_id: int,
         job_dir: str,
         env: dict[str, str],
-        profile: str,
+        grants: Sequence[dict[str, Any]],
         priority: str,
         previous: dict[str, Any],
         account: Account,
     ) -> dict[str, Any]:
-        """Start the runner as ``account`` with exactly the environment ``env`` (or,
+        """Start the runner as ``account`` with exactly the environment ``env``, holding
+        the slices ``grants`` (the ledger's allocations: kind, host, assignments) (or,
         ``previous`` still queued in the backend, let it run again); returns the reference
         stored in the job row."""
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ class LocalBackend:
         job_id: int,
         job_dir: str,
         env: dict[str, str],
-        profile: str = "",
+        grants: Sequence[dict[str, Any]] = (),
         priority: str = "",
         previous: dict[str, Any] | None = None,
         account: Account | None = None,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuslice.vocab import EXIT_BY_STATUS
+from gpuslice_spawner.launchers.slurm import SlurmGres, grants_sbatch_options
 
 from ..accounts import Account
 from .base import RunStatus
@@ -53,14 +54,15 @@ def batch_script(
     job_id: int,
     job_dir: str,
     python: str,
-    gres: str = "",
+    placement: Sequence[str] = (),
     partition: str = "",
     time_limit_minutes: int = 0,
     warn_seconds: int = 60,
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
 ) -> str:
-    """The sbatch script of a job (pure: tested without a cluster)."""
+    """The sbatch script of a job (pure: tested without a cluster). ``placement``: the
+    grant's ``--gres`` and ``--nodelist`` (:func:`grants_sbatch_options`)."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=gpuslice-{job_id}",
@@ -73,8 +75,7 @@ def batch_script(
         # Nothing of the submitting environment: the job's allow-list is exported below.
         "#SBATCH --export=NONE",
     ]
-    if gres:
-        lines.append(f"#SBATCH --gres={gres}")
+    lines += [f"#SBATCH {opt}" for opt in placement]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     if time_limit_minutes:
@@ -101,18 +102,16 @@ class SlurmBackend:
         self,
         python: str,
         partition: str = "",
-        gres: str = "",
+        gres: SlurmGres | None = None,
         env: dict[str, str] | None = None,
         time_limit_minutes: int = 0,
         partitions: dict[str, str] | None = None,
-        gres_by_profile: dict[str, str] | None = None,
         submit_prefix: Sequence[str] | None = None,
     ) -> None:
         self.python = python
         self.partition = partition
-        self.gres = gres
+        self.gres = gres or SlurmGres()
         self.partitions = partitions or {}
-        self.gres_by_profile = gres_by_profile or {}
         self.env = env  # the environment Slurm commands run with (SLURM_CONF …)
         self.time_limit_minutes = time_limit_minutes
         self.submit_prefix = list(submit_prefix) if submit_prefix else default_prefix()
@@ -144,7 +143,7 @@ class SlurmBackend:
         job_id: int,
         job_dir: str,
         env: dict[str, str],
-        profile: str = "",
+        grants: Sequence[dict[str, Any]] = (),
         priority: str = "",
         previous: dict[str, Any] | None = None,
         account: Account | None = None,
@@ -154,11 +153,14 @@ class SlurmBackend:
             # Slurm requeued it itself (preempted by a higher-priority partition)
             self.release_requeued(previous)
             return {**previous, "resume": True}
+        # the slices the ledger granted, as the spawner asks for a server's: the same gres
+        # on the same host (--nodelist), so the ledger and Slurm agree on what is held
+        placement = grants_sbatch_options(grants, self.gres) if grants else []
         script = batch_script(
             job_id,
             job_dir,
             self.python,
-            self.gres_by_profile.get(profile, self.gres),
+            placement,
             self.partitions.get(priority, self.partition),
             self.time_limit_minutes,
             env=env,
