@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpuslice_hub.jobs.backends.kubernetes import gpu_limits, job_manifest, priority_classes
+from gpuslice_hub.jobs.backends.kubernetes import job_manifest, pod_placement, priority_classes
+from gpuslice_spawner.launchers.kubernetes import KubernetesResources
 from tests.harness.engines import need
 
 try:  # kubernetes-validate bundles the schemas: works offline
@@ -19,6 +20,17 @@ def validate(obj: dict[str, Any]) -> None:
     need(kubernetes_validate is not None, "kubernetes-validate")
     assert kubernetes_validate is not None
     kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def grant(kind: str, mig: str = "", host: str = "gpu-node-1", milli: int = 1000) -> dict:
+    """A ledger allocation, as the scheduler hands it to a backend."""
+    one = {"gpu_uuid": "GPU-1", "gpu_model": A100, "milli": milli, "memory_mib": 20480}
+    if mig:
+        one.update(mig_uuid="MIG-1", mig_profile=mig)
+    return {"id": 3, "kind": kind, "host": host, "assignments": [one]}
 
 
 @pytest.mark.parametrize(
@@ -36,7 +48,7 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
         "preemptible",
         "quay.io/jupyter/scipy-notebook",
         "jobs-pvc",
-        gpu_limits(kind, 1, mig),
+        [grant(kind, mig, milli=250 if kind == "share" else 1000)],
         grace_seconds=90,
         max_runtime_seconds=3600,
         env={"GPUSLICE_JOB_ID": "12"},
@@ -48,6 +60,11 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
     assert pod["terminationGracePeriodSeconds"] == 90
     assert pod["restartPolicy"] == "Never"
     assert pod["containers"][0]["resources"]["limits"] == {resource: "1"}
+    # on the node and GPU model the ledger granted, as the spawner pins a server
+    assert pod["nodeSelector"] == {
+        "kubernetes.io/hostname": "gpu-node-1",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    }
     assert pod["containers"][0]["command"] == ["python", "-m", "gpuslice.run", "/gpuslice-jobs/12"]
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
@@ -70,3 +87,21 @@ def test_priority_classes_only_non_preemptible_ones_preempt():
     assert classes["gpuslice-preemptible"]["preemptionPolicy"] == "Never"
     assert classes["gpuslice-high"]["value"] > classes["gpuslice-normal"]["value"]
     assert classes["gpuslice-normal"]["value"] > classes["gpuslice-preemptible"]["value"]
+
+
+def test_a_job_of_several_slices_is_one_pod_with_their_sum_on_their_node():
+    limits, selector = pod_placement([grant("mig", "1g.10gb"), grant("mig", "1g.10gb")])
+    assert limits == {"nvidia.com/mig-1g.10gb": "2"}
+    assert selector["kubernetes.io/hostname"] == "gpu-node-1"
+    # the site's share mode, as for servers (one translator, KubernetesResources)
+    hami = KubernetesResources(share_mode="hami")
+    limits, _ = pod_placement([grant("share", milli=250)], hami)
+    assert limits == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpucores": "25",
+        "nvidia.com/gpumem": "20480",
+    }
+    with pytest.raises(ValueError, match="different nodes"):
+        pod_placement([grant("gpu"), grant("gpu", host="gpu-node-2")])
+    with pytest.raises(ValueError, match="no grants"):
+        pod_placement([])

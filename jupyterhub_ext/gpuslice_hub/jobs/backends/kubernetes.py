@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuslice.vocab import EXIT_PREEMPTED
+from gpuslice_spawner.launchers.kubernetes import KubernetesResources, kubespawner_settings
 
 PRIORITY_CLASS_NAMES = {
     "preemptible": "gpuslice-preemptible",
@@ -23,13 +26,23 @@ PRIORITY_CLASS_NAMES = {
 }
 
 
-def gpu_limits(kind: str, count: int = 1, mig_profile: str = "") -> dict[str, str]:
-    """Device-plugin resources of a slice: whole GPUs, a MIG instance, or a shared GPU."""
-    if kind == "mig":
-        return {f"nvidia.com/mig-{mig_profile}": str(count)}
-    if kind == "share":
-        return {"nvidia.com/gpu.shared": str(count)}
-    return {"nvidia.com/gpu": str(count)}
+def pod_placement(
+    grants: Sequence[Mapping[str, Any]], resources: KubernetesResources | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The resource limits and node selector of a pod that holds all of ``grants``: the
+    spawner's translation of each grant (device-plugin resources, the granted node and GPU
+    product), summed. A pod runs on one node: slices granted on several cannot be one pod."""
+    if not grants:
+        raise ValueError("no grants to translate")
+    limits: Counter[str] = Counter()
+    selectors = []
+    for grant in grants:
+        settings = kubespawner_settings(grant, resources)
+        limits.update({name: int(n) for name, n in settings.extra_resource_limits.items()})
+        selectors.append(settings.node_selector)
+    if any(selector != selectors[0] for selector in selectors):
+        raise ValueError("the job's slices were granted on different nodes or GPU models")
+    return {name: str(n) for name, n in limits.items()}, selectors[0]
 
 
 def job_manifest(
@@ -38,7 +51,8 @@ def job_manifest(
     priority: str,
     image: str,
     claim_name: str,
-    limits: dict[str, str],
+    grants: Sequence[Mapping[str, Any]],
+    resources: KubernetesResources | None = None,
     grace_seconds: int = 60,
     max_restarts: int = 3,
     max_runtime_seconds: int = 0,
@@ -48,7 +62,9 @@ def job_manifest(
 ) -> dict[str, Any]:
     """``run_as``: the owner's (uid, gid, supplementary gids), as KubeSpawner sets a user's
     pod; the runner then runs as its owner, without privileges. Required unless the site
-    runs jobs as the service's account."""
+    runs jobs as the service's account. ``grants``: the ledger's allocations of the job,
+    requested as the spawner requests a server's (:func:`pod_placement`)."""
+    limits, selector = pod_placement(grants, resources)
     job_dir = f"/gpuslice-jobs/{job_id}"
     security: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     if run_as is not None:
@@ -84,6 +100,7 @@ def job_manifest(
                 "securityContext": security,
                 # a job gets no token: nothing of the cluster's API either
                 "automountServiceAccountToken": False,
+                **({"nodeSelector": selector} if selector else {}),
                 "containers": [
                     {
                         "name": "runner",
