@@ -19,7 +19,6 @@ from sqlalchemy import select
 
 from gpuslice.idle_policy import IdlePolicy
 
-from .admin.times import utc
 from .db.admin_models import UsageReportRow
 from .ledger import Ledger
 from .snapshot import AllocationView, load_active
@@ -54,11 +53,11 @@ def find_silent(
         policy = policy_for(a)
         if policy.exempt or policy.idle_timeout <= 0 or is_exempt(a.user):
             continue
-        last = utc(a.created_at)
+        last = a.created_at
         if (now - last).total_seconds() < min_age:
             continue
         if a.id in reported:
-            last = max(last, utc(reported[a.id]))
+            last = max(last, reported[a.id])
         silent = (now - last).total_seconds()
         if silent > policy.idle_timeout + grace:
             out.append(Silent(a, silent, policy.idle_timeout))

@@ -139,13 +139,19 @@ def test_a_report_is_fresh_for_two_intervals_plus_two_minutes():
     assert is_fresh(report(239), now) and not is_fresh(report(241), now)
     assert is_fresh(report(119, interval=0), now) and not is_fresh(report(121, interval=0), now)
     assert not is_fresh(report(1, utilization=None), now)  # no figure: nothing known
-    # SQLite returns naive UTC timestamps
-    naive = SimpleNamespace(
-        reported_at=(now - timedelta(seconds=10)).replace(tzinfo=None),
-        interval_seconds=60,
-        utilization=1,
-    )
-    assert is_fresh(naive, now)
+
+
+def test_every_stored_timestamp_is_read_back_aware():
+    """One time type: SQLite hands back naive datetimes, and the column type (not each
+    reader) makes them UTC, so no view compares naive with aware."""
+    from sqlalchemy import DateTime
+
+    from gpuslice_hub.db.models import Base, UTCDateTime
+
+    columns = [c for t in Base.metadata.tables.values() for c in t.columns]
+    stamps = [c for c in columns if isinstance(c.type, (DateTime, UTCDateTime))]
+    assert len(stamps) > 10
+    assert [str(c) for c in stamps if not isinstance(c.type, UTCDateTime)] == []
 
 
 def test_used_milli_scales_by_what_nvml_measured_against():

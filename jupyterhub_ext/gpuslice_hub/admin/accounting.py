@@ -12,7 +12,6 @@ from ..db.models import AllocationRow, EventRow
 from ..ledger import Ledger
 from .history import pruned_totals, reclaimed_hours
 from .sqltime import epoch
-from .times import utc
 
 WEEK = timedelta(days=7)
 MONTH = timedelta(days=30)
@@ -34,7 +33,7 @@ def reclaimed(ledger: Ledger, now: datetime) -> dict[str, float]:
     week = month = 0.0
     for ts, detail in rows:
         gained = reclaimed_hours(detail)
-        age = now - utc(ts)
+        age = now - ts
         total += gained
         month += gained if age <= MONTH else 0.0
         week += gained if age <= WEEK else 0.0

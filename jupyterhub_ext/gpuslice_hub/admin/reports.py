@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from .times import utc
-
 # A report still describes the present if it is at most two reporting intervals old, plus
 # this much slack for a server that is slow to send (or a service that was busy).
 FRESH_SLACK = timedelta(seconds=120)
@@ -16,7 +14,7 @@ def is_fresh(report: Any, now: datetime) -> bool:
     """A report with a utilization figure, sent recently enough to stand for now."""
     if report is None or report.utilization is None:
         return False
-    age = now - utc(report.reported_at)
+    age = now - report.reported_at
     return age <= timedelta(seconds=2 * (report.interval_seconds or 0)) + FRESH_SLACK
 
 

@@ -238,9 +238,8 @@ MAX_DB_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 def allocation_age(alloc: dict[str, Any]) -> float:
     """Seconds since an allocation (as the API serves it) was made: an upper bound of any
     idle time reported about it."""
+    # serialize.iso writes every timestamp as UTC with a "Z"
     created = datetime.fromisoformat(str(alloc["created_at"]).replace("Z", "+00:00"))
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=UTC)
     return max(0.0, (datetime.now(UTC) - created).total_seconds())
 
 
