@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 from datetime import datetime, timedelta
@@ -62,6 +63,7 @@ from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
 from .silent import SILENT_KIND, find_silent, silent_detail
+from .slurmsync import run_slurm_sync
 from .templating import check_template_paths, page_environment
 
 ADMIN_SCOPE = "custom:gpuslice:admin"
@@ -193,6 +195,16 @@ class GPUSliceService(Application):
         help="Seconds between reconciliations of allocations against the hub's servers (0: off).",
     ).tag(config=True)
 
+    slurm_sync_interval = Float(
+        0.0,
+        help="""Seconds between reads of what Slurm's running jobs hold (one
+        ``squeue --json``), for sites whose GPUs Slurm also schedules: GPUs, MIG instances
+        and shards held by jobs that did not come through gpuslice are held in the ledger
+        as ``external`` allocations, so they are never offered, and released when Slurm
+        frees them. The service's hosts must be named after the Slurm nodes and
+        ``c.SlurmGresConfig`` must match gres.conf. 0: off (no Slurm).""",
+    ).tag(config=True)
+
     reconcile_grace = Float(
         120.0,
         help="An allocation younger than this many seconds is never reconciled away "
@@ -319,6 +331,13 @@ class GPUSliceService(Application):
             raise ConfigError("reclaim_silent_after", "must be >= 0 seconds (0: never)")
         if self.usage_retention_days <= 0:
             raise ConfigError("usage_retention_days", "must be > 0 days")
+        if self.slurm_sync_interval < 0:
+            raise ConfigError("slurm_sync_interval", "must be >= 0 seconds (0: off)")
+        if self.slurm_sync_interval > 0 and shutil.which("squeue") is None:
+            raise ConfigError(
+                "slurm_sync_interval",
+                "squeue is not on the service's PATH, so Slurm's holdings cannot be read",
+            )
         if self.history_retention_days != 0 and self.history_retention_days < MIN_RETENTION_DAYS:
             raise ConfigError(
                 "history_retention_days",
@@ -476,6 +495,12 @@ class GPUSliceService(Application):
             self._pruner = asyncio.ensure_future(
                 run_pruner(self.ledger, self.history_retention_days, self.log)
             )
+        self._slurm_sync = None
+        if self.slurm_sync_interval > 0:
+            gres = SlurmGresConfig(parent=self).value()
+            self._slurm_sync = asyncio.ensure_future(
+                run_slurm_sync(self.ledger, self.slurm_sync_interval, gres, self.log)
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -483,7 +508,8 @@ class GPUSliceService(Application):
         await stop.wait()
         self.log.info("gpuslice service stopping")
         server.stop()
-        for task in (getattr(self, "_reconciler", None), self._sampler, self._pruner):
+        tasks = (getattr(self, "_reconciler", None), self._sampler, self._pruner, self._slurm_sync)
+        for task in tasks:
             if task is not None:
                 task.cancel()
         if self.db is not None:

@@ -260,6 +260,7 @@ def test_overview_shows_every_slice_its_holder_and_the_pool_totals(make_ledger):
         "allocated_milli": 142 + 250 + 1000,
         "interactive_milli": 142 + 250 + 1000,
         "batch_milli": 0,
+        "external_milli": 0,
         "used_milli": 71,  # 50 % of the 1g instance; bob's report is an hour old
         "reported_milli": 142,
         # MIG GPU: 3g + 2g + one 1g free; the share GPU: 750; the whole GPU: nothing

@@ -59,6 +59,11 @@ def slurm_hub(
         hosts=slurm_hosts(slurm_cluster.node.name),
         profiles=PROFILES,
         extra_hub_config=config,
+        # the service mirrors what Slurm's jobs hold outside gpuslice, every second
+        extra_service_config=(
+            f"import os\nos.environ['SLURM_CONF'] = {str(slurm_cluster.conf)!r}\n"
+            "c.GPUSliceService.slurm_sync_interval = 1\n"
+        ),
     )
     hub.config["home"] = str(home)
     yield hub
@@ -154,3 +159,44 @@ def test_share_spawn_asks_for_shards(slurm_hub: Hub, slurm: SlurmCluster):
     assert info["ReqNodeList"] == slurm.node.name
     assert env["GPUSLICE_MEMORY_CAP_MIB"] == "20480"
     assert env["SLURM_SHARDS_ON_NODE"] == "2"
+
+
+HOLD = 'while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 0.1; done\n'
+
+
+def test_a_gpu_held_by_a_job_outside_gpuslice_is_never_offered(slurm_hub: Hub, slurm: SlurmCluster):
+    add_user(slurm_hub, "carol")
+    carol = slurm_hub.add_user("carol")
+    admin = slurm_hub.add_user("admin")
+
+    def free_mig() -> int:
+        r = slurm_hub.api("GET", "/api/profiles", carol)
+        assert r.status_code == 200, r.text
+        (mig,) = [p for p in r.json()["profiles"] if p["name"] == "mig-1g.10gb"]
+        return int(mig["free"])
+
+    wait_for(lambda: free_mig() == 1, 30, "the 1g.10gb instance to be free")
+    # A colleague's job that never came through gpuslice takes the node's only instance.
+    foreign = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
+    slurm.wait_state(foreign, "RUNNING", timeout=60)
+    wait_for(lambda: free_mig() == 0, 30, "the foreign job's instance to be held")
+    r = slurm_hub.allocate("carol", "mig-1g.10gb")
+    assert r.status_code == 409 and r.json()["code"] == "no_capacity", r.text
+    totals = slurm_hub.api("GET", "/api/admin/overview", admin).json()["totals"]
+    assert totals["external_milli"] > 0 and totals["interactive_milli"] == 0
+    held = slurm_hub.api("GET", "/api/allocations", slurm_hub.service_token).json()
+    (ext,) = [a for a in held["allocations"] if a["purpose"] == "external"]
+    assert (ext["host"], ext["server_name"]) == (slurm.node.name, "gpu:1g.10gb")
+
+    # Slurm frees it: gpuslice offers it again, and a spawn on it runs in Slurm.
+    (slurm.root / "jobs" / f"{foreign}.release").touch()
+    slurm.wait_state(foreign, "COMPLETED", timeout=30)
+    wait_for(lambda: free_mig() == 1, 30, "the instance to be offered again")
+    info, _ = spawn_and_stop(slurm_hub, slurm, "carol", "mig-1g.10gb")
+    assert info["TresPerNode"] == "gres:gpu:1g.10gb:1"
+    events = slurm_hub.api("GET", "/api/events?limit=500", slurm_hub.service_token).json()
+    mine = sorted(
+        (e for e in events["events"] if e.get("allocation_id") == ext["id"]), key=lambda e: e["id"]
+    )
+    assert [e["kind"] for e in mine] == ["allocated", "released"]
+    assert mine[-1]["reason"] == "no longer held in Slurm"

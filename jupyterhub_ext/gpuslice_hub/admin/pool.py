@@ -90,8 +90,10 @@ def totals(pool: Pool, now: datetime) -> dict[str, Any]:
         # what can be handed out: a drained GPU keeps its holders but takes no new ones
         "in_service_milli": 1000 * sum(1 for g in gpus if not g.drained),
         "allocated_milli": sum(a.gpu_milli for a in pool.active),
-        "interactive_milli": sum(a.gpu_milli for a in pool.active if a.purpose != "batch"),
+        "interactive_milli": sum(a.gpu_milli for a in pool.active if a.purpose == "interactive"),
         "batch_milli": sum(a.gpu_milli for a in pool.active if a.purpose == "batch"),
+        # held by Slurm jobs that did not come through gpuslice (slurm_sync_interval)
+        "external_milli": sum(a.gpu_milli for a in pool.active if a.purpose == "external"),
         "used_milli": used,
         "reported_milli": reported,
         "free_milli": sum(free_milli(g) for h in pool.hosts for g in h.gpus),

@@ -37,7 +37,9 @@ class HomeHandler(PageHandler):
         inv = self.service.inventory
         allocations = []
         for a in self.ledger.allocations(user=None if ident.is_admin else ident.name):
-            if a["purpose"] == "batch":
+            if a["purpose"] == "external":
+                holder = f"Slurm job outside gpuslice ({a['server_name']})"
+            elif a["purpose"] == "batch":
                 holder = "batch " + a["server_name"].replace("-", " ")  # "job-12" → "job 12"
             else:
                 holder = f"server {a['server_name']}" if a["server_name"] else "default server"

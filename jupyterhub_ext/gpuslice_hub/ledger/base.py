@@ -132,8 +132,13 @@ class LedgerBase:
 
 
 def holdings_of(active: Iterable[AllocationView]) -> list[Holding]:
-    """What each active allocation counts against its user's and group's quotas."""
-    return [Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli)) for a in active]
+    """What each active allocation counts against its user's and group's quotas (holdings
+    outside gpuslice count against nobody's)."""
+    return [
+        Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli))
+        for a in active
+        if a.purpose != "external"
+    ]
 
 
 def quota_usage(profile: Profile, inv: InventoryView) -> Usage:

@@ -177,6 +177,15 @@
   function holderText(slice) {
     const who = slice.holder;
     if (!who) return h('span', { className: 'gs-free' }, 'free');
+    if (who.purpose === 'external') {
+      // held by a Slurm job that did not come through gpuslice: never offered
+      return h(
+        'span',
+        { className: 'gs-holder', title: `allocation ${who.allocation_id}` },
+        h('b', {}, 'Slurm'),
+        ` job outside gpuslice · ${who.server_name} · since ${ago(who.since)}`
+      );
+    }
     const what =
       who.purpose === 'batch' ? `job ${who.job_id ?? '?'}` : who.server_name || 'default server';
     const util = who.reported_at ? `${pct(who.utilization)} busy` : 'no report';

@@ -1,0 +1,254 @@
+"""Holdings outside gpuslice: what Slurm's jobs hold beyond gpuslice's own slices.
+
+The ledger counts devices; Slurm counts gres per node and picks the device itself. So what a
+node's jobs hold (``slurmusage.read_held``) is compared, gres by gres, with what gpuslice's
+own allocations on that node ask Slurm for (the spawner's translation of each grant), and
+the difference is held in the ledger as ``external`` allocations on free devices of that
+kind: never offered, released when Slurm no longer holds them. A gpuslice slice whose Slurm
+job has not started yet explains nothing, which errs on the side of holding less, never of
+offering what is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+from gpuslice.gpu.profiles import parse_mig_profile
+from gpuslice_spawner.launchers.slurm import SlurmGres, gres_counts
+
+from ..clusterview import build_hosts
+from ..db.models import utcnow
+from ..placement import GPUState, HostState
+from ..serialize import allocation_json
+from ..snapshot import AllocationView, GPUView, load_allocation
+from .allocation import AllocationMixin
+from .base import ALLOCATIONS, CLAIMS
+
+EXTERNAL = "external"
+# No hub user has an empty name: external holdings belong to nobody who could act on them.
+EXTERNAL_USER = ""
+ACTOR = "slurm"
+RELEASED = "no longer held in Slurm"
+
+
+def is_mig_type(gres_type: str) -> bool:
+    try:
+        parse_mig_profile(gres_type)
+    except ValueError:
+        return False
+    return True
+
+
+def own_gres(
+    active: Iterable[AllocationView], gpus: Mapping[str, GPUView], cfg: SlurmGres
+) -> dict[str, Counter[str]]:
+    """Per host, the gres gpuslice's own allocations ask Slurm for."""
+    out: dict[str, Counter[str]] = defaultdict(Counter)
+    for a in active:
+        if a.purpose == EXTERNAL or not a.claims:
+            continue
+        grant = allocation_json(a, gpus)
+        try:
+            out[a.host].update(gres_counts(grant, cfg))
+        except ValueError:
+            continue  # a grant Slurm cannot express was never submitted to Slurm
+    return out
+
+
+def beyond(held: Counter[str], ours: Counter[str], cfg: SlurmGres) -> Counter[str]:
+    """What Slurm's jobs on one node hold beyond gpuslice's own slices there."""
+    extra = Counter({key: n - ours.get(key, 0) for key, n in held.items()})
+    # An untyped whole-GPU grant ("gpu") is given a typed device by Slurm ("gpu:a100"):
+    # it explains a device of any whole-GPU type.
+    untyped = ours.get(cfg.gpu, 0) - held.get(cfg.gpu, 0)
+    for key in sorted(extra):
+        name, _, gtype = key.partition(":")
+        if untyped <= 0:
+            break
+        if name == cfg.gpu and gtype and not is_mig_type(gtype) and extra[key] > 0:
+            used = min(untyped, extra[key])
+            extra[key] -= used
+            untyped -= used
+    return +extra  # drops zero and negative counts
+
+
+class ExternalMixin(AllocationMixin):
+    def sync_external(
+        self, held: Mapping[str, Counter[str]], cfg: SlurmGres
+    ) -> tuple[int, int, list[str]]:
+        """Make the external holdings what ``held`` (per node) holds beyond gpuslice's own
+        slices. Returns (allocations added, released, problems): a problem is a holding that
+        found no free device of its kind on the node (the inventory and gres.conf differ)."""
+        added = released = 0
+        problems: list[str] = []
+        with self.db.writing() as s:
+            inv = self.inventory_cache.get(s)
+            active = self.active_cache.get(s)
+            present = {h.name for h in inv.hosts if h.present}
+            ours = own_gres(active, inv.by_uuid, cfg)
+            wanted: dict[tuple[str, str], int] = {}
+            for node, counts in held.items():
+                if node in present:
+                    for key, n in beyond(counts, ours.get(node, Counter()), cfg).items():
+                        wanted[(node, key)] = _units(key, n, cfg)
+            current: dict[tuple[str, str], list[AllocationView]] = defaultdict(list)
+            for a in active:
+                if a.purpose == EXTERNAL:
+                    current[(a.host, a.server_name)].append(a)
+
+            gone: set[int] = set()
+            for (host, key), views in current.items():
+                want = wanted.get((host, key), 0)
+                have = sum(_held_units(v, key) for v in views)
+                if have == want:
+                    continue
+                if _is_share(key) or want == 0:
+                    excess = views  # shares are placed again whole: their pieces may differ
+                elif have > want:
+                    excess = sorted(views, key=lambda v: -v.id)[: have - want]
+                else:
+                    continue  # more to hold: added below
+                for view in excess:
+                    fresh = load_allocation(s, view.id)
+                    if fresh is not None and fresh.active:
+                        self._release(s, fresh, ACTOR, RELEASED)
+                        gone.add(view.id)
+                        released += 1
+
+            remaining = [a for a in active if a.id not in gone]
+            hosts = {h.name: h for h in build_hosts(inv.hosts, inv.gpus, remaining, True)}
+            for (host, key), want in sorted(wanted.items()):
+                have = sum(
+                    _held_units(v, key) for v in current.get((host, key), []) if v.id not in gone
+                )
+                if want <= have:
+                    continue
+                pieces = _take(hosts[host], key, want - have, cfg)
+                for gpu, mig_uuid, milli, memory in pieces:
+                    self._write_external(s, host, key, gpu, mig_uuid, milli, memory)
+                    added += 1
+                placed = sum(_piece_units(key, p) for p in pieces)
+                if placed < want - have:
+                    problems.append(
+                        f"{host}: Slurm's jobs hold {key} that gpuslice has no free device for "
+                        f"({want - have - placed} of {want - have} units)"
+                    )
+        return added, released, problems
+
+    def _write_external(
+        self, s: Session, host: str, key: str, gpu: GPUState, mig: str | None, milli: int, mem: int
+    ) -> None:
+        kind = "share" if _is_share(key) else ("mig" if mig else "gpu")
+        values: dict[str, Any] = {
+            "user": EXTERNAL_USER,
+            "server_name": key,
+            "profile": f"slurm:{key}",
+            "kind": kind,
+            "purpose": EXTERNAL,
+            "priority": 0,
+            "preemptible": False,
+            "host": host,
+            "groups": [],
+            "charged_group": None,
+            "borrowed": False,
+            "quota_weight": 0.0,
+            "gpu_milli": milli,
+            "cpu_milli": 0,
+            "memory_mib": 0,
+            "active": True,
+            "created_at": utcnow(),
+            "released_at": None,
+            "release_reason": None,
+        }
+        conn = s.connection()
+        alloc_id = conn.execute(
+            insert(ALLOCATIONS).values(**values).returning(ALLOCATIONS.c.id)
+        ).scalar_one()
+        claim = {
+            "allocation_id": alloc_id,
+            "gpu_uuid": gpu.uuid,
+            "mig_uuid": mig,
+            "milli": milli,
+            "memory_mib": mem,
+            "exclusive_key": mig or (gpu.uuid if kind == "gpu" else None),
+            "active": True,
+        }
+        conn.execute(insert(CLAIMS), [claim])
+        self._event(
+            s,
+            "allocated",
+            EXTERNAL_USER,
+            ACTOR,
+            alloc_id,
+            values["profile"],
+            "held by Slurm jobs that did not come through gpuslice",
+            {"host": host, "purpose": EXTERNAL, "gres": key},
+        )
+
+
+def _is_share(key: str) -> bool:
+    return key.split(":", 1)[0] in ("shard", "mps")
+
+
+def _units(key: str, n: int, cfg: SlurmGres) -> int:
+    """Devices (MIG instances, whole GPUs) or, for shares, milli-GPUs (rounded up: never
+    offer what Slurm has handed out)."""
+    if not _is_share(key):
+        return n
+    per_gpu = cfg.shards_per_gpu if key == "shard" else cfg.mps_per_gpu
+    return math.ceil(n * 1000 / per_gpu)
+
+
+def _held_units(view: AllocationView, key: str) -> int:
+    return view.gpu_milli if _is_share(key) else len(view.claims)
+
+
+def _piece_units(key: str, piece: tuple[GPUState, str | None, int, int]) -> int:
+    return piece[2] if _is_share(key) else 1
+
+
+def _take(
+    host: HostState, key: str, want: int, cfg: SlurmGres
+) -> list[tuple[GPUState, str | None, int, int]]:
+    """Free devices of ``key``'s kind on ``host`` for ``want`` units, marked taken in
+    ``host`` as they are picked; in-service devices first (a drained one is not offered
+    anyway). Returns (gpu, mig uuid, milli, memory MiB) pieces."""
+    name, _, gtype = key.partition(":")
+    models = {model for model, t in cfg.gpu_types.items() if t == gtype}
+    order: Sequence[GPUState] = sorted(host.gpus, key=lambda g: g.drained)
+    pieces: list[tuple[GPUState, str | None, int, int]] = []
+    if _is_share(key):
+        for gpu in order:
+            if want <= 0:
+                break
+            if gpu.mig or gpu.free_milli <= 0:
+                continue
+            milli = min(want, gpu.free_milli)
+            gpu.free_milli -= milli
+            want -= milli
+            pieces.append((gpu, None, milli, 0))
+        return pieces
+    if name != cfg.gpu:
+        return pieces
+    if gtype and is_mig_type(gtype):
+        for gpu in order:
+            for slot in gpu.mig:
+                if len(pieces) < want and slot.free and slot.profile == gtype:
+                    slot.free = False
+                    pieces.append((gpu, slot.uuid, slot.milli, slot.memory_mib))
+        return pieces
+    for gpu in order:
+        whole = not gpu.mig and gpu.free_milli == 1000
+        if len(pieces) < want and whole and (not models or gpu.model in models):
+            gpu.free_milli = 0
+            pieces.append((gpu, None, 1000, gpu.memory_mib))
+    return pieces
+
+
+__all__ = ["EXTERNAL", "ExternalMixin", "beyond", "own_gres"]

@@ -1,0 +1,147 @@
+"""What Slurm's running jobs hold, per node and gres, from one ``squeue --json`` per pass.
+
+On a Slurm cluster gpuslice shares the GPUs with jobs that never come through it (a
+colleague's ``sbatch``). The ledger must not offer what they hold: the service reads what
+every running job holds (``gres_detail``, per node), and the ledger keeps the part that its
+own slices do not explain as *external* holdings (``ledger/external.py``).
+
+Names are Slurm's gres as ``--gres`` writes them, without the count: ``gpu:1g.10gb`` (a MIG
+instance), ``gpu:a100`` or ``gpu`` (whole GPUs), ``shard``/``mps`` (a GPU's shares, whose
+type is dropped: a share grant asks for them untyped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+# Job states in which a job holds its allocation. COMPLETING is left out: the job is ending
+# and Slurm frees its gres within seconds; a slice offered meanwhile waits that long in
+# Slurm's queue, where counting it would refuse a spawn right after a server stopped.
+HOLDING_STATES = {
+    "RUNNING",
+    "CONFIGURING",
+    "SUSPENDED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "RESIZING",
+}
+SHARE_GRES = ("shard", "mps")
+# "gpu:1g.10gb:1(IDX:2)", "gpu:a100:2(IDX:0-1)", "shard:3(IDX:0)", "gpu:1(IDX:0)"
+_GRES_ITEM = re.compile(r"(?P<name>[A-Za-z0-9_.+-]+)(?::(?P<type>[A-Za-z0-9_.+-]+))?:(?P<n>\d+)")
+_HOST_RANGE = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
+COMMAND_ENV_KEEP = ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ")
+
+
+class SlurmReadError(RuntimeError):
+    """Slurm could not be read: nothing may be concluded (and nothing released)."""
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm's hostlist expression as names: ``gpu[01-03,07],login`` ->
+    ``["gpu01", "gpu02", "gpu03", "gpu07", "login"]`` (zero padding kept)."""
+    names: list[str] = []
+    depth = 0
+    part = ""
+    parts = []
+    for ch in expr.strip():
+        if ch == "," and depth == 0:
+            parts.append(part)
+            part = ""
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        part += ch
+    parts.append(part)
+    for part in filter(None, parts):
+        names.extend(_expand_one(part))
+    return names
+
+
+def _expand_one(part: str) -> list[str]:
+    head, sep, rest = part.partition("[")
+    if not sep:
+        return [part]
+    body, close, tail = rest.partition("]")
+    if not close:
+        raise ValueError(f"unbalanced hostlist {part!r}")
+    out: list[str] = []
+    for item in body.split(","):
+        match = _HOST_RANGE.match(item)
+        if match is None:
+            raise ValueError(f"bad hostlist range {item!r} in {part!r}")
+        lo, hi = match.group("lo"), match.group("hi") or match.group("lo")
+        width = len(lo)
+        for n in range(int(lo), int(hi) + 1):
+            out.extend(head + str(n).zfill(width) + t for t in _expand_one(tail) or [""])
+    return out
+
+
+def parse_gres_detail(detail: str) -> Counter[str]:
+    """One node's ``gres_detail`` entry: ``"gpu:1g.10gb:1(IDX:2),shard:3(IDX:0)"`` ->
+    ``{"gpu:1g.10gb": 1, "shard": 3}``."""
+    held: Counter[str] = Counter()
+    # commas also separate indexes inside "(IDX:0,2)": drop the parenthesised parts first
+    for item in re.sub(r"\([^)]*\)", "", detail).split(","):
+        match = _GRES_ITEM.fullmatch(item.strip())
+        if match is None:
+            continue
+        name, gtype, n = match.group("name"), match.group("type"), int(match.group("n"))
+        key = name if name in SHARE_GRES or not gtype else f"{name}:{gtype}"
+        held[key] += n
+    return held
+
+
+def held_by_jobs(squeue: Mapping[str, Any]) -> dict[str, Counter[str]]:
+    """Per node, the gres every job holding an allocation holds (``squeue --json``)."""
+    held: dict[str, Counter[str]] = {}
+    for job in squeue.get("jobs") or []:
+        if str(job.get("job_state", "")).upper() not in HOLDING_STATES:
+            continue
+        details = job.get("gres_detail") or []
+        if not details:
+            continue
+        nodes = expand_hostlist(str(job.get("nodes") or ""))
+        # one entry per allocated node, in the order of the job's node list
+        for node, detail in zip(nodes, details, strict=False):
+            held.setdefault(node, Counter()).update(parse_gres_detail(str(detail)))
+    return held
+
+
+def steady(
+    before: Mapping[str, Counter[str]], now: Mapping[str, Counter[str]]
+) -> dict[str, Counter[str]]:
+    """What two consecutive reads agree is held (the smaller count): a holding is kept as
+    external only once it was seen twice, so a gpuslice slice whose Slurm job changes state
+    between the ledger's write and Slurm's is not taken for a foreign one; anything Slurm
+    freed is given back at once."""
+    return {node: before[node] & now[node] for node in now.keys() & before.keys()}
+
+
+def read_held(env: Mapping[str, str] | None = None, timeout: float = 30) -> dict[str, Counter[str]]:
+    """What Slurm's jobs hold now: one ``squeue --json`` (all jobs, all users)."""
+    source = env if env is not None else os.environ
+    try:
+        out = subprocess.run(
+            ["squeue", "--all", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={k: source[k] for k in COMMAND_ENV_KEEP if k in source},
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmReadError(f"squeue could not run: {e}") from e
+    if out.returncode != 0:
+        raise SlurmReadError(f"squeue failed: {out.stderr.strip()[:500]}")
+    try:
+        data = json.loads(out.stdout)
+    except ValueError as e:
+        raise SlurmReadError(f"squeue --json printed no JSON: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+        raise SlurmReadError("squeue --json gave no job list")
+    return held_by_jobs(data)
