@@ -40,6 +40,9 @@ class IdleBackend:
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         return RunStatus(True)
 
+    def poll_many(self, refs: list[dict[str, Any]]) -> list[RunStatus]:
+        return [self.poll(ref) for ref in refs]
+
     def signal_preempt(self, ref: dict[str, Any]) -> None:
         pass
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script
+from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script, exit_code
 from tests.harness.hub import wait_for
 from tests.harness.slurm import PROFILES, SlurmCluster, slurm_hosts
 from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written, make_job_dir
@@ -50,6 +50,13 @@ def mig_grant(slurm: SlurmCluster) -> dict:
     """A ledger grant of the fixture's 1g.10gb instance on its node."""
     mig = {"gpu_uuid": "GPU-0", "mig_uuid": "MIG-0", "mig_profile": "1g.10gb", "milli": 142}
     return {"id": 1, "kind": "mig", "host": slurm.node.name, "assignments": [mig]}
+
+
+def test_squeue_exit_codes_are_wait_statuses():
+    # recorded from Slurm 22.05: `exit 3` -> 768; a batch shell killed by SIGKILL -> 9
+    assert exit_code(768) == 3 and exit_code(0) == 0 and exit_code(75 << 8) == 75
+    assert exit_code(9) is None  # a signal: no exit code to tell (not a success)
+    assert exit_code(None) is None and exit_code("0") is None
 
 
 def runner_state(d: Path) -> dict:

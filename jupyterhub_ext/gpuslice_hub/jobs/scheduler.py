@@ -72,9 +72,17 @@ class Scheduler:
         now = now or utcnow()
         with self.jobs.db.reading() as s:
             active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
-        for job in active:
+        try:
+            # one question to the backend for all of them (Slurm: one squeue, not a fork each)
+            statuses = self.jobs.backend.poll_many([job.backend_ref or {} for job in active])
+        except Exception:
+            self.log.exception(
+                "the %s backend could not be asked about its runs", self.jobs.backend.name
+            )
+            statuses = []
+        for job, status in zip(active, statuses, strict=False):
             try:
-                self._watch(job, now)
+                self._watch(job, now, status)
             except Exception:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
@@ -84,8 +92,7 @@ class Scheduler:
 
     # -- running jobs ---------------------------------------------------------------------
 
-    def _watch(self, job: JobRow, now: datetime) -> None:
-        status = self.jobs.backend.poll(job.backend_ref or {})
+    def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         runner = runner_claims(JobDir(Path(job.job_dir)).state())
         requeued = getattr(self.jobs.backend, "requeues_itself", False)
         if (

@@ -39,6 +39,9 @@ class Backend(Protocol):
 
     def poll(self, ref: dict[str, Any]) -> RunStatus: ...
 
+    def poll_many(self, refs: Sequence[dict[str, Any]]) -> list[RunStatus]:
+        """``poll`` of each of ``refs``, in order (one query where the backend can)."""
+
     def signal_preempt(self, ref: dict[str, Any]) -> None:
         """Ask the runner to checkpoint and stop (it exits with 75)."""
 

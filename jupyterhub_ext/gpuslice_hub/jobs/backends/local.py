@@ -72,6 +72,9 @@ class LocalBackend:
             "uid": account.uid,
         }
 
+    def poll_many(self, refs: Sequence[dict[str, Any]]) -> list[RunStatus]:
+        return [self.poll(ref) for ref in refs]
+
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         pid = int(ref.get("pid") or 0)
         proc = self._procs.get(pid)

@@ -9,6 +9,7 @@ and, when it runs again, the runner resumes from the job folder (a shared filesy
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -25,6 +26,14 @@ from .local import _runner_status
 # What sbatch/scontrol/scancel themselves get from the service's environment: enough to find
 # the commands and the cluster, nothing else (the job's environment is in its script).
 COMMAND_ENV_KEEP = ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ")
+
+
+def exit_code(raw: object) -> int | None:
+    """The batch script's exit code from squeue's ``exit_code`` (a wait status: the code in
+    the high byte); None when a signal ended it (no code to tell)."""
+    if not isinstance(raw, int) or raw < 0:
+        return None
+    return None if raw & 0x7F else (raw >> 8) & 0xFF
 
 
 def default_prefix() -> list[str]:
@@ -171,25 +180,38 @@ class SlurmBackend:
         slurm_id = self._run("sbatch", "--parsable", stdin=script, ref=owner)
         return {"slurm_job_id": slurm_id.strip().split(";")[0], "job_dir": job_dir, **owner}
 
-    def state(self, ref: dict[str, Any]) -> dict[str, str]:
-        out = self._run("scontrol", "show", "job", "-o", str(ref["slurm_job_id"]))
-        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-        return fields
+    def records(self, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """slurmctld's records of ``job_ids``, by id: one ``squeue --json`` for all of them
+        (a job slurmctld no longer remembers, after ``MinJobAge``, is absent)."""
+        if not job_ids:
+            return {}
+        out = self._run("squeue", "--all", "--json", "--states=all", f"--jobs={','.join(job_ids)}")
+        try:
+            jobs = json.loads(out)["jobs"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise RuntimeError(f"squeue --json printed no job list: {e}") from e
+        return {str(job.get("job_id")): job for job in jobs if isinstance(job, dict)}
 
     def poll(self, ref: dict[str, Any]) -> RunStatus:
-        try:
-            info = self.state(ref)
-        except RuntimeError:
+        return self.poll_many([ref])[0]
+
+    def poll_many(self, refs: Sequence[dict[str, Any]]) -> list[RunStatus]:
+        """Every run's status from one query (a pass used to fork scontrol per job)."""
+        ids = [str(ref["slurm_job_id"]) for ref in refs if ref.get("slurm_job_id")]
+        records = self.records(ids)
+        return [self._status(ref, records.get(str(ref.get("slurm_job_id")))) for ref in refs]
+
+    def _status(self, ref: dict[str, Any], record: dict[str, Any] | None) -> RunStatus:
+        if record is None:
             # gone from slurmctld's memory (MinJobAge): the runner's own record tells
             status = _runner_status(str(ref.get("job_dir", ""))) or ""
             return RunStatus(False, EXIT_BY_STATUS.get(status))
-        if info.get("JobState") in ALIVE:
-            if ref.get("resume") and info.get("Reason") == "BeginTime":
+        if str(record.get("job_state", "")).upper() in ALIVE:
+            if ref.get("resume") and record.get("state_reason") == "BeginTime":
                 # the requeue may land after our first release: release it again
                 self.release_requeued(ref)
             return RunStatus(True)
-        code = info.get("ExitCode", "0:0").split(":")[0]
-        return RunStatus(False, int(code) if code.isdigit() else None)
+        return RunStatus(False, exit_code(record.get("exit_code")))
 
     def release_requeued(self, ref: dict[str, Any]) -> None:
         """Let a requeued job start as soon as it fits: slurmctld otherwise holds it back
