@@ -265,6 +265,8 @@ class GPUSliceService(Application):
     started_at: datetime | None = None
     # when the last reconciliation with the hub completed (api/health says it)
     reconciled_at: datetime | None = None
+    # when Slurm's holdings were last read and mirrored (slurm_sync_interval)
+    slurm_synced_at: datetime | None = None
     _silent_reported: set[int]
     # the pages' templates, with the site's template_paths once the settings are loaded
     page_templates: jinja2.Environment
@@ -499,7 +501,9 @@ class GPUSliceService(Application):
         if self.slurm_sync_interval > 0:
             gres = SlurmGresConfig(parent=self).value()
             self._slurm_sync = asyncio.ensure_future(
-                run_slurm_sync(self.ledger, self.slurm_sync_interval, gres, self.log)
+                run_slurm_sync(
+                    self.ledger, self.slurm_sync_interval, gres, self.log, self._slurm_synced
+                )
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -514,6 +518,9 @@ class GPUSliceService(Application):
                 task.cancel()
         if self.db is not None:
             self.db.dispose()
+
+    def _slurm_synced(self) -> None:
+        self.slurm_synced_at = utcnow()
 
     async def reconcile_once(self) -> list[int]:
         """Release the slices of interactive servers the hub no longer has.

@@ -1,5 +1,6 @@
 """The loop that keeps the ledger's external holdings equal to what Slurm's jobs hold
-beyond gpuslice's own slices (``GPUSliceService.slurm_sync_interval``)."""
+beyond gpuslice's own slices (``GPUSliceService.slurm_sync_interval``), and, hourly, checks
+the service's hosts against Slurm's nodes and their gres."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from gpuslice_spawner.launchers.slurm import SlurmGres
 
 from .ledger import Ledger
-from .slurmusage import SlurmReadError, read_held, steady
+from .slurmusage import SlurmReadError, read_held, read_nodes, steady
 
 
 async def sync_once(
@@ -33,14 +34,39 @@ async def sync_once(
     return added, released, problems, now
 
 
+# How often the service's hosts are compared with Slurm's nodes (an hour)
+CHECK_SECONDS = 3600.0
+
+
+async def check_nodes(
+    ledger: Ledger,
+    cfg: SlurmGres,
+    read: Callable[[], Mapping[str, Counter[str]]] = read_nodes,
+) -> list[str]:
+    """Where the service's hand-written hosts and Slurm's nodes and gres disagree."""
+    nodes = await asyncio.to_thread(read)
+    return await asyncio.to_thread(ledger.slurm_mismatches, nodes, cfg)
+
+
 async def run_slurm_sync(
-    ledger: Ledger, interval: float, cfg: SlurmGres, log: logging.Logger
+    ledger: Ledger,
+    interval: float,
+    cfg: SlurmGres,
+    log: logging.Logger,
+    on_synced: Callable[[], None] = lambda: None,
 ) -> None:
     reported: set[str] = set()
     before: dict[str, Counter[str]] | None = None
+    checked = -CHECK_SECONDS
+    loop = asyncio.get_running_loop()
     while True:
         try:
+            if loop.time() - checked >= CHECK_SECONDS:
+                checked = loop.time()
+                for problem in await check_nodes(ledger, cfg):
+                    log.error("Slurm and the service's hosts disagree: %s", problem)
             _, _, problems, before = await sync_once(ledger, cfg, log, before=before)
+            on_synced()
             for problem in problems:
                 if problem not in reported:  # once, not every few seconds
                     log.warning("%s: check gres.conf against the service's hosts", problem)

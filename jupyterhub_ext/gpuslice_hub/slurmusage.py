@@ -123,25 +123,52 @@ def steady(
     return {node: before[node] & now[node] for node in now.keys() & before.keys()}
 
 
+def configured_gres(sinfo: Mapping[str, Any]) -> dict[str, Counter[str]]:
+    """Per node, the gres it has (``sinfo --json``'s ``gres``, e.g.
+    ``"gpu:a100:2,gpu:1g.10gb:1,shard:a100:8(S:0)"``), named as :func:`parse_gres_detail`."""
+    return {
+        str(node.get("name")): parse_gres_detail(str(node.get("gres") or ""))
+        for node in sinfo.get("nodes") or []
+        if node.get("name")
+    }
+
+
+def read_nodes(
+    env: Mapping[str, str] | None = None, timeout: float = 30
+) -> dict[str, Counter[str]]:
+    """Every node's configured gres: one ``sinfo --json``."""
+    data = _json_command(["sinfo", "--json"], env, timeout)
+    if not isinstance(data.get("nodes"), list):
+        raise SlurmReadError("sinfo --json gave no node list")
+    return configured_gres(data)
+
+
 def read_held(env: Mapping[str, str] | None = None, timeout: float = 30) -> dict[str, Counter[str]]:
     """What Slurm's jobs hold now: one ``squeue --json`` (all jobs, all users)."""
+    data = _json_command(["squeue", "--all", "--json"], env, timeout)
+    if not isinstance(data.get("jobs"), list):
+        raise SlurmReadError("squeue --json gave no job list")
+    return held_by_jobs(data)
+
+
+def _json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> dict[str, Any]:
     source = env if env is not None else os.environ
     try:
         out = subprocess.run(
-            ["squeue", "--all", "--json"],
+            argv,
             capture_output=True,
             text=True,
             timeout=timeout,
             env={k: source[k] for k in COMMAND_ENV_KEEP if k in source},
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SlurmReadError(f"squeue could not run: {e}") from e
+        raise SlurmReadError(f"{argv[0]} could not run: {e}") from e
     if out.returncode != 0:
-        raise SlurmReadError(f"squeue failed: {out.stderr.strip()[:500]}")
+        raise SlurmReadError(f"{argv[0]} failed: {out.stderr.strip()[:500]}")
     try:
         data = json.loads(out.stdout)
     except ValueError as e:
-        raise SlurmReadError(f"squeue --json printed no JSON: {e}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
-        raise SlurmReadError("squeue --json gave no job list")
-    return held_by_jobs(data)
+        raise SlurmReadError(f"{argv[0]} --json printed no JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise SlurmReadError(f"{argv[0]} --json printed no object")
+    return data

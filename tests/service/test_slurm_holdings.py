@@ -14,9 +14,10 @@ import pytest
 
 from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller
-from gpuslice_hub.slurmsync import sync_once
+from gpuslice_hub.slurmsync import check_nodes, sync_once
 from gpuslice_hub.slurmusage import (
     SlurmReadError,
+    configured_gres,
     expand_hostlist,
     held_by_jobs,
     parse_gres_detail,
@@ -180,3 +181,33 @@ def test_a_failed_read_keeps_what_slurm_held(make_ledger, caplog):
     # the first read is taken as it is (a restarted service); after it, a new holding
     # counts once two reads saw it, and what Slurm freed is given back at once
     assert asyncio.run(passes(two, {}, two, two, {})) == [(1, 0), (0, 2), (0, 0), (2, 0), (0, 2)]
+
+
+def test_the_service_hosts_are_checked_against_slurms_nodes_and_gres(make_ledger):
+    ledger = make_ledger()  # node-a: MIG A100 (3g.40gb, 2g.20gb, 2 x 1g.10gb) + 2 A100
+    sinfo = {
+        "nodes": [
+            {
+                "name": "node-a",
+                "gres": "gpu:a100:2(S:0),gpu:3g.40gb:1,gpu:2g.20gb:1,gpu:1g.10gb:2,shard:a100:16",
+            },
+            {"name": "login", "gres": ""},
+        ]
+    }
+    assert configured_gres(sinfo)["node-a"]["shard"] == 16
+    assert ledger.slurm_mismatches(configured_gres(sinfo), GRES) == []
+    # gres.conf offers one 1g.10gb instance fewer, shards for one GPU only, and no node-a
+    sinfo["nodes"][0]["gres"] = "gpu:a100:2,gpu:3g.40gb:1,gpu:2g.20gb:1,gpu:1g.10gb:1,shard:8"
+    assert ledger.slurm_mismatches(configured_gres(sinfo), GRES) == [
+        "node-a: gpu:1g.10gb is 2 here and 1 in Slurm's gres",
+        "node-a: shard is 16 here and 8 in Slurm's gres",
+    ]
+    # untyped whole GPUs: only their number can be compared
+    sinfo["nodes"][0]["gres"] = "gpu:h100:3,gpu:3g.40gb:1,gpu:2g.20gb:1,gpu:1g.10gb:2"
+    assert ledger.slurm_mismatches(configured_gres(sinfo), SlurmGres()) == [
+        "node-a: 2 whole GPU(s) here, 3 in Slurm"
+    ]
+    nodes = {"login": Counter()}
+    assert asyncio.run(check_nodes(ledger, GRES, read=lambda: nodes)) == [
+        "node-a is not a Slurm node: nothing pinned to it can start"
+    ]

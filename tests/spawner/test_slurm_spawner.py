@@ -176,6 +176,12 @@ def test_a_gpu_held_by_a_job_outside_gpuslice_is_never_offered(slurm_hub: Hub, s
         return int(mig["free"])
 
     wait_for(lambda: free_mig() == 1, 30, "the 1g.10gb instance to be free")
+    health = slurm_hub.api("GET", "/api/health").json()
+    assert health["slurm_synced"] is not None  # the service reads Slurm
+    # ... and checked its hosts against Slurm's nodes: the test cluster shards only one of
+    # its two A100s (the other offers MPS), which the inventory cannot say
+    mismatch = f"{slurm.node.name}: shard is 16 here and 8 in Slurm's gres"
+    assert mismatch in slurm_hub.log()
     # A colleague's job that never came through gpuslice takes the node's only instance.
     foreign = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
     slurm.wait_state(foreign, "RUNNING", timeout=60)

@@ -20,6 +20,7 @@ class HealthHandler(BaseHandler):
                 "simulated": bool(inv and inv.simulated),
                 "started": iso(self.service.started_at),
                 "reconciled": iso(self.service.reconciled_at),
+                "slurm_synced": iso(self.service.slurm_synced_at),
             }
         )
 

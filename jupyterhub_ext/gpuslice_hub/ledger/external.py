@@ -26,7 +26,7 @@ from ..clusterview import build_hosts
 from ..db.models import utcnow
 from ..placement import GPUState, HostState
 from ..serialize import allocation_json
-from ..snapshot import AllocationView, GPUView, load_allocation
+from ..snapshot import AllocationView, GPUView, InventoryView, load_allocation
 from .allocation import AllocationMixin
 from .base import ALLOCATIONS, CLAIMS
 
@@ -76,6 +76,68 @@ def beyond(held: Counter[str], ours: Counter[str], cfg: SlurmGres) -> Counter[st
             extra[key] -= used
             untyped -= used
     return +extra  # drops zero and negative counts
+
+
+def inventory_gres(inv: InventoryView, cfg: SlurmGres) -> dict[str, Counter[str]]:
+    """Per present host, the gres its devices are, named as Slurm names them: a MIG
+    instance ``gpu:<profile>``, a whole GPU ``gpu:<type>`` (``gpu`` when its model has no
+    type), and ``shard``/``mps`` for the shares of whole GPUs."""
+    out: dict[str, Counter[str]] = {h.name: Counter() for h in inv.hosts if h.present}
+    for gpu in inv.gpus:
+        if not gpu.present or gpu.host not in out:
+            continue
+        instances = [m for m in gpu.mig_instances if m.present]
+        if instances:
+            for m in instances:
+                out[gpu.host][f"{cfg.gpu}:{m.profile}"] += 1
+            continue
+        gtype = cfg.gpu_types.get(gpu.model)
+        out[gpu.host][f"{cfg.gpu}:{gtype}" if gtype else cfg.gpu] += 1
+        out[gpu.host][cfg.share] += cfg.shards_per_gpu if cfg.share == "shard" else cfg.mps_per_gpu
+    return out
+
+
+def gres_mismatches(
+    slurm: Mapping[str, Counter[str]], ours: Mapping[str, Counter[str]], cfg: SlurmGres
+) -> list[str]:
+    """Where the service's hosts and Slurm's nodes disagree: what would make servers and
+    jobs pinned to a host wait forever, or the ledger count devices Slurm does not have."""
+    problems = []
+    for host, mine in sorted(ours.items()):
+        theirs = slurm.get(host)
+        if theirs is None:
+            problems.append(f"{host} is not a Slurm node: nothing pinned to it can start")
+            continue
+        whole_mine, whole_theirs = _whole(mine, cfg), _whole(theirs, cfg)
+        if whole_mine != whole_theirs:
+            problems.append(f"{host}: {whole_mine} whole GPU(s) here, {whole_theirs} in Slurm")
+        for key in sorted(set(mine) | set(theirs)):
+            if not _comparable(key, theirs, cfg):
+                continue
+            if mine.get(key, 0) != theirs.get(key, 0):
+                problems.append(
+                    f"{host}: {key} is {mine.get(key, 0)} here and {theirs.get(key, 0)} in "
+                    "Slurm's gres"
+                )
+    return problems
+
+
+def _whole(counts: Counter[str], cfg: SlurmGres) -> int:
+    """Whole GPUs, typed or not (not MIG instances)."""
+    return sum(
+        n
+        for key, n in counts.items()
+        if key.partition(":")[0] == cfg.gpu and not is_mig_type(key.partition(":")[2])
+    )
+
+
+def _comparable(key: str, theirs: Counter[str], cfg: SlurmGres) -> bool:
+    """Whether ``key``'s count can be compared one to one: MIG instances always, typed
+    whole GPUs when the site names types, shares when Slurm offers them at all."""
+    name, _, gtype = key.partition(":")
+    if name == cfg.gpu:
+        return bool(gtype) and (is_mig_type(gtype) or bool(cfg.gpu_types))
+    return name == cfg.share and bool(theirs.get(key))
 
 
 class ExternalMixin(AllocationMixin):
@@ -140,6 +202,12 @@ class ExternalMixin(AllocationMixin):
                         f"({want - have - placed} of {want - have} units)"
                     )
         return added, released, problems
+
+    def slurm_mismatches(self, slurm: Mapping[str, Counter[str]], cfg: SlurmGres) -> list[str]:
+        """:func:`gres_mismatches` of the ledger's inventory and Slurm's nodes."""
+        with self.db.reading() as s:
+            inv = self.inventory_cache.get(s)
+        return gres_mismatches(slurm, inventory_gres(inv, cfg), cfg)
 
     def _write_external(
         self, s: Session, host: str, key: str, gpu: GPUState, mig: str | None, milli: int, mem: int
