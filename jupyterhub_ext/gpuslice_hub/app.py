@@ -32,6 +32,7 @@ from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.idle_policy import PolicyConfig, PolicyError
 from gpuslice.jsonclient import JSONError
 from gpuslice.model import Inventory
+from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig
 from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from . import __version__
@@ -277,7 +278,7 @@ class GPUSliceService(Application):
         self.page_templates = page_environment()
 
     # what --help-all and --generate-config cover
-    classes = [JobManager, SlurmGresConfig]
+    classes = [JobManager, SlurmGresConfig, KubernetesResourcesConfig]
     subcommands = {
         "upgrade-db": (
             "gpuslice_hub.app.UpgradeDB",

@@ -36,6 +36,12 @@ SECTIONS = (
         "The Slurm cluster's gres names, for servers and batch jobs alike.",
     ),
     (
+        "gpuslice_spawner.kubernetes_resources",
+        "KubernetesResourcesConfig",
+        "gpuslice_config.py (configure_jupyterhub copies it to the hub for the spawner)",
+        "The Kubernetes cluster's GPU resource and label names, for servers and batch jobs.",
+    ),
+    (
         "gpuslice_spawner.spawner",
         "GPUSliceMixin",
         "jupyterhub_config.py",

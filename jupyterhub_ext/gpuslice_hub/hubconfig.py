@@ -121,8 +121,9 @@ def configure_jupyterhub(
 
 
 # Settings the hub's spawner and the service must agree on, written once in the service's
-# config file: the Slurm gres names (servers and batch jobs ask Slurm for the same gres).
-SHARED_SECTIONS = ("SlurmGresConfig",)
+# config file: the Slurm gres names and the Kubernetes resource names (servers and batch jobs
+# ask the cluster for the same resources).
+SHARED_SECTIONS = ("SlurmGresConfig", "KubernetesResourcesConfig")
 
 
 def share_sections(c: Any, config_file: str) -> None:

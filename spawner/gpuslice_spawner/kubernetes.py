@@ -7,11 +7,10 @@ package itself never imports this module, so the local spawners work without Kub
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-from traitlets import Enum, Unicode
-
-from .launchers.kubernetes import KubernetesResources, ShareMode, kubespawner_settings
+from .kubernetes_resources import KubernetesResourcesConfig
+from .launchers.kubernetes import KubernetesResources, kubespawner_settings
 from .spawner import GPUSliceMixin
 
 try:
@@ -25,66 +24,16 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
     """KubeSpawner whose pod asks for exactly the slice gpuslice granted, on its node.
 
-    Configure KubeSpawner as usual (image, storage, ...) and the GPU naming here; do not set
-    ``KubeSpawner.profile_list``: the ``profile`` spawn option is gpuslice's.
+    Configure KubeSpawner as usual (image, storage, ...) and the cluster's GPU resource names
+    as ``c.KubernetesResourcesConfig`` (in gpuslice_config.py, shared with the service's
+    Kubernetes jobs); do not set ``KubeSpawner.profile_list``: the ``profile`` spawn option
+    is gpuslice's.
     """
 
-    share_mode = Enum(
-        ["time-slicing-renamed", "time-slicing", "hami"],
-        default_value="time-slicing-renamed",
-        help="How the cluster offers fractional GPUs. 'time-slicing-renamed': NVIDIA device "
-        "plugin time-slicing with renameByDefault (a share is one nvidia.com/gpu.shared); "
-        "'time-slicing': without renaming (a share is one nvidia.com/gpu replica); 'hami': "
-        "HAMi, which enforces the share's memory cap and compute percentage.",
-    ).tag(config=True)
-
-    gpu_resource = Unicode(
-        "nvidia.com/gpu", help="Extended resource of a whole GPU (and of a HAMi share)."
-    ).tag(config=True)
-
-    mig_resource_prefix = Unicode(
-        "nvidia.com/mig-",
-        help="Prefix of MIG instance resources; the MIG profile (e.g. 1g.10gb) is appended. "
-        "The default matches the NVIDIA device plugin's 'mixed' MIG strategy.",
-    ).tag(config=True)
-
-    shared_gpu_resource = Unicode(
-        "nvidia.com/gpu.shared",
-        help="Resource of a time-sliced share when share_mode is 'time-slicing-renamed'.",
-    ).tag(config=True)
-
-    hami_memory_resource = Unicode(
-        "nvidia.com/gpumem", help="HAMi resource carrying the share's memory cap (MiB)."
-    ).tag(config=True)
-
-    hami_cores_resource = Unicode(
-        "nvidia.com/gpucores", help="HAMi resource carrying the share's compute percentage."
-    ).tag(config=True)
-
-    gpu_product_label = Unicode(
-        "nvidia.com/gpu.product",
-        help="Node label holding the GPU model (GPU feature discovery's); the pod selects "
-        "the granted model with it. Empty: no product selector.",
-    ).tag(config=True)
-
-    node_host_label = Unicode(
-        "kubernetes.io/hostname",
-        help="Node label matched against the granted host, so the pod runs where gpuslice "
-        "counted the slice; name inventory hosts after this label's values. Empty: let "
-        "Kubernetes choose the node (gpuslice's per-host accounting may then drift).",
-    ).tag(config=True)
-
     def kubernetes_resources(self) -> KubernetesResources:
-        return KubernetesResources(
-            gpu=self.gpu_resource,
-            mig_prefix=self.mig_resource_prefix,
-            shared_gpu=self.shared_gpu_resource,
-            share_mode=cast(ShareMode, self.share_mode),
-            hami_memory=self.hami_memory_resource,
-            hami_cores=self.hami_cores_resource,
-            product_label=self.gpu_product_label or None,
-            host_label=self.node_host_label or None,
-        )
+        # the cluster's resource and label names: c.KubernetesResourcesConfig, shared with
+        # the service's Kubernetes batch jobs
+        return KubernetesResourcesConfig(parent=self).value()
 
     def _is_gpu_resource(self, name: str) -> bool:
         res = self.kubernetes_resources()
@@ -104,7 +53,8 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
         # The spawner object outlives one spawn: drop the previous grant's GPU resources and
         # selectors (a MIG limit must not survive into a share spawn) but keep whatever
         # else the admin configured (hugepages, a node pool selector, ...).
-        selector_keys = {k for k in (self.gpu_product_label, self.node_host_label) if k}
+        res = self.kubernetes_resources()
+        selector_keys = {k for k in (res.product_label, res.host_label) if k}
         limits = self._kept("extra_resource_limits", self._is_gpu_resource)
         guarantees = self._kept("extra_resource_guarantees", self._is_gpu_resource)
         selector = self._kept("node_selector", selector_keys.__contains__)

@@ -22,7 +22,10 @@ from jupyterhub.spawner import LocalProcessSpawner, Spawner
 from traitlets.config import Config
 
 from gpuslice_hub.app import GPUSliceService
+from gpuslice_hub.hubconfig import share_sections
 from gpuslice_spawner import GPUSliceMixin, GPUSliceSpawner
+from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig
+from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "admin-guide.md"
 EXAMPLE = re.compile(r"<!-- example: (\S+) -->\n```python\n(.*?)\n```", re.S)
@@ -59,6 +62,8 @@ def configurable_classes() -> dict[str, type]:
     from gpuslice_spawner.slurm import GPUSliceSlurmSpawner
 
     classes: list[type] = [
+        KubernetesResourcesConfig,
+        SlurmGresConfig,
         JupyterHub,
         Authenticator,
         ConfigurableHTTPProxy,
@@ -85,8 +90,12 @@ def make_spawner(cls: type, config: Config) -> Any:
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
-def test_hub_config_sets_only_real_traits_and_selects_the_launcher(launcher: str):
+def test_hub_config_sets_only_real_traits_and_selects_the_launcher(launcher: str, tmp_path: Path):
     c = load(examples()[f"{launcher}/jupyterhub_config.py"])
+    # what configure_jupyterhub copies from the service's file (at its real path on a site)
+    service = tmp_path / "gpuslice_config.py"
+    service.write_text(examples()[f"{launcher}/gpuslice_config.py"])
+    share_sections(c, str(service))
     classes = configurable_classes()
     for section, values in c.items():
         assert section in classes, f"{launcher}: c.{section} is not a class this guide expects"
@@ -107,7 +116,7 @@ def test_hub_config_sets_only_real_traits_and_selects_the_launcher(launcher: str
         # servers off the hub host need a service URL they can reach
         assert spawner.server_service_url.endswith("/services/gpuslice/")
     if launcher == "hami":
-        assert spawner.share_mode == "hami"
+        assert spawner.kubernetes_resources().share_mode == "hami"
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))

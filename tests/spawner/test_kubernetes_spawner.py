@@ -17,6 +17,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from traitlets.config import Config
 
 from tests.harness.engines import need_module
 
@@ -25,6 +26,7 @@ kubespawner_module = need_module("kubespawner.spawner")
 from kubernetes_asyncio.client import ApiClient  # noqa: E402
 
 from gpuslice_spawner.kubernetes import GPUSliceKubeSpawner  # noqa: E402
+from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig  # noqa: E402
 from tests.spawner.test_launchers_kubernetes import (  # noqa: E402
     GPU_GRANT,
     MIG_GRANT,
@@ -45,12 +47,16 @@ def make_spawner() -> Iterator[Any]:
     ):
 
         def make(**traits: Any) -> GPUSliceKubeSpawner:
+            """``traits`` of the spawner, and of the shared c.KubernetesResourcesConfig."""
             user = SimpleNamespace(name="alice", id=7, url="/user/alice/", groups=[])
+            shared = KubernetesResourcesConfig.class_trait_names(config=True)
+            resources = {k: traits.pop(k) for k in list(traits) if k in shared}
             return GPUSliceKubeSpawner(
                 _mock=True,
                 user=user,
                 image="quay.io/jupyter/base-notebook:2024-12-02",
                 cmd=["jupyterhub-singleuser"],
+                config=Config({"KubernetesResourcesConfig": resources}),
                 **traits,
             )
 
@@ -178,7 +184,7 @@ def test_share_mode_is_checked_by_traitlets(make_spawner: Any):
     from traitlets import TraitError
 
     with pytest.raises(TraitError):
-        make_spawner(share_mode="mps")
+        make_spawner(share_mode="mps").kubernetes_resources()
 
 
 def test_the_spawn_form_is_gpuslices(make_spawner: Any):
