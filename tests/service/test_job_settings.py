@@ -63,3 +63,29 @@ def test_a_jobs_root_other_users_cannot_reach_is_refused(tmp_path):
     assert e.value.key == "jobs_root" and str(private) in str(e.value)
     jobs = manager(private / "jobs").root
     assert oct(jobs.stat().st_mode & 0o777) == "0o711"
+
+
+@pytest.mark.parametrize(
+    ("traits", "key", "words"),
+    [
+        ({"kubernetes_jobs_claim": "pvc"}, "JobManager.kubernetes_image", "is required"),
+        ({"kubernetes_image": "img"}, "JobManager.kubernetes_jobs_claim", "is required"),
+        (
+            # no service account, no kubeconfig: said at start, not at the first job
+            {"kubernetes_image": "img", "kubernetes_jobs_claim": "pvc"},
+            "job_backend",
+            "the Kubernetes API cannot be reached",
+        ),
+    ],
+)
+def test_a_kubernetes_backend_without_what_it_needs_refuses_to_start(
+    tmp_path, monkeypatch, traits, key, words
+):
+    from gpuslice_hub.jobs.setup import kubernetes_backend
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    service = SimpleNamespace(job_backend="kubernetes", log=logging.getLogger("test"), config={})
+    with pytest.raises(ConfigError) as e:
+        kubernetes_backend(service, manager(tmp_path / "jobs", **traits))  # type: ignore[arg-type]
+    assert e.value.key == key and words in str(e.value)

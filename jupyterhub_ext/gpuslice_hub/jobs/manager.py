@@ -117,6 +117,25 @@ class JobManager(LoggingConfigurable):
         "preemptible class in a low PriorityTier partition lets Slurm's own preemption "
         "(PreemptMode=REQUEUE) requeue it for higher-priority work.",
     ).tag(config=True)
+    kubernetes_namespace = Unicode(
+        "default", help="Namespace of the Kubernetes Jobs (``job_backend = 'kubernetes'``)."
+    ).tag(config=True)
+    kubernetes_image = Unicode(
+        "",
+        help="Image of a Kubernetes Job's runner: gpuslice (``python -m gpuslice.run``) and "
+        "the notebooks' kernels installed; required with ``job_backend = 'kubernetes'``.",
+    ).tag(config=True)
+    kubernetes_jobs_claim = Unicode(
+        "",
+        help="PersistentVolumeClaim holding the job folders, mounted in each Job where the "
+        "service has ``jobs_root`` (mount the same claim there in the service's pod); "
+        "required with ``job_backend = 'kubernetes'``.",
+    ).tag(config=True)
+    kubernetes_api_url = Unicode(
+        "",
+        help="The Kubernetes API's URL, e.g. ``http://127.0.0.1:8001`` behind "
+        "``kubectl proxy``. Empty: the service account's in a pod, else the kubeconfig.",
+    ).tag(config=True)
     runner_python = Unicode(
         "",
         help="Python that runs ``python -m gpuslice.run`` for the local backend (default: "

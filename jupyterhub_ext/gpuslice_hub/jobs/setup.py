@@ -8,8 +8,9 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig
 from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from ..errors import ConfigError
@@ -27,10 +28,6 @@ AS_SERVICE = "JobManager.run_jobs_as_service_user"
 
 def start_jobs(app: GPUSliceService) -> JobManager:
     assert app.ledger is not None and app.db is not None
-    if app.job_backend == "kubernetes":
-        raise ConfigError(
-            "job_backend", "kubernetes jobs are built as manifests only; use local or slurm"
-        )
     manager = JobManager(
         app.ledger, app.db, LocalBackend(), Path(app.jobs_root).resolve(), parent=app
     )
@@ -44,12 +41,35 @@ def start_jobs(app: GPUSliceService) -> JobManager:
             gres=SlurmGresConfig(parent=app).value(),
             submit_prefix=manager.slurm_submit_prefix or None,
         )
+    elif app.job_backend == "kubernetes":
+        manager.backend = kubernetes_backend(app, manager)
     elif manager.runner_python:
         manager.backend = LocalBackend(python)
     app.ledger.preempt_hook = manager.preempt_for_interactive
     scheduler = Scheduler(manager, simulated=bool(app.inventory and app.inventory.simulated))
     manager.task = asyncio.ensure_future(scheduler.run_forever())
     return manager
+
+
+def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
+    """Jobs through the Kubernetes API, with the servers' resource names."""
+    for key in ("kubernetes_image", "kubernetes_jobs_claim"):
+        if not getattr(manager, key):
+            raise ConfigError(f"JobManager.{key}", "is required with job_backend = 'kubernetes'")
+    try:
+        from .backends.kubernetes_client import KubernetesBackend, api_configuration
+
+        configuration = api_configuration(manager.kubernetes_api_url)
+    except Exception as e:  # no kubernetes_asyncio, no service account, no kubeconfig
+        raise ConfigError("job_backend", f"the Kubernetes API cannot be reached: {e}") from None
+    return KubernetesBackend(
+        configuration,
+        manager.kubernetes_namespace,
+        manager.kubernetes_image,
+        manager.kubernetes_jobs_claim,
+        KubernetesResourcesConfig(parent=app).value(),
+        grace_seconds=round(manager.preempt_grace),
+    )
 
 
 def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:

@@ -1,4 +1,4 @@
-"""Jobs as Kubernetes Jobs (pure builder; the service does not talk to a cluster yet).
+"""Kubernetes Jobs of batch jobs (pure: the manifests; ``kubernetes_client`` submits them).
 
 * ``priorityClassName``: the job's class maps to a PriorityClass, so the cluster's own
   scheduler preempts preemptible jobs for higher-priority pods;
@@ -59,13 +59,17 @@ def job_manifest(
     namespace: str = "default",
     env: dict[str, str] | None = None,
     run_as: tuple[int, int, tuple[int, ...]] | None = None,
+    name: str | None = None,
+    job_dir: str | None = None,
 ) -> dict[str, Any]:
     """``run_as``: the owner's (uid, gid, supplementary gids), as KubeSpawner sets a user's
     pod; the runner then runs as its owner, without privileges. Required unless the site
     runs jobs as the service's account. ``grants``: the ledger's allocations of the job,
     requested as the spawner requests a server's (:func:`pod_placement`)."""
     limits, selector = pod_placement(grants, resources)
-    job_dir = f"/gpuslice-jobs/{job_id}"
+    # the jobs volume is mounted where the service has it, so a job folder has one path
+    job_dir = job_dir or f"/gpuslice-jobs/{job_id}"
+    mount = job_dir.rstrip("/").rsplit("/", 1)[0] or "/"
     security: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     if run_as is not None:
         uid, gid, groups = run_as
@@ -109,7 +113,7 @@ def job_manifest(
                         "workingDir": job_dir,
                         "env": [{"name": k, "value": v} for k, v in sorted((env or {}).items())],
                         "resources": {"limits": dict(limits)},
-                        "volumeMounts": [{"name": "jobs", "mountPath": "/gpuslice-jobs"}],
+                        "volumeMounts": [{"name": "jobs", "mountPath": mount}],
                         "securityContext": {
                             "allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]},
@@ -126,7 +130,7 @@ def job_manifest(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": f"gpuslice-job-{job_id}",
+            "name": name or f"gpuslice-job-{job_id}",
             "namespace": namespace,
             "labels": _labels(job_id, user),
         },
