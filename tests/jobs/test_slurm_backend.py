@@ -29,6 +29,7 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         partition="preemptible",
         time_limit_minutes=90,
         env={"CUDA_VISIBLE_DEVICES": "GPU-1", "GPUSLICE_JOB_ID": "7"},
+        qos="scavenger",
     )
     lines = script.splitlines()
     for expected in (
@@ -38,12 +39,16 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         "#SBATCH --gres=shard:2",
         "#SBATCH --nodelist=node1",
         "#SBATCH --partition=preemptible",
+        "#SBATCH --qos=scavenger",
         "#SBATCH --time=90",
         'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-GPU-1}"',
         "export GPUSLICE_JOB_ID=7",
     ):
         assert expected in lines
     assert lines[-1] == "exec /venv/bin/python -m gpuslice.run /jobs/7"
+    # a configured name is a token, never a second directive or shell code
+    with pytest.raises(ValueError, match="qos"):
+        batch_script(7, "/jobs/7", "/venv/bin/python", qos="normal\n#SBATCH --uid=0")
 
 
 def mig_grant(slurm: SlurmCluster) -> dict:

@@ -117,6 +117,13 @@ class JobManager(LoggingConfigurable):
         "preemptible class in a low PriorityTier partition lets Slurm's own preemption "
         "(PreemptMode=REQUEUE) requeue it for higher-priority work.",
     ).tag(config=True)
+    slurm_qos = Dict(
+        {"preemptible": "", "normal": "", "high": ""},
+        help="Slurm QOS of each priority class (``job_backend = 'slurm'``), e.g. "
+        "``{'preemptible': 'scavenger'}``: Slurm's limits, fairshare and QOS-based "
+        "preemption (PreemptType=preempt/qos) then apply to gpuslice's jobs as to any. "
+        "Empty: the user's default QOS.",
+    ).tag(config=True)
     kubernetes_namespace = Unicode(
         "default", help="Namespace of the Kubernetes Jobs (``job_backend = 'kubernetes'``)."
     ).tag(config=True)

@@ -37,6 +37,7 @@ def start_jobs(app: GPUSliceService) -> JobManager:
         manager.backend = SlurmBackend(
             python,
             partitions=manager.slurm_partitions,
+            qos=manager.slurm_qos,
             # the same gres names, and translation, as the servers' (GPUSliceSlurmSpawner)
             gres=SlurmGresConfig(parent=app).value(),
             submit_prefix=manager.slurm_submit_prefix or None,

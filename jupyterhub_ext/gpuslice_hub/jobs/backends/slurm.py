@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ def default_prefix() -> list[str]:
     return ["sudo", "-n", "-u", "{username}", "--"]
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 ALIVE = {
     "PENDING",
     "RUNNING",
@@ -69,6 +72,7 @@ def batch_script(
     warn_seconds: int = 60,
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
+    qos: str = "",
 ) -> str:
     """The sbatch script of a job (pure: tested without a cluster). ``placement``: the
     grant's ``--gres`` and ``--nodelist`` (:func:`grants_sbatch_options`)."""
@@ -85,8 +89,11 @@ def batch_script(
         "#SBATCH --export=NONE",
     ]
     lines += [f"#SBATCH {opt}" for opt in placement]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
+    for option, value in (("partition", partition), ("qos", qos)):
+        if value:
+            if not _NAME.fullmatch(value):
+                raise ValueError(f"{option} {value!r} is not a Slurm {option} name")
+            lines.append(f"#SBATCH --{option}={value}")
     if time_limit_minutes:
         lines.append(f"#SBATCH --time={time_limit_minutes}")
     lines += [f"#SBATCH {opt}" for opt in extra]
@@ -115,12 +122,14 @@ class SlurmBackend:
         env: dict[str, str] | None = None,
         time_limit_minutes: int = 0,
         partitions: dict[str, str] | None = None,
+        qos: dict[str, str] | None = None,
         submit_prefix: Sequence[str] | None = None,
     ) -> None:
         self.python = python
         self.partition = partition
         self.gres = gres or SlurmGres()
         self.partitions = partitions or {}
+        self.qos = qos or {}
         self.env = env  # the environment Slurm commands run with (SLURM_CONF …)
         self.time_limit_minutes = time_limit_minutes
         self.submit_prefix = list(submit_prefix) if submit_prefix else default_prefix()
@@ -173,6 +182,7 @@ class SlurmBackend:
             self.partitions.get(priority, self.partition),
             self.time_limit_minutes,
             env=env,
+            qos=self.qos.get(priority, ""),
         )
         # Submitted as the owner: Slurm's accounting, fairshare and limits see the real user,
         # and slurmd starts the job under the owner's uid.
