@@ -17,4 +17,5 @@ pytest_plugins = [
     "tests.harness.postgres",
     "tests.harness.hub",
     "tests.harness.slurm",
+    "tests.harness.slurm_nodes",
 ]

@@ -105,8 +105,10 @@ class SlurmCluster:
     node: Node
     partitions: dict[str, Partition]
     gpus: list[FakeGPU]
-    ports: tuple[int, int]
+    ports: tuple[int, ...]
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+    # every node (several for the multi-node cluster of slurm_nodes.py; ``node`` is the first)
+    nodes: list[Node] = field(default_factory=list)
 
     @property
     def conf(self) -> Path:
@@ -192,11 +194,10 @@ class SlurmCluster:
 
     def log_tail(self, lines: int = 30) -> str:
         out = []
-        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out", "munged.out"):
-            path = self.root / "log" / name
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {name} ---\n" + "\n".join(text))
+        logs = self.root / "log"
+        for path in [*sorted(logs.glob("slurm*.log")), *sorted(logs.glob("*.out"))]:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name} ---\n" + "\n".join(text))
         return "\n".join(out)
 
 
@@ -255,32 +256,28 @@ def _node_gres(gpus: list[FakeGPU]) -> str:
     return ",".join(f"{key}:{n}" for key, n in counts.items())
 
 
-def _write_configs(
-    root: Path, node: Node, partitions: list[Partition], gpus: list[FakeGPU], ports: tuple[int, int]
-) -> None:
-    ctld_port, slurmd_port = ports
-    part_lines = "\n".join(
-        f"PartitionName={p.name} Nodes={node.name} PriorityTier={p.priority_tier} "
-        f"Default={'YES' if p.default else 'NO'} MaxTime=INFINITE State=UP"
-        for p in partitions
-    )
-    (root / "slurm.conf").write_text(
-        f"""\
+def base_conf(root: Path, controller: str, ctld_port: int, slurmd_port: int | None) -> str:
+    """slurm.conf without nodes and partitions. ``slurmd_port`` None: several slurmd on
+    this machine, each with its node's ``Port=`` and its own spool, pid and log (``%n``)."""
+    one = slurmd_port is not None
+    spool = f"{root}/spool" if one else f"{root}/spool/%n"
+    suffix = "" if one else ".%n"
+    return f"""\
 ClusterName=gpuslicetest
-SlurmctldHost={node.name}(127.0.0.1)
+SlurmctldHost={controller}(127.0.0.1)
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
+{f"SlurmdPort={slurmd_port}" if one else ""}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/run/munge.socket
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={spool}
 SlurmctldPidFile={root}/run/slurmctld.pid
-SlurmdPidFile={root}/run/slurmd.pid
+SlurmdPidFile={root}/run/slurmd{suffix}.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd{suffix}.log
 SlurmctldDebug=info
 SlurmdDebug=info
 MailProg=/bin/true
@@ -301,16 +298,34 @@ SchedulerParameters=bf_interval=1
 GresTypes=gpu,shard,mps
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-NodeName={node.name} NodeAddr=127.0.0.1 {node.hardware} Gres={node.gres} State=UNKNOWN
-{part_lines}
 """
-    )
-    gres_lines = ["AutoDetect=off"]
+
+
+def gres_lines(node: str, gpus: list[FakeGPU]) -> list[str]:
+    lines = []
     for gpu in gpus:
-        gres_lines.append(f"NodeName={node.name} Name={gpu.name} Type={gpu.type} File={gpu.file}")
+        lines.append(f"NodeName={node} Name={gpu.name} Type={gpu.type} File={gpu.file}")
         for name, count in gpu.extra:
-            gres_lines.append(f"NodeName={node.name} Name={name} Count={count} File={gpu.file}")
-    (root / "gres.conf").write_text("\n".join(gres_lines) + "\n")
+            lines.append(f"NodeName={node} Name={name} Count={count} File={gpu.file}")
+    return lines
+
+
+def _write_configs(
+    root: Path, node: Node, partitions: list[Partition], gpus: list[FakeGPU], ports: tuple[int, int]
+) -> None:
+    ctld_port, slurmd_port = ports
+    part_lines = "\n".join(
+        f"PartitionName={p.name} Nodes={node.name} PriorityTier={p.priority_tier} "
+        f"Default={'YES' if p.default else 'NO'} MaxTime=INFINITE State=UP"
+        for p in partitions
+    )
+    (root / "slurm.conf").write_text(
+        base_conf(root, node.name, ctld_port, slurmd_port)
+        + f"NodeName={node.name} NodeAddr=127.0.0.1 {node.hardware} Gres={node.gres} "
+        + f"State=UNKNOWN\n{part_lines}\n"
+    )
+    lines = ["AutoDetect=off", *gres_lines(node.name, gpus)]
+    (root / "gres.conf").write_text("\n".join(lines) + "\n")
 
 
 def _start_munge(root: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
