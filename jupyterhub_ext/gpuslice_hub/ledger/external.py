@@ -149,21 +149,14 @@ class ExternalMixin(AllocationMixin):
         found no free device of its kind on the node (the inventory and gres.conf differ)."""
         added = released = 0
         problems: list[str] = []
+        # Most passes change nothing: find that out without the allocation lock.
+        with self.db.reading() as s:
+            _, _, wanted, current = self._external_plan(s, held, cfg)
+        keys = wanted.keys() | current.keys()
+        if all(wanted.get(k, 0) == sum(_held_units(v, k[1]) for v in current[k]) for k in keys):
+            return 0, 0, []
         with self.db.writing() as s:
-            inv = self.inventory_cache.get(s)
-            active = self.active_cache.get(s)
-            present = {h.name for h in inv.hosts if h.present}
-            ours = own_gres(active, inv.by_uuid, cfg)
-            wanted: dict[tuple[str, str], int] = {}
-            for node, counts in held.items():
-                if node in present:
-                    for key, n in beyond(counts, ours.get(node, Counter()), cfg).items():
-                        wanted[(node, key)] = _units(key, n, cfg)
-            current: dict[tuple[str, str], list[AllocationView]] = defaultdict(list)
-            for a in active:
-                if a.purpose == EXTERNAL:
-                    current[(a.host, a.server_name)].append(a)
-
+            inv, active, wanted, current = self._external_plan(s, held, cfg)
             gone: set[int] = set()
             for (host, key), views in current.items():
                 want = wanted.get((host, key), 0)
@@ -202,6 +195,30 @@ class ExternalMixin(AllocationMixin):
                         f"({want - have - placed} of {want - have} units)"
                     )
         return added, released, problems
+
+    def _external_plan(
+        self, s: Session, held: Mapping[str, Counter[str]], cfg: SlurmGres
+    ) -> tuple[
+        InventoryView,
+        list[AllocationView],
+        dict[tuple[str, str], int],
+        defaultdict[tuple[str, str], list[AllocationView]],
+    ]:
+        """What should be held outside gpuslice, in units per (host, gres), and what is."""
+        inv = self.inventory_cache.get(s)
+        active = self.active_cache.get(s)
+        present = {h.name for h in inv.hosts if h.present}
+        ours = own_gres(active, inv.by_uuid, cfg)
+        wanted: dict[tuple[str, str], int] = {}
+        for node, counts in held.items():
+            if node in present:
+                for key, n in beyond(counts, ours.get(node, Counter()), cfg).items():
+                    wanted[(node, key)] = _units(key, n, cfg)
+        current: defaultdict[tuple[str, str], list[AllocationView]] = defaultdict(list)
+        for a in active:
+            if a.purpose == EXTERNAL:
+                current[(a.host, a.server_name)].append(a)
+        return inv, active, wanted, current
 
     def slurm_mismatches(self, slurm: Mapping[str, Counter[str]], cfg: SlurmGres) -> list[str]:
         """:func:`gres_mismatches` of the ledger's inventory and Slurm's nodes."""
