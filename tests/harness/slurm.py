@@ -395,14 +395,7 @@ def start_cluster(root: Path) -> SlurmCluster:
     ports = tuple(free_ports(2))
     _write_configs(root, node, partitions, gpus, ports)
 
-    # Slurm variables of the caller (pytest run inside a job, or a developer's SBATCH_*
-    # defaults) would steer our client commands and leak into jobs (--export=ALL)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"))
-    }
-    env.update({"SLURM_CONF": str(root / "slurm.conf"), MARKER_ENV: str(root)})
+    env = client_env(root)
     cluster = SlurmCluster(
         root=root,
         env=env,
@@ -467,14 +460,23 @@ def stop_cluster(cluster: SlurmCluster) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
-    missing = [b for b in SLURM_BINARIES if shutil.which(b) is None]
+    with running_cluster(start_cluster, "gpuslice-slurm-") as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def running_cluster(
+    start: Callable[[Path], SlurmCluster], prefix: str, binaries: Iterable[str] = ()
+) -> Iterator[SlurmCluster]:
+    """A cluster started by ``start`` in a fresh temp dir, stopped and removed after."""
+    missing = [b for b in (*SLURM_BINARIES, *binaries) if shutil.which(b) is None]
     need(not missing, f"Slurm (slurmctld/slurmd) [missing: {', '.join(missing)}]")
     need(os.geteuid() == 0, "root (slurmd must run as root to launch jobs)")
-    root = Path(tempfile.mkdtemp(prefix="gpuslice-slurm-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)
     cluster = None
     try:
-        cluster = start_cluster(root)
+        cluster = start(root)
         yield cluster
     finally:
         if cluster is not None:
@@ -484,6 +486,19 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def client_env(root: Path) -> dict[str, str]:
+    """The environment of this cluster's commands and daemons. Slurm variables of the
+    caller (pytest run inside a job, or a developer's SBATCH_* defaults) would steer our
+    client commands and leak into jobs (--export=ALL)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"))
+    }
+    env.update({"SLURM_CONF": str(root / "slurm.conf"), MARKER_ENV: str(root)})
+    return env
 
 
 @pytest.fixture

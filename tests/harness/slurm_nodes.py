@@ -10,38 +10,30 @@ devices. Everything else is as in ``slurm.py``.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from tests.harness.engines import need
 from tests.harness.hub import free_ports
 from tests.harness.slurm import (
     A100,
-    MARKER_ENV,
-    SLURM_BINARIES,
     START_TIMEOUT,
     FakeGPU,
     Node,
     Partition,
     SlurmCluster,
-    _harness_processes,
     _make_device,
     _node_hardware,
     _spawn,
     _start_munge,
     _wait_for,
     base_conf,
+    client_env,
     gres_lines,
     parse_scontrol_line,
-    stop_cluster,
+    running_cluster,
 )
 
 NODE_NAMES = ("gsn1", "gsn2")  # Slurm writes a job on both as "gsn[1-2]"
@@ -103,12 +95,7 @@ def start_nodes(root: Path, names: tuple[str, ...] = NODE_NAMES) -> SlurmCluster
     )
     (root / "gres.conf").write_text("\n".join(gres) + "\n")
 
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"))
-    }
-    env.update({"SLURM_CONF": str(root / "slurm.conf"), MARKER_ENV: str(root)})
+    env = client_env(root)
     cluster = SlurmCluster(
         root=root,
         env=env,
@@ -140,23 +127,8 @@ def start_nodes(root: Path, names: tuple[str, ...] = NODE_NAMES) -> SlurmCluster
 
 @pytest.fixture(scope="session")
 def slurm_nodes_cluster() -> Iterator[SlurmCluster]:
-    missing = [b for b in (*SLURM_BINARIES, "unshare") if shutil.which(b) is None]
-    need(not missing, f"Slurm and unshare [missing: {', '.join(missing)}]")
-    need(os.geteuid() == 0, "root (slurmd must run as root, unshare --uts needs it)")
-    root = Path(tempfile.mkdtemp(prefix="gpuslice-slurm-nodes-"))
-    root.chmod(0o755)
-    cluster = None
-    try:
-        cluster = start_nodes(root)
+    with running_cluster(start_nodes, "gpuslice-slurm-nodes-", ("unshare",)) as cluster:
         yield cluster
-    finally:
-        if cluster is not None:
-            stop_cluster(cluster)
-        else:
-            for proc in _harness_processes(root):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.kill()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
