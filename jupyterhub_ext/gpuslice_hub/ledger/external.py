@@ -4,9 +4,12 @@ The ledger counts devices; Slurm counts gres per node and picks the device itsel
 node's jobs hold (``slurmusage.read_held``) is compared, gres by gres, with what gpuslice's
 own allocations on that node ask Slurm for (the spawner's translation of each grant), and
 the difference is held in the ledger as ``external`` allocations on free devices of that
-kind: never offered, released when Slurm no longer holds them. A gpuslice slice whose Slurm
-job has not started yet explains nothing, which errs on the side of holding less, never of
-offering what is taken.
+kind: never offered, released when Slurm no longer holds them.
+
+A limit: gpuslice's own slices count whether or not their Slurm job runs yet (the ledger does
+not know a server's Slurm job). While one waits in Slurm's queue, it "explains" a device a
+foreign job holds on that node, so that device can be offered once more; the spawn on it
+then waits in Slurm's queue instead of being refused.
 """
 
 from __future__ import annotations
