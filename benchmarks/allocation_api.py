@@ -2,7 +2,8 @@
 
 Starts a real JupyterHub + gpuslice service (simulated GPUs, 8 hosts x 8 GPUs so capacity
 never runs out), for SQLite and for PostgreSQL, then drives POST /api/allocations followed
-by DELETE /api/allocations/{id} from 1 client and from 50 concurrent clients.
+by DELETE /api/allocations/{id} from 1 client and from 50 concurrent clients, each as the
+hub's spawner makes them (the service's token, naming the user).
 
     .venv/bin/python benchmarks/allocation_api.py [--cycles 500] [--db sqlite,postgres]
 
@@ -47,7 +48,11 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
-def cycles(base: str, token: str, n: int, server_prefix: str) -> tuple[list[float], list[float]]:
+def cycles(
+    base: str, token: str, user: str, n: int, server_prefix: str
+) -> tuple[list[float], list[float]]:
+    """``n`` allocate + release cycles for ``user``, as the hub's spawner makes them (the
+    service's own token naming the user: users cannot allocate through the API)."""
     s = requests.Session()
     s.headers["Authorization"] = f"token {token}"
     alloc, release = [], []
@@ -55,7 +60,14 @@ def cycles(base: str, token: str, n: int, server_prefix: str) -> tuple[list[floa
         t0 = time.perf_counter()
         r = s.post(
             f"{base}/api/allocations",
-            json={"profile": "share-100", "server_name": f"{server_prefix}{i}"},
+            json={
+                "user": user,
+                # the spawner states the user's groups (the hub knows them); without them
+                # the service would look them up on the hub, one more round trip
+                "groups": [],
+                "profile": "share-100",
+                "server_name": f"{server_prefix}{i}",
+            },
         )
         t1 = time.perf_counter()
         assert r.status_code == 201, r.text
@@ -71,14 +83,16 @@ def run(db_name: str, db_url: str | None, n: int, workdir: Path) -> None:
     hub = start_hub(workdir, db_url=db_url, hosts=HOSTS, profiles=PROFILES)
     try:
         users = [f"bench{i:02d}" for i in range(50)]
-        tokens = [hub.add_user(u) for u in users]
+        for u in users:
+            hub.add_user(u)
+        token = hub.service_token
         for label, base in (
             ("direct", hub.service_url),
             ("via proxy", f"{hub.url}/services/gpuslice"),
         ):
-            cycles(base, tokens[0], 20, "warm")  # warm the token cache and connections
+            cycles(base, token, users[0], 20, "warm")  # warm the token cache and connections
             t0 = time.perf_counter()
-            a, r = cycles(base, tokens[0], n, "one")
+            a, r = cycles(base, token, users[0], n, "one")
             dt = time.perf_counter() - t0
             print(
                 f"{db_name:10s} {label:9s}  1 client : {n / dt:7.1f} alloc+release/s  "
@@ -92,7 +106,7 @@ def run(db_name: str, db_url: str | None, n: int, workdir: Path) -> None:
         all_r: list[float] = []
 
         def client(i: int) -> None:
-            a, r = cycles(hub.service_url, tokens[i], per_client, "many")
+            a, r = cycles(hub.service_url, token, users[i], per_client, "many")
             with lock:
                 all_a.extend(a)
                 all_r.extend(r)
