@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
@@ -104,9 +104,37 @@ def bump_generation(s: Session) -> None:
     )
 
 
+# Statements of the allocation hot path, built once: building a statement (coercing its
+# clauses, computing its cache key) cost about as much as running it on SQLite.
+_GENERATION = select(LedgerLock.generation).where(LedgerLock.id == 1)
+_NEWEST_EVENT = select(func.max(EventRow.id))
+_NAMED_SINCE = (
+    select(EventRow.allocation_id)
+    .where(
+        EventRow.id > bindparam("since"),
+        EventRow.id <= bindparam("marker"),
+        EventRow.allocation_id.is_not(None),
+    )
+    .distinct()
+)
+_ALLOCATION = select(AllocationRow.__table__).where(AllocationRow.id == bindparam("id"))
+_ITS_CLAIMS = (
+    select(ClaimRow.__table__)
+    .where(ClaimRow.allocation_id == bindparam("id"))
+    .order_by(ClaimRow.id)
+)
+_ALLOCATIONS_IN = select(AllocationRow.__table__).where(
+    AllocationRow.id.in_(bindparam("ids", expanding=True))
+)
+_ACTIVE_CLAIMS_IN = (
+    select(ClaimRow.__table__)
+    .where(ClaimRow.allocation_id.in_(bindparam("ids", expanding=True)), ClaimRow.active)
+    .order_by(ClaimRow.id)
+)
+
+
 def current_generation(s: Session) -> int:
-    stmt = select(LedgerLock.generation).where(LedgerLock.id == 1)
-    return int(s.connection().execute(stmt).scalar() or 0)
+    return int(s.connection().execute(_GENERATION).scalar() or 0)
 
 
 def load_inventory(s: Session, generation: int) -> InventoryView:
@@ -151,21 +179,13 @@ def load_active(s: Session) -> list[AllocationView]:
 
 
 def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
-    row = (
-        s.connection()
-        .execute(select(AllocationRow.__table__).where(AllocationRow.id == alloc_id))
-        .first()
-    )
+    conn = s.connection()
+    row = conn.execute(_ALLOCATION, {"id": alloc_id}).first()
     if row is None:
         return None
     view = AllocationView(**row._asdict())
     view.claims = [
-        ClaimView(**c._asdict())
-        for c in s.execute(
-            select(ClaimRow.__table__)
-            .where(ClaimRow.allocation_id == alloc_id)
-            .order_by(ClaimRow.id)
-        ).all()
+        ClaimView(**c._asdict()) for c in conn.execute(_ITS_CLAIMS, {"id": alloc_id}).all()
     ]
     return view
 
@@ -175,15 +195,10 @@ def load_allocations(s: Session, ids: Sequence[int]) -> dict[int, AllocationView
     views: dict[int, AllocationView] = {}
     conn = s.connection()
     for start in range(0, len(ids), 500):  # bounded IN lists
-        chunk = list(ids[start : start + 500])
-        for r in conn.execute(
-            select(AllocationRow.__table__).where(AllocationRow.id.in_(chunk))
-        ).all():
+        chunk = {"ids": list(ids[start : start + 500])}
+        for r in conn.execute(_ALLOCATIONS_IN, chunk).all():
             views[r.id] = AllocationView(**r._asdict())
-        claims = select(ClaimRow.__table__).where(
-            ClaimRow.allocation_id.in_(chunk), ClaimRow.active
-        )
-        for c in conn.execute(claims.order_by(ClaimRow.id)).all():
+        for c in conn.execute(_ACTIVE_CLAIMS_IN, chunk).all():
             view = views.get(c.allocation_id)
             if view is not None:
                 view.claims.append(ClaimView(**c._asdict()))
@@ -214,7 +229,7 @@ class ActiveCache:
 
     def get(self, s: Session) -> list[AllocationView]:
         conn = s.connection()
-        marker = int(conn.execute(select(func.max(EventRow.id))).scalar() or 0)
+        marker = int(conn.execute(_NEWEST_EVENT).scalar() or 0)
         with self._lock:
             # A reader whose transaction began before the newest write asks for an older
             # state: it gets the newer one (never older than what it could read).
@@ -232,15 +247,7 @@ class ActiveCache:
             named: list[int] = [
                 int(alloc_id)
                 for alloc_id in s.connection()
-                .execute(
-                    select(EventRow.allocation_id)
-                    .where(
-                        EventRow.id > since,
-                        EventRow.id <= marker,
-                        EventRow.allocation_id.is_not(None),
-                    )
-                    .distinct()
-                )
+                .execute(_NAMED_SINCE, {"since": since, "marker": marker})
                 .scalars()
                 if alloc_id is not None
             ]

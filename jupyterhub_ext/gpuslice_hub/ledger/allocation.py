@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -41,6 +41,23 @@ from .base import (
     quota_usage,
 )
 from .capacity import CapacityMixin
+
+# Statements of every spawn and release, built once (see snapshot.py).
+_SERVERS_SLICE = select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
+    ALLOCATIONS.c.active,
+    ALLOCATIONS.c.purpose == "interactive",
+    ALLOCATIONS.c.user == bindparam("b_user"),
+    ALLOCATIONS.c.server_name == bindparam("b_server"),
+)
+_INSERT_ALLOCATION = insert(ALLOCATIONS).returning(ALLOCATIONS.c.id)
+_RELEASE = (
+    update(ALLOCATIONS)
+    .where(ALLOCATIONS.c.id == bindparam("b_id"))
+    .values(active=False, released_at=bindparam("b_at"), release_reason=bindparam("b_reason"))
+)
+_RELEASE_CLAIMS = (
+    update(CLAIMS).where(CLAIMS.c.allocation_id == bindparam("b_id")).values(active=False)
+)
 
 
 class AllocationMixin(CapacityMixin):
@@ -122,14 +139,7 @@ class AllocationMixin(CapacityMixin):
                 if purpose == "interactive":
                     held = (
                         s.connection()
-                        .execute(
-                            select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
-                                ALLOCATIONS.c.active,
-                                ALLOCATIONS.c.purpose == "interactive",
-                                ALLOCATIONS.c.user == caller.user,
-                                ALLOCATIONS.c.server_name == server_name,
-                            )
-                        )
+                        .execute(_SERVERS_SLICE, {"b_user": caller.user, "b_server": server_name})
                         .first()
                     )
                     if held is not None:
@@ -200,8 +210,7 @@ class AllocationMixin(CapacityMixin):
         }
         # Core statements on the session's connection: the ORM layer adds nothing here.
         conn = s.connection()
-        stmt = insert(ALLOCATIONS).values(**values).returning(ALLOCATIONS.c.id)
-        alloc_id = conn.execute(stmt).scalar_one()
+        alloc_id = conn.execute(_INSERT_ALLOCATION, values).scalar_one()
         claims: list[dict[str, Any]] = [
             {
                 "allocation_id": alloc_id,
@@ -313,12 +322,8 @@ class AllocationMixin(CapacityMixin):
     def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:
         now = utcnow()
         conn = s.connection()
-        conn.execute(
-            update(ALLOCATIONS)
-            .where(ALLOCATIONS.c.id == view.id)
-            .values(active=False, released_at=now, release_reason=reason[:255])
-        )
-        conn.execute(update(CLAIMS).where(CLAIMS.c.allocation_id == view.id).values(active=False))
+        conn.execute(_RELEASE, {"b_id": view.id, "b_at": now, "b_reason": reason[:255]})
+        conn.execute(_RELEASE_CLAIMS, {"b_id": view.id})
         view.active, view.released_at, view.release_reason = False, now, reason[:255]
         for c in view.claims:
             c.active = False

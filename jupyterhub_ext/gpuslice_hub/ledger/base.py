@@ -42,6 +42,8 @@ CLAIMS = cast(Table, ClaimRow.__table__)
 EVENTS = cast(Table, EventRow.__table__)
 
 PURPOSES = ("interactive", "batch")
+# built once (see snapshot.py): every allocation and release writes an event
+_INSERT_EVENT = insert(EVENTS).returning(EVENTS.c.id)
 # Events of a stop the service asked for, and how a release that follows one reads.
 RECLAIM_KINDS = {
     "idle-culled": "idle-culled",
@@ -127,8 +129,7 @@ class LedgerBase:
             "reason": reason,
             "detail": detail or {},
         }
-        stmt = insert(EVENTS).values(**values).returning(EVENTS.c.id)
-        return int(s.connection().execute(stmt).scalar_one())
+        return int(s.connection().execute(_INSERT_EVENT, values).scalar_one())
 
 
 def holdings_of(active: Iterable[AllocationView]) -> list[Holding]:
