@@ -72,6 +72,7 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
     assert rules[2]["action"] == "FailJob" and rules[2]["onExitCodes"]["values"] == [1]
     assert job["metadata"]["labels"]["gpuslice.dev/user"] == "alice-example.org"
     assert job["spec"]["activeDeadlineSeconds"] == 3600
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400  # finished Jobs do not pile up
     # it runs as its owner, unprivileged, with no service-account token
     assert pod["securityContext"]["runAsUser"] == 1001
     assert pod["securityContext"]["supplementalGroups"] == [1001, 2000]

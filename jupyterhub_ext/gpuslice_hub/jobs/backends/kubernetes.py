@@ -76,6 +76,10 @@ def job_manifest(
         security.update(runAsUser=uid, runAsGroup=gid, supplementalGroups=sorted(set(groups)))
     spec: dict[str, Any] = {
         "backoffLimit": max_restarts,
+        # a finished Job is removed a day later (kept for an admin's look meanwhile): the
+        # backend's list call stays the size of what runs; a gone Job is told by the
+        # runner's record in its folder
+        "ttlSecondsAfterFinished": 86400,
         "podFailurePolicy": {
             "rules": [
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
