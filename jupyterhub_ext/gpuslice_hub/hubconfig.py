@@ -16,6 +16,7 @@ assignment, see :class:`_MergingSection`).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import socket
 import sys
@@ -134,7 +135,20 @@ def share_sections(c: Any, config_file: str) -> None:
     path = Path(config_file)
     if not path.is_file():
         return  # the service refuses to start without it, with the path in its message
-    loaded = PyFileConfigLoader(path.name, str(path.parent.resolve())).load_config()
+    try:
+        loaded = PyFileConfigLoader(path.name, str(path.parent.resolve())).load_config()
+    except Exception as e:
+        # The file runs in the service's environment (e.g. a secret from the service's
+        # `environment`), which the hub's may lack: the hub must still start.
+        logging.getLogger("JupyterHub").warning(
+            "gpuslice: %s could not be read in the hub (%s: %s), so its %s are not copied "
+            "to the spawner: set the same values in jupyterhub_config.py",
+            config_file,
+            type(e).__name__,
+            e,
+            " and ".join(SHARED_SECTIONS),
+        )
+        return
     for section in SHARED_SECTIONS:
         if section not in loaded:
             continue

@@ -4,6 +4,7 @@ config, the job environment, and which silent allocations the service reclaims."
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -66,6 +67,21 @@ def test_the_slurm_gres_names_are_set_once_for_servers_and_jobs(tmp_path):
     clash.SlurmGresConfig.shards_per_gpu = 8
     with pytest.raises(ValueError, match="shards_per_gpu"):
         configure_jupyterhub(clash, config_file=str(service_config))
+
+
+def test_a_service_config_the_hub_cannot_run_does_not_stop_the_hub(tmp_path, caplog):
+    service_config = tmp_path / "gpuslice_config.py"
+    # reads a secret only the service's environment has
+    service_config.write_text(
+        "import os\nc.GPUSliceService.db_url = os.environ['GPUSLICE_TEST_NO_SUCH_SECRET']\n"
+        "c.SlurmGresConfig.shards_per_gpu = 16\n"
+    )
+    c = Config()
+    with caplog.at_level(logging.WARNING, "JupyterHub"):
+        configure_jupyterhub(c, config_file=str(service_config))
+    assert "could not be read in the hub (KeyError" in caplog.text
+    assert "SlurmGresConfig" not in c  # nothing half-copied
+    assert c.JupyterHub.services  # the hub's own part is configured
 
 
 def test_hub_config_is_merged_whatever_the_order():
