@@ -18,4 +18,5 @@ pytest_plugins = [
     "tests.harness.hub",
     "tests.harness.slurm",
     "tests.harness.slurm_nodes",
+    "tests.harness.accounts",
 ]

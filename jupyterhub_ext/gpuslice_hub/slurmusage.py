@@ -78,7 +78,7 @@ def _expand_one(part: str) -> list[str]:
         lo, hi = match.group("lo"), match.group("hi") or match.group("lo")
         width = len(lo)
         for n in range(int(lo), int(hi) + 1):
-            out.extend(head + str(n).zfill(width) + t for t in _expand_one(tail) or [""])
+            out.extend(head + str(n).zfill(width) + t for t in _expand_one(tail))
     return out
 
 

@@ -35,28 +35,19 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
         # the service's Kubernetes batch jobs
         return KubernetesResourcesConfig(parent=self).value()
 
-    def _is_gpu_resource(self, name: str) -> bool:
-        res = self.kubernetes_resources()
-        return name.startswith(res.mig_prefix) or name in {
-            res.gpu,
-            res.shared_gpu,
-            res.hami_memory,
-            res.hami_cores,
-        }
-
     def _kept(self, trait: str, drop: Callable[[str], bool]) -> dict[str, str]:
         current: dict[str, str] = getattr(self, trait)
         return {k: v for k, v in current.items() if not drop(k)}
 
     def apply_grant(self, grant: dict[str, Any]) -> None:
-        settings = kubespawner_settings(grant, self.kubernetes_resources())
+        res = self.kubernetes_resources()
+        settings = kubespawner_settings(grant, res)
         # The spawner object outlives one spawn: drop the previous grant's GPU resources and
         # selectors (a MIG limit must not survive into a share spawn) but keep whatever
         # else the admin configured (hugepages, a node pool selector, ...).
-        res = self.kubernetes_resources()
         selector_keys = {k for k in (res.product_label, res.host_label) if k}
-        limits = self._kept("extra_resource_limits", self._is_gpu_resource)
-        guarantees = self._kept("extra_resource_guarantees", self._is_gpu_resource)
+        limits = self._kept("extra_resource_limits", res.is_gpu_resource)
+        guarantees = self._kept("extra_resource_guarantees", res.is_gpu_resource)
         selector = self._kept("node_selector", selector_keys.__contains__)
         self.extra_resource_limits = {**limits, **settings.extra_resource_limits}
         self.extra_resource_guarantees = {**guarantees, **settings.extra_resource_guarantees}

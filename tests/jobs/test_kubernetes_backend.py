@@ -151,6 +151,15 @@ def test_a_job_gone_without_a_word_from_its_runner_has_no_exit_code(
     assert (status.alive, status.exit_code) == (False, None)
 
 
+def test_a_job_never_runs_as_root(cluster: FakeCluster, tmp_path: Path):
+    # runAsNonRoot would make the kubelet refuse the pod and the Job wait forever
+    root = Account("root", 0, 0, (0,), "/root", "/bin/sh")
+    b = backend(cluster)
+    with pytest.raises(ValueError, match="never run as root"):
+        b.start(1, str(tmp_path), {}, [grant("gpu")], "normal", {}, root)
+    assert cluster.jobs == {}
+
+
 def test_a_job_the_api_refuses_is_an_error_not_a_job(cluster: FakeCluster, tmp_path: Path):
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -171,8 +180,9 @@ def test_a_job_the_api_refuses_is_an_error_not_a_job(cluster: FakeCluster, tmp_p
 
 class Kubelet:
     """Plays the cluster's nodes for the service-level test: runs each new Job's container
-    command as a local process with the Job's environment, and reports the outcome the way
-    the Job controller does (``Complete``, or ``Failed`` for a non-zero exit)."""
+    command as a local process with the Job's environment and its pod's user and groups
+    (``securityContext``), and reports the outcome the way the Job controller does
+    (``Complete``, or ``Failed`` for a non-zero exit)."""
 
     def __init__(self, cluster: FakeCluster) -> None:
         self.cluster = cluster
@@ -189,8 +199,14 @@ class Kubelet:
                     env = {e["name"]: e["value"] for e in container.get("env", [])}
                     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
                     command = [sys.executable, *container["command"][1:]]
+                    ctx = job["spec"]["template"]["spec"]["securityContext"]
                     self.procs[name] = subprocess.Popen(
-                        command, env=env, cwd=container["workingDir"]
+                        command,
+                        env=env,
+                        cwd=container["workingDir"],
+                        user=ctx["runAsUser"],
+                        group=ctx["runAsGroup"],
+                        extra_groups=ctx["supplementalGroups"],
                     )
                     self.cluster.run(name)
                 elif not job["status"].get("conditions"):
@@ -200,21 +216,28 @@ class Kubelet:
 
 
 @pytest.mark.hub
-def test_the_service_runs_a_job_through_the_kubernetes_api(cluster: FakeCluster, hub_factory):
+def test_the_service_runs_a_job_through_the_kubernetes_api_as_its_owner(
+    cluster: FakeCluster, hub_factory, accounts, shared_dir
+):
+    from tests.jobs.test_job_accounts import start as start_hub_as_owners
     from tests.jobs.test_jobs_hub import output_result, submit, wait_state
 
+    owner = accounts[0]
     kubelet = Kubelet(cluster)
     try:
-        hub = hub_factory(
-            extra_service_config=(
+        hub = start_hub_as_owners(
+            hub_factory,
+            shared_dir,
+            "kubernetes",
+            extra=(
                 "c.GPUSliceService.job_backend = 'kubernetes'\n"
                 f"c.JobManager.kubernetes_api_url = {cluster.url!r}\n"
                 f"c.JobManager.kubernetes_namespace = {cluster.namespace!r}\n"
                 "c.JobManager.kubernetes_image = 'registry.example.org/gpuslice-runner:1'\n"
                 "c.JobManager.kubernetes_jobs_claim = 'gpuslice-jobs'\n"
-            )
+            ),
         )
-        alice = hub.add_user("alice")
+        alice = hub.add_user(owner.pw_name)
         cells = ["import json", "w = [1.0, 2.0]", "first_step = 0", RESULT]
         r = submit(hub, alice, cells=cells, profile="mig-1g.10gb")
         assert r.status_code == 201, r.text
@@ -222,10 +245,13 @@ def test_the_service_runs_a_job_through_the_kubernetes_api(cluster: FakeCluster,
         assert job["state"] == "completed", job
         assert output_result(hub, alice, job["id"]) == {"w": [1.0, 2.0], "first_step": 0}
         (name,) = cluster.jobs
-        limits = cluster.jobs[name]["spec"]["template"]["spec"]["containers"][0]["resources"]
-        assert limits["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+        pod = cluster.jobs[name]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+        # as its owner, not the service (root here)
+        assert pod["securityContext"]["runAsUser"] == owner.pw_uid != 0
         # the slice was held while the Job ran, and given back when it completed
-        events = hub.api("GET", "/api/events?user=alice", hub.service_token).json()["events"]
+        url = f"/api/events?user={owner.pw_name}"
+        events = hub.api("GET", url, hub.service_token).json()["events"]
         assert {e["kind"] for e in events} >= {"allocated", "released"}
     finally:
         kubelet.stop.set()

@@ -106,6 +106,11 @@ def test_a_foreign_jobs_mig_instance_is_held_and_given_back(make_ledger):
     assert free(ledger, "mig-1g.10gb") == before - 1
     # the same figure again changes nothing (no churn of allocations and events)
     assert ledger.sync_external({"node-a": Counter({"gpu:1g.10gb": 1})}, GRES)[:2] == (0, 0)
+    # nobody releases it but the mirror: an admin's release would offer a device in use
+    with pytest.raises(Refused) as refused:
+        ledger.release(held["id"], "admin", "cleanup")
+    assert refused.value.code == "wrong_state" and "held by Slurm" in refused.value.message
+    assert len(external(ledger)) == 1
     # the instances left are still gpuslice's to offer; past them: no capacity
     for n in range(before - 1):
         ledger.allocate(ANN, "mig-1g.10gb", f"s{n}")

@@ -193,6 +193,9 @@ def test_a_gpu_held_by_a_job_outside_gpuslice_is_never_offered(slurm_hub: Hub, s
     held = slurm_hub.api("GET", "/api/allocations", slurm_hub.service_token).json()
     (ext,) = [a for a in held["allocations"] if a["purpose"] == "external"]
     assert (ext["host"], ext["server_name"]) == (slurm.node.name, "gpu:1g.10gb")
+    # an admin cannot release what Slurm holds (it would be offered while in use)
+    r = slurm_hub.api("DELETE", f"/api/allocations/{ext['id']}", admin)
+    assert r.status_code == 409 and "held by Slurm" in r.json()["message"], r.text
 
     # Slurm frees it: gpuslice offers it again, and a spawn on it runs in Slurm.
     (slurm.root / "jobs" / f"{foreign}.release").touch()

@@ -298,6 +298,14 @@ class AllocationMixin(CapacityMixin):
                 raise Refused("not_found", f"no allocation {alloc_id}")
             if not view.active:
                 return allocation_json(view, self._gpus(s)), False
+            if view.purpose == "external":
+                # Slurm holds it: releasing it here would offer a device in use until the
+                # mirror's next pass took it back
+                raise Refused(
+                    "wrong_state",
+                    f"allocation {alloc_id} is held by Slurm jobs outside gpuslice; it is "
+                    "released when Slurm frees it",
+                )
             if server_stopped:
                 reason = self._why_stopped(s, alloc_id) or reason
             self._release(s, view, actor, reason)

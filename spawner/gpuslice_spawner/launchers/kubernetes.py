@@ -67,6 +67,15 @@ class KubernetesResources:
     # None: let Kubernetes choose the node (the service's host bookkeeping may then drift)
     host_label: str | None = "kubernetes.io/hostname"
 
+    def is_gpu_resource(self, name: str) -> bool:
+        """Whether ``name`` is one of these GPU resources (a grant's, not the admin's)."""
+        return name.startswith(self.mig_prefix) or name in {
+            self.gpu,
+            self.shared_gpu,
+            self.hami_memory,
+            self.hami_cores,
+        }
+
 
 @dataclass(frozen=True)
 class KubeSpawnerSettings:

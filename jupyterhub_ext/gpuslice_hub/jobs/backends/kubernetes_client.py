@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -53,8 +54,6 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 def api_configuration(url: str = "") -> Any:
     """How to reach the API: ``url`` (e.g. behind ``kubectl proxy``), else the pod's
     service account, else the kubeconfig."""
-    import os
-
     from kubernetes_asyncio import config
     from kubernetes_asyncio.client import Configuration
 
@@ -107,6 +106,10 @@ class KubernetesBackend:
         account: Account | None = None,
     ) -> dict[str, Any]:
         account = account or Account.current()
+        if account.uid == 0:
+            # the pod says runAsNonRoot: the kubelet would refuse it and the Job would wait
+            # forever; say so now (a service running as root with run_jobs_as_service_user)
+            raise ValueError("Kubernetes jobs never run as root (uid 0)")
         # the device plugin picks the device in the pod: the ledger's uuids name none it sees
         env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
         attempt = env.get("GPUSLICE_ATTEMPT_ID", "")[:8] or "0"
@@ -144,18 +147,16 @@ class KubernetesBackend:
         return [self._status(ref, jobs.get(ref.get("k8s_job"))) for ref in refs]
 
     def _status(self, ref: dict[str, Any], job: Any) -> RunStatus:
-        conditions = (
-            {c.type: c.status for c in (job.status.conditions or [])}
-            if job is not None and job.status is not None
-            else {}
-        )
-        if job is not None and conditions.get("Complete") == "True":
+        # a failed or gone Job: the runner's own record says how it ended
+        ended = EXIT_BY_STATUS.get(_runner_status(str(ref.get("job_dir", ""))) or "")
+        if job is None:
+            return RunStatus(False, ended)
+        conditions = {c.type: c.status for c in (job.status and job.status.conditions) or []}
+        if conditions.get("Complete") == "True":
             return RunStatus(False, 0)
-        if job is not None and conditions.get("Failed") != "True":
-            return RunStatus(True)  # pending, running, or being deleted with its pod
-        # failed, or gone: the runner's own record says how it ended
-        status = _runner_status(str(ref.get("job_dir", ""))) or ""
-        return RunStatus(False, EXIT_BY_STATUS.get(status, 1 if job is not None else None))
+        if conditions.get("Failed") == "True":
+            return RunStatus(False, 1 if ended is None else ended)
+        return RunStatus(True)  # pending, running, or being deleted with its pod
 
     def _delete(self, ref: dict[str, Any], grace: int) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
