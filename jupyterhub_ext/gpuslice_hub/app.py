@@ -501,9 +501,16 @@ class GPUSliceService(Application):
         self._slurm_sync = None
         if self.slurm_sync_interval > 0:
             gres = SlurmGresConfig(parent=self).value()
+            jobs = self.jobs
             self._slurm_sync = asyncio.ensure_future(
                 run_slurm_sync(
-                    self.ledger, self.slurm_sync_interval, gres, self.log, self._slurm_synced
+                    self.ledger,
+                    self.slurm_sync_interval,
+                    gres,
+                    self.log,
+                    self._slurm_synced,
+                    # Slurm schedules the batch jobs: the job pass records those by id
+                    jobs.slurm_jobs_accounted if jobs is not None and jobs.delegated else None,
                 )
             )
         stop = asyncio.Event()

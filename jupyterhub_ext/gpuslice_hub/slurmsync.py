@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from gpuslice_spawner.launchers.slurm import SlurmGres
 
@@ -21,14 +21,18 @@ async def sync_once(
     log: logging.Logger,
     read: Callable[[], Mapping[str, Counter[str]]] = read_held,
     before: Mapping[str, Counter[str]] | None = None,
+    batch_by_id: bool = False,
 ) -> tuple[int, int, list[str], dict[str, Counter[str]]]:
     """One pass, off the event loop: read Slurm, then update the ledger with what this
     read and ``before`` (the previous read; None on the first pass) agree on. Returns what
     changed and this read. A failed read raises and changes nothing (what Slurm held stays
-    held until Slurm says otherwise)."""
+    held until Slurm says otherwise). ``batch_by_id``: ``read`` leaves gpuslice's own batch
+    jobs out (:meth:`~gpuslice_hub.ledger.external.ExternalMixin.sync_external`)."""
     now = dict(await asyncio.to_thread(read))
     held = now if before is None else steady(before, now)
-    added, released, problems = await asyncio.to_thread(ledger.sync_external, held, cfg)
+    added, released, problems = await asyncio.to_thread(
+        ledger.sync_external, held, cfg, batch_by_id
+    )
     if added or released:
         log.info("Slurm: %d holding(s) outside gpuslice added, %d released", added, released)
     return added, released, problems, now
@@ -54,8 +58,15 @@ async def run_slurm_sync(
     cfg: SlurmGres,
     log: logging.Logger,
     on_synced: Callable[[], None] = lambda: None,
+    own_jobs: Callable[[], Collection[str]] | None = None,
 ) -> None:
+    """``own_jobs``: the Slurm ids of gpuslice's batch jobs that the job scheduler records
+    in the ledger itself (Slurm schedules them); None when they are not Slurm's."""
     reported: set[str] = set()
+
+    def read() -> Mapping[str, Counter[str]]:
+        return read_held(exclude=own_jobs() if own_jobs else ())
+
     before: dict[str, Counter[str]] | None = None
     checked = -CHECK_SECONDS
     loop = asyncio.get_running_loop()
@@ -65,7 +76,9 @@ async def run_slurm_sync(
                 checked = loop.time()
                 for problem in await check_nodes(ledger, cfg):
                     log.error("Slurm and the service's hosts disagree: %s", problem)
-            _, _, problems, before = await sync_once(ledger, cfg, log, before=before)
+            _, _, problems, before = await sync_once(
+                ledger, cfg, log, read, before, batch_by_id=own_jobs is not None
+            )
             on_synced()
             for problem in problems:
                 if problem not in reported:  # once, not every few seconds

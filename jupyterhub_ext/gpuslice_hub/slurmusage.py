@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 # Job states in which a job holds its allocation. COMPLETING is left out: the job is ending
@@ -97,11 +97,16 @@ def parse_gres_detail(detail: str) -> Counter[str]:
     return held
 
 
-def held_by_jobs(squeue: Mapping[str, Any]) -> dict[str, Counter[str]]:
-    """Per node, the gres every job holding an allocation holds (``squeue --json``)."""
+def held_by_jobs(
+    squeue: Mapping[str, Any], exclude: Collection[str] = ()
+) -> dict[str, Counter[str]]:
+    """Per node, the gres every job holding an allocation holds (``squeue --json``), but
+    the jobs whose ids are in ``exclude``."""
     held: dict[str, Counter[str]] = {}
     for job in squeue.get("jobs") or []:
         if str(job.get("job_state", "")).upper() not in HOLDING_STATES:
+            continue
+        if str(job.get("job_id")) in exclude:
             continue
         details = job.get("gres_detail") or []
         if not details:
@@ -143,12 +148,15 @@ def read_nodes(
     return configured_gres(data)
 
 
-def read_held(env: Mapping[str, str] | None = None, timeout: float = 30) -> dict[str, Counter[str]]:
-    """What Slurm's jobs hold now: one ``squeue --json`` (all jobs, all users)."""
+def read_held(
+    env: Mapping[str, str] | None = None, timeout: float = 30, exclude: Collection[str] = ()
+) -> dict[str, Counter[str]]:
+    """What Slurm's jobs (but ``exclude``) hold now: one ``squeue --json`` (all jobs, all
+    users)."""
     data = _json_command(["squeue", "--all", "--json"], env, timeout)
     if not isinstance(data.get("jobs"), list):
         raise SlurmReadError("squeue --json gave no job list")
-    return held_by_jobs(data)
+    return held_by_jobs(data, exclude)
 
 
 def _json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> dict[str, Any]:

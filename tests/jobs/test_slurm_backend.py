@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script, exit_code
+from gpuslice_hub.profiles import parse_profiles
 from tests.harness.hub import wait_for
-from tests.harness.slurm import PROFILES, SlurmCluster, slurm_hosts
+from tests.harness.slurm import PROFILES, slurm_hosts
 from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written, make_job_dir
 from tests.jobs.test_jobs_hub import expected_w
 
@@ -25,10 +26,10 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         7,
         "/jobs/7",
         "/venv/bin/python",
-        placement=["--gres=shard:2", "--nodelist=node1"],
+        placement=["--gres=shard:2"],
         partition="preemptible",
         time_limit_minutes=90,
-        env={"CUDA_VISIBLE_DEVICES": "GPU-1", "GPUSLICE_JOB_ID": "7"},
+        env={"GPUSLICE_JOB_ID": "7"},
         qos="scavenger",
     )
     lines = script.splitlines()
@@ -37,11 +38,11 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         "#SBATCH --open-mode=append",
         "#SBATCH --signal=B:USR1@60",
         "#SBATCH --gres=shard:2",
-        "#SBATCH --nodelist=node1",
         "#SBATCH --partition=preemptible",
         "#SBATCH --qos=scavenger",
         "#SBATCH --time=90",
-        'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-GPU-1}"',
+        # Slurm picks the device: a gpu job is told by Slurm, a shard job by its ordinal
+        'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-${GPU_DEVICE_ORDINAL:-}}"',
         "export GPUSLICE_JOB_ID=7",
     ):
         assert expected in lines
@@ -51,10 +52,7 @@ def test_batch_script_has_requeue_signal_gres_and_append():
         batch_script(7, "/jobs/7", "/venv/bin/python", qos="normal\n#SBATCH --uid=0")
 
 
-def mig_grant(slurm: SlurmCluster) -> dict:
-    """A ledger grant of the fixture's 1g.10gb instance on its node."""
-    mig = {"gpu_uuid": "GPU-0", "mig_uuid": "MIG-0", "mig_profile": "1g.10gb", "milli": 142}
-    return {"id": 1, "kind": "mig", "host": slurm.node.name, "assignments": [mig]}
+MIG = parse_profiles(PROFILES)["mig-1g.10gb"]
 
 
 def test_squeue_exit_codes_are_wait_statuses():
@@ -76,11 +74,12 @@ def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm,
     d = make_job_dir(tmp_path / "job", parameters={"steps": 400, "delay": 0.02}, interval=1.0)
     (d / "result.json").unlink(missing_ok=True)
     backend = SlurmBackend(sys.executable, partition="preemptible", env=slurm.env)
-    # the ledger's grant: Slurm is asked for the same gres on the same node
-    ref = backend.start(1, str(d), {"GPUSLICE_JOB_ID": "1"}, grants=[mig_grant(slurm)])
+    # the profile's gres, on whichever node Slurm picks
+    ref = backend.submit(1, str(d), {"GPUSLICE_JOB_ID": "1"}, MIG, 1, "preemptible")
     info = slurm.job_info(ref["slurm_job_id"])
-    assert (info["TresPerNode"], info["ReqNodeList"]) == ("gres:gpu:1g.10gb:1", slurm.node.name)
+    assert (info["TresPerNode"], info["ReqNodeList"]) == ("gres:gpu:1g.10gb:1", "(null)")
     slurm.wait_state(ref["slurm_job_id"], "RUNNING", timeout=60)
+    assert backend.poll(ref).node == slurm.node.name
     wait_for(lambda: loop_checkpoint_written(d), 90, "the loop's first checkpoint")
 
     winner = slurm.sbatch(HOLD, "--partition=interactive", "--gres=gpu:1g.10gb:1")
@@ -94,11 +93,18 @@ def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm,
         "the runner to record its preemption",
     )
     assert st["lost_work_seconds"] < 2
-    assert backend.poll(ref).alive  # still Slurm's job, waiting to run again
+    waiting = backend.poll(ref)  # still Slurm's job, waiting to run again
+    assert waiting.alive and waiting.node == "" and waiting.waiting.startswith("pending in Slurm")
 
     (slurm.root / "jobs" / f"{winner}.release").touch()
     slurm.wait_state(winner, "COMPLETED", timeout=30)
-    backend.release_requeued(ref)
+
+    def runs_again() -> bool:
+        # slurmctld holds a requeued job back (BeginTime); a poll lets it start when it fits
+        status = backend.poll(ref)
+        return bool(status.node) or not status.alive
+
+    wait_for(runs_again, 60, "the requeued job to run again")
     slurm.wait_state(ref["slurm_job_id"], "COMPLETED", timeout=180)
     status = backend.poll(ref)
     assert not status.alive and status.exit_code == 0
@@ -126,7 +132,7 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
 
     env = {k: v for k, v in slurm.env.items() if k.startswith("SLURM") or k == "PATH"}
     hub = hub_factory(
-        # the ledger's host is the Slurm node: the job is pinned where its slice is counted
+        # the ledger's host is the Slurm node: the ledger records the job where Slurm runs it
         hosts=slurm_hosts(slurm.node.name),
         profiles=PROFILES,
         extra_service_config=(
@@ -146,14 +152,18 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
     )
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    wait_state(hub, alice, job_id, "running", timeout=90)
-    # Slurm was asked for what the ledger granted, where it granted it (no per-profile
-    # table: the spawner's translation of the grant)
+    running = wait_state(hub, alice, job_id, "running", timeout=90)
+    # Slurm was asked for the profile's gres (the spawner's translation), and the ledger
+    # holds the slice on the node where Slurm runs the job
     (sid,) = [
         j for j in slurm.active_jobs() if slurm.job_info(j)["JobName"] == f"gpuslice-{job_id}"
     ]
-    info = slurm.job_info(sid)
-    assert (info["TresPerNode"], info["ReqNodeList"]) == ("gres:gpu:1g.10gb:1", slurm.node.name)
+    assert slurm.job_info(sid)["TresPerNode"] == "gres:gpu:1g.10gb:1"
+    assert f"Slurm started it on {slurm.node.name}" in [t["reason"] for t in running["transitions"]]
+    held = hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"]
+    assert [(a["purpose"], a["host"], a["profile"]) for a in held] == [
+        ("batch", slurm.node.name, "mig-1g.10gb")
+    ]
     d = hub.workdir / "gpuslice-jobs" / str(job_id)
     wait_for(lambda: loop_checkpoint_written(d), 90, "the loop's first checkpoint")
 
@@ -164,7 +174,11 @@ def test_service_job_through_slurm_is_requeued_by_slurm_and_resumes(slurm, hub_f
         j = wait_state(hub, alice, job_id, ("queued", "starting", "running"), timeout=5)
         return "preempted" in [t["state"] for t in j["transitions"]] and j
 
-    j = wait_for(requeued, 60, "the service to see Slurm's requeue")
+    try:
+        j = wait_for(requeued, 60, "the service to see Slurm's requeue")
+    except TimeoutError:
+        print(hub.log()[-8000:], slurm.log_tail())
+        raise
     assert j["restarts"] == 1 and j["preemptions"] == 1
     (slurm.root / "jobs" / f"{winner}.release").touch()
     # not held back by slurmctld's post-requeue BeginTime (~2 minutes)

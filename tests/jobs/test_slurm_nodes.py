@@ -1,6 +1,7 @@
 """gpuslice on a real two-node Slurm (``slurm_nodes``): jobs that never came through
 gpuslice hold GPUs the service then never offers, on the node they hold them, also for a
-job spanning both nodes; and gpuslice's own batch job runs on the node the ledger chose."""
+job spanning both nodes; and gpuslice's own batch job runs where Slurm puts it, recorded
+in the ledger on that node."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def release(slurm: SlurmCluster, *jobs: str) -> None:
         slurm.wait_state(job, "COMPLETED", timeout=30)
 
 
-def test_foreign_jobs_are_held_per_node_and_gpuslice_runs_where_it_placed(
+def test_foreign_jobs_are_held_per_node_and_gpuslice_jobs_are_recorded_where_slurm_runs_them(
     slurm_nodes: SlurmCluster, hub_factory
 ):
     env = {k: v for k, v in slurm_nodes.env.items() if k.startswith("SLURM") or k == "PATH"}
@@ -56,21 +57,21 @@ def test_foreign_jobs_are_held_per_node_and_gpuslice_runs_where_it_placed(
     slurm_nodes.wait_state(foreign, "RUNNING", timeout=60)
     wait_for(lambda: external(hub) == [("gsn1", "gpu:1g.10gb")], 30, "gsn1's instance held")
 
-    # gpuslice's job on that profile: the ledger has only gsn2's instance to give, and
-    # Slurm runs the job there (the grant's gres, pinned with --nodelist).
+    # gpuslice's job on that profile goes to Slurm, which runs it on gsn2 (the only free
+    # instance), and the ledger records it there.
     cells = ["import json", "print('RESULT', json.dumps({'ok': True}))"]
     r = submit(hub, alice, cells=cells, profile="mig-1g.10gb")
     assert r.status_code == 201, r.text
     job = wait_state(hub, alice, r.json()["id"], ("completed", "failed"), timeout=120)
     assert job["state"] == "completed", job
+    assert "Slurm started it on gsn2" in [t["reason"] for t in job["transitions"]]
     (slurm_id,) = [
         j
         for j in slurm_nodes.run("squeue", "--states=all", "-h", "-o", "%i %j").stdout.splitlines()
         if j.split()[1] == f"gpuslice-{job['id']}"
     ]
     info = slurm_nodes.job_info(slurm_id.split()[0])
-    assert (info["NodeList"], info["ReqNodeList"]) == ("gsn2", "gsn2")
-    assert info["TresPerNode"] == "gres:gpu:1g.10gb:1"
+    assert (info["NodeList"], info["TresPerNode"]) == ("gsn2", "gres:gpu:1g.10gb:1")
 
     # A job on both nodes (Slurm writes "gsn[1-2]") holds an A100 on each.
     wide = slurm_nodes.sbatch(HOLD, "--nodes=2", "--gres=gpu:a100:1")

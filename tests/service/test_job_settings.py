@@ -89,3 +89,16 @@ def test_a_kubernetes_backend_without_what_it_needs_refuses_to_start(
     with pytest.raises(ConfigError) as e:
         kubernetes_backend(service, manager(tmp_path / "jobs", **traits))  # type: ignore[arg-type]
     assert e.value.key == key and words in str(e.value)
+
+
+def test_aging_set_for_a_slurm_queue_is_refused_as_doing_nothing(tmp_path):
+    from traitlets.config import Config
+
+    config = Config()
+    config.JobManager.aging_seconds = 600.0
+    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app("slurm"), jobs)
+    assert e.value.key == "JobManager.aging_seconds" and "Slurm queues the jobs" in str(e.value)
+    jobs.run_jobs_as_service_user = True  # (the folder checks are another test's)
+    check_job_settings(app("local"), jobs)  # where gpuslice queues, it is what it says

@@ -82,6 +82,16 @@ def test_only_jobs_that_hold_an_allocation_count_on_each_of_their_nodes():
     }
 
 
+def test_gpuslices_own_batch_jobs_are_left_out_by_their_slurm_ids():
+    squeue = {
+        "jobs": [
+            {"job_id": 7, "job_state": "RUNNING", "nodes": "vm", "gres_detail": ["gpu:1(IDX:0)"]},
+            {"job_id": 8, "job_state": "RUNNING", "nodes": "vm", "gres_detail": ["gpu:1(IDX:1)"]},
+        ]
+    }
+    assert held_by_jobs(squeue, exclude={"7"}) == {"vm": Counter({"gpu": 1})}
+
+
 def test_a_holding_counts_once_two_reads_agree_and_ends_at_once():
     before = {"vm": Counter({"gpu:1g.10gb": 1, "shard": 2}), "gone": Counter({"gpu": 1})}
     now = {"vm": Counter({"gpu:1g.10gb": 2, "shard": 1}), "new": Counter({"gpu": 1})}
@@ -134,6 +144,18 @@ def test_gpuslices_own_slices_explain_what_slurm_reports_for_them(make_ledger):
     assert ledger.sync_external(held, SlurmGres(shards_per_gpu=8))[:2] == (2, 0)
     kinds = sorted(a["kind"] for a in external(ledger))
     assert kinds == ["gpu", "mig"]
+
+
+def test_batch_slices_matched_by_id_explain_no_other_job(make_ledger):
+    """Slurm schedules the batch jobs: the job pass records them by Slurm id and the read
+    leaves them out, so a batch slice never explains a foreign job's device, and a job
+    whose slice was given to a server is not taken for a foreign one."""
+    ledger = make_ledger()
+    ledger.record_placed(ANN, "mig-1g.10gb", "node-a", "job-1")
+    held = {"node-a": Counter({"gpu:1g.10gb": 1})}  # a foreign job's instance, not job 1's
+    assert ledger.sync_external(held, GRES)[:2] == (0, 0)  # counted: explained by job 1
+    assert ledger.sync_external(held, GRES, batch_by_id=True)[:2] == (1, 0)
+    assert [a["host"] for a in external(ledger)] == ["node-a"]
 
 
 def test_foreign_shards_hold_their_share_of_a_gpu_rounded_up(make_ledger):

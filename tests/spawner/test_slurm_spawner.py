@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 
@@ -63,6 +64,9 @@ def slurm_hub(
         extra_service_config=(
             f"import os\nos.environ['SLURM_CONF'] = {str(slurm_cluster.conf)!r}\n"
             "c.GPUSliceService.slurm_sync_interval = 1\n"
+            # batch jobs go to Slurm's queue, preemptible ones in the low-tier partition
+            "c.GPUSliceService.job_backend = 'slurm'\n"
+            "c.JobManager.slurm_partitions = {'preemptible': 'preemptible'}\n"
         ),
     )
     hub.config["home"] = str(home)
@@ -209,3 +213,75 @@ def test_a_gpu_held_by_a_job_outside_gpuslice_is_never_offered(slurm_hub: Hub, s
     )
     assert [e["kind"] for e in mine] == ["allocated", "released"]
     assert mine[-1]["reason"] == "no longer held in Slurm"
+
+
+def test_a_spawn_gets_a_batch_jobs_gpu_through_slurms_preemption_and_the_job_resumes(
+    slurm_hub: Hub, slurm: SlurmCluster
+):
+    from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written
+    from tests.jobs.test_jobs_hub import RESULT_CELL, expected_w, output_result, submit, wait_state
+
+    hub = slurm_hub
+    dora = hub.add_user("dora")
+    Path(hub.config["home"], "dora").mkdir(parents=True, exist_ok=True)
+    r = submit(
+        hub,
+        dora,
+        cells=[*TRAIN_CELLS[:3], RESULT_CELL],
+        profile="mig-1g.10gb",
+        parameters={"steps": 400, "delay": 0.02},
+        checkpoint_interval=1,
+    )
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    wait_state(hub, dora, job_id, "running", timeout=90)
+    (batch,) = [
+        j for j in slurm.active_jobs() if slurm.job_info(j)["JobName"] == f"gpuslice-{job_id}"
+    ]
+    assert slurm.job_info(batch)["Partition"] == "preemptible"
+    wait_for(
+        lambda: loop_checkpoint_written(hub.workdir / "gpuslice-jobs" / str(job_id)),
+        90,
+        "the loop's first checkpoint",
+    )
+    # the mirror of Slurm's holdings takes the job for gpuslice's own, never for a foreign one
+    synced = [hub.api("GET", "/api/health").json()["slurm_synced"]]
+    for _ in range(2):
+        wait_for(
+            lambda: (
+                (t := hub.api("GET", "/api/health").json()["slurm_synced"]) != synced[-1]
+                and synced.append(t) is None
+            ),
+            30,
+            "another pass of the Slurm mirror",
+        )
+    held = hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"]
+    assert [(a["purpose"], a["user"]) for a in held] == [("batch", "dora")]
+
+    # The node's only 1g.10gb instance is the job's. Dora's server takes it: the ledger
+    # gives it to the spawn, and Slurm preempts the job for the server's higher partition.
+    r = hub.spawn("dora", {"profile": "mig-1g.10gb"})
+    if r.status_code not in (201, 202):
+        print(hub.log()[-12000:])
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("dora", timeout=120)
+    server = job_id_of(hub, "dora")
+    assert slurm.job_info(server)["Partition"] == "interactive"
+    requeued = slurm.job_info(batch)
+    assert requeued["JobState"] in {"PENDING", "REQUEUED"} and int(requeued["Restarts"]) == 1
+    job = wait_state(hub, dora, job_id, "queued", timeout=60)
+    reasons = [t["reason"] for t in job["transitions"]]
+    assert any("Slurm preempts it when that server's job starts" in r for r in reasons), reasons
+    assert job["preemptions"] == 1 and "preempted" in [t["state"] for t in job["transitions"]]
+    assert [a["purpose"] for a in allocations(hub, "dora")] == ["interactive"]
+
+    # The server stops: Slurm runs the same job again, which resumes from its checkpoint.
+    r = hub.hub_api("DELETE", "/users/dora/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_gone("dora")
+    done = wait_state(hub, dora, job_id, ("completed", "failed"), timeout=120)
+    assert done["state"] == "completed", done
+    assert slurm.job_info(batch)["JobState"] == "COMPLETED"  # one Slurm job all along
+    result = output_result(hub, dora, job_id)
+    assert 0 < result["first_step"] < 400
+    np.testing.assert_array_equal(result["w"], expected_w(400, 0.05))

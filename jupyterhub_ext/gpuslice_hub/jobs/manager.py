@@ -91,7 +91,8 @@ class JobManager(LoggingConfigurable):
     aging_seconds = Float(
         3600.0,
         help="Waiting this long lifts a queued job one priority class in the queue order "
-        "(0: no aging).",
+        "(0: no aging). Local and Kubernetes backends: on Slurm, Slurm orders the queue (set "
+        "here, it is refused at start).",
     ).tag(config=True)
     default_checkpoint_interval = Float(
         600.0, help="Checkpoint interval (s) of a job that does not ask for one."
@@ -113,9 +114,10 @@ class JobManager(LoggingConfigurable):
     ).tag(config=True)
     slurm_partitions = Dict(
         {"preemptible": "", "normal": "", "high": ""},
-        help="Slurm partition of each priority class (``job_backend = 'slurm'``); a "
-        "preemptible class in a low PriorityTier partition lets Slurm's own preemption "
-        "(PreemptMode=REQUEUE) requeue it for higher-priority work.",
+        help="Slurm partition of each priority class (``job_backend = 'slurm'``, where "
+        "Slurm queues and places the jobs); a preemptible class in a low PriorityTier "
+        "partition lets Slurm's own preemption (PreemptMode=REQUEUE) requeue it for "
+        "higher-priority work, an interactive server's included.",
     ).tag(config=True)
     slurm_qos = Dict(
         {"preemptible": "", "normal": "", "high": ""},
@@ -189,10 +191,18 @@ class JobManager(LoggingConfigurable):
         # Owners reach their own job folder (0700, theirs) but cannot list the others.
         self.root.chmod(0o711)
         self.reservations: dict[tuple[str, str], Reservation] = {}
+        # When the backend queues jobs itself (Slurm): each waiting job's place among
+        # gpuslice's jobs in its queue, as of the last pass (delegated.py)
+        self.backend_order: dict[int, int] = {}
         self.wake = Wakeup()
         self.task: asyncio.Future | None = None
 
     # -- submission ----------------------------------------------------------------------
+
+    @property
+    def delegated(self) -> bool:
+        """Whether the backend queues and places the jobs itself (Slurm)."""
+        return bool(getattr(self.backend, "schedules_itself", False))
 
     @property
     def python(self) -> str:
@@ -362,9 +372,13 @@ class JobManager(LoggingConfigurable):
                 return page, page[-1]["id"] if len(found) > limit else None, total
             rows = list(s.execute(select(*RUN_ORDER_COLUMNS).where(*where)))
             holding = sorted((r for r in rows if r.state in ACTIVE), key=lambda r: r.id)
-            queued = queue_order(
-                [r for r in rows if r.state == "queued"], utcnow(), self.aging_seconds
-            )
+            waiting = [r for r in rows if r.state == "queued"]
+            if self.delegated:
+                # Slurm's order (its priority as of the last pass), not gpuslice's
+                last = len(self.backend_order) + 1
+                queued = sorted(waiting, key=lambda r: (self.backend_order.get(r.id, last), r.id))
+            else:
+                queued = queue_order(waiting, utcnow(), self.aging_seconds)
             position = {r.id: i + 1 for i, r in enumerate(queued)}
             # the jobs that will not run again (a state filter may ask for them), newest
             # first: every job counted in ``total`` is on some page
@@ -403,6 +417,22 @@ class JobManager(LoggingConfigurable):
         with self.db.reading() as s:
             return s.get(JobRow, job_id)
 
+    def slurm_jobs_accounted(self) -> set[str]:
+        """The Slurm ids of the jobs whose GPUs the job pass accounts for itself (Slurm
+        schedules them): recorded in the ledger where Slurm runs them, or handed to an
+        interactive server that Slurm preempts them for. The mirror of Slurm's holdings
+        leaves these out, so a job whose slice went to a server is never taken, while Slurm
+        still runs it, for a foreign job."""
+        with self.db.reading() as s:
+            rows = s.execute(
+                select(JobRow.backend_ref, JobRow.allocation_ids).where(JobRow.state.in_(ACTIVE))
+            ).all()
+        return {
+            str(ref["slurm_job_id"])
+            for ref, allocs in rows
+            if ref and ref.get("slurm_job_id") and (allocs or ref.get("preempted_by") == "slurm")
+        }
+
     # -- cancel and preempt --------------------------------------------------------------
 
     def cancel(self, job_id: int, actor: str, reason: str = "") -> dict[str, Any]:
@@ -423,6 +453,12 @@ class JobManager(LoggingConfigurable):
             job.allocation_ids = []
         if was_active:
             self.backend.kill(ref)
+        elif self.delegated and ref.get("slurm_job_id"):
+            # waiting in Slurm's queue (or its last run already ended there)
+            try:
+                self.backend.kill(ref)
+            except Exception as e:
+                self.log.info("job %s: cancelling its Slurm job: %s", job_id, e)
         self.release(allocs, f"job {job_id} cancelled")
         return self.get(job_id) or {}
 
@@ -480,6 +516,8 @@ class JobManager(LoggingConfigurable):
         victim = pick_victim(self.ledger, profile, candidates, below_rank=len(PRIORITY_CLASSES))
         if victim is None:
             return None
+        if self.delegated:
+            return self._slurm_preempts(victim, caller, profile)
         too_long = wait_seconds is not None and self.preempt_grace > wait_seconds
         if victim.state != "preempting" and too_long:
             return (
@@ -496,6 +534,37 @@ class JobManager(LoggingConfigurable):
         deadline = job.preempt_deadline or utcnow()
         self.reservations[key] = Reservation(job.id, profile.name, deadline + timedelta(seconds=30))
         return self._pending(job, "your server will start when it has checkpointed")
+
+    def _slurm_preempts(
+        self, job: JobRow, caller: Caller, profile: Profile
+    ) -> dict[str, Any] | None:
+        """Slurm schedules: the job's slice goes to the interactive server now, and Slurm
+        preempts the job (``PreemptMode=REQUEUE``) when the server's job needs the GPU; the
+        server's partition or QOS must be allowed to preempt the job's. Should Slurm not do
+        it within ``preempt_grace``, the service asks the job to checkpoint and stop."""
+        reason = (
+            f"{profile.name} needed by the interactive server of {caller.user}: "
+            "Slurm preempts it when that server's job starts"
+        )
+        with self.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state not in ("starting", "running"):
+                return None
+            detail = {"job_id": row.id, "name": row.name, "state": row.state}
+            record_admin_event(s, "job-preempt-requested", row.user, "scheduler", reason, detail)
+            transition(s, row, "preempting", reason)
+            row.preempt_deadline = utcnow() + timedelta(seconds=self.preempt_grace)
+            row.preemptions += 1
+            allocs, row.allocation_ids = list(row.allocation_ids or []), []
+            row.backend_ref = {**(row.backend_ref or {}), "preempted_by": "slurm"}
+        self.log_line(job, f"preempting: {reason}")
+        self.release(allocs, f"job {job.id} preempted by Slurm for {caller.user}'s server")
+        self.wake.set()
+        return {
+            "job_id": job.id,
+            "retry_after": 1,
+            "message": f"Batch job {job.id} gives its slice up: Slurm preempts it for your server",
+        }
 
     def _pending(self, job: JobRow, what: str) -> dict[str, Any]:
         left = ((job.preempt_deadline or utcnow()) - utcnow()).total_seconds()

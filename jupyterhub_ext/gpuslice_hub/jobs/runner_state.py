@@ -12,6 +12,9 @@ import math
 import time
 from typing import Any
 
+# The variable naming one start of a job (one submission, on Slurm): the runner writes it
+# into its state, so a state.json left by an earlier attempt is never taken for this one's.
+ATTEMPT_ID = "GPUSLICE_ATTEMPT_ID"
 STATUSES = ("starting", "running", "completed", "failed", "preempted")
 MAX_CELLS = 1_000_000
 MAX_SECONDS = 1e9

@@ -25,14 +25,14 @@ from ..db.models import utcnow
 from ..errors import Refused
 from ..ledger import Caller
 from .accounts import Account, AccountError, job_environment
-from .backends.base import RunStatus
+from .backends.base import PlacedBackend, RunStatus
+from .delegated import DelegatedPass
 from .manager import JobManager
 from .ordering import queue_order
-from .runner_state import runner_claims
+from .runner_state import ATTEMPT_ID, runner_claims
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
-ATTEMPT_ID = "GPUSLICE_ATTEMPT_ID"
 QUEUED_COLUMNS = (
     JobRow.id,
     JobRow.user,
@@ -56,6 +56,8 @@ class Scheduler:
         self.log = jobs.log
         # job id -> the runner's last utilization_at passed on to the ledger
         self._usage_seen: dict[int, str] = {}
+        # the pass when the backend queues and places the jobs itself (Slurm)
+        self._delegated: DelegatedPass | None = None
 
     async def run_forever(self) -> None:
         while True:
@@ -70,6 +72,10 @@ class Scheduler:
 
     def tick(self, now: datetime | None = None) -> None:
         now = now or utcnow()
+        if self.jobs.delegated:
+            self._delegated = self._delegated or DelegatedPass(self)
+            self._delegated.tick(now)
+            return
         with self.jobs.db.reading() as s:
             active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
         try:
@@ -144,8 +150,28 @@ class Scheduler:
             self.jobs.release(allocs, f"job {job.id} timed out")
             return
         if job.state == "preempting" and deadline is not None and now >= deadline:
+            if (job.backend_ref or {}).get("preempted_by") == "slurm":
+                self._slurm_did_not_preempt(job, now)
+                return
             self.jobs.log_line(job, "grace period over: killing the runner")
             self.jobs.backend.kill(job.backend_ref or {})
+
+    def _slurm_did_not_preempt(self, job: JobRow, now: datetime) -> None:
+        """The interactive server that needed this job's slice did not get Slurm to preempt
+        it within the grace period (its partition or QOS may not preempt this one's, or the
+        spawn gave up): the service asks the job to checkpoint and stop itself."""
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state != "preempting":
+                return
+            ref = dict(row.backend_ref or {})
+            ref.pop("preempted_by", None)
+            row.backend_ref = ref
+            row.preempt_deadline = now + timedelta(seconds=self.jobs.preempt_grace)
+        self.jobs.log_line(
+            job, "Slurm did not preempt it within the grace period: asking it to checkpoint"
+        )
+        self.jobs.backend.signal_preempt(ref)
 
     @staticmethod
     def _this_attempt(row: JobRow, runner: dict[str, Any], status: str) -> bool:
@@ -403,7 +429,7 @@ class Scheduler:
             self.jobs.release([g["id"] for g in grants], f"job {job.id} no longer queued")
             return
         try:
-            ref = self.jobs.backend.start(
+            ref = cast(PlacedBackend, self.jobs.backend).start(
                 job.id,
                 job.job_dir,
                 env,
@@ -437,15 +463,15 @@ class Scheduler:
     def _env(self, job: JobRow, grants: list[dict[str, Any]], account: Account) -> dict[str, str]:
         """The job's whole environment: the allow-list of :func:`job_environment` and the
         job's own variables. No token: the runner reports through its job folder."""
-        devices = ",".join(_devices(g) for g in grants)
         env = {
-            "CUDA_VISIBLE_DEVICES": devices,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "GPUSLICE_JOB_ID": str(job.id),
-            "GPUSLICE_ALLOCATION_ID": ",".join(str(g["id"]) for g in grants),
             "GPUSLICE_PROFILE": job.profile,
             "GPUSLICE_USAGE_INTERVAL": f"{self.jobs.usage_interval:g}",
         }
+        if grants:  # (none when Slurm places the job: it picks the device and says which)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(_devices(g) for g in grants)
+            env["GPUSLICE_ALLOCATION_ID"] = ",".join(str(g["id"]) for g in grants)
         if self.simulated:
             env["GPUSLICE_SIMULATED"] = "1"
         return job_environment(

@@ -81,6 +81,13 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             raise ConfigError(
                 "JobManager.job_environment", f"{name!r}: names and values must be strings"
             )
+    if app.job_backend == "slurm" and "aging_seconds" in manager.config.get("JobManager", {}):
+        # a setting that would do nothing: Slurm's own priority (its age factor) orders jobs
+        raise ConfigError(
+            "JobManager.aging_seconds",
+            "has no effect with job_backend = 'slurm': Slurm queues the jobs, and its "
+            "priority (PriorityWeightAge) ages them",
+        )
     for key in ("job_env_keep", "job_environment"):
         bad = forbidden_names(getattr(manager, key))
         if bad:

@@ -130,8 +130,10 @@ class AllocationMixin(CapacityMixin):
         priority: int,
         preemptible: bool,
         learn: bool = True,
+        host: str | None = None,
+        enforce_quota: bool = True,
     ) -> tuple[dict[str, Any], bool]:
-        if not profile.allowed_for(caller.groups):
+        if not profile.allowed_for(caller.groups) and enforce_quota:
             raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
         request = profile.request()
         try:
@@ -159,12 +161,18 @@ class AllocationMixin(CapacityMixin):
                     caller.user, caller.groups, quota_usage(profile, inv), holdings_of(active)
                 )
                 if not isinstance(charge, Charge):
-                    raise Refused("over_quota", charge)
+                    if enforce_quota:
+                        raise Refused("over_quota", charge)
+                    charge = Charge(None)  # counted against the user, beyond their quota
                 with self.cluster_cache.use(inv, active) as state, self._policy_lock:
                     result: Placement | Refusal = Refusal("there are no hosts")
                     if state is not None:
-                        result = place_in(request, state, self.policy, learn=learn)
+                        result = place_in(request, state, self.policy, learn=learn, host=host)
                     if not isinstance(result, Placement):
+                        if host is not None:
+                            raise Refused(
+                                "no_capacity", f"no free {profile.name} on {host} in the ledger"
+                            )
                         raise self._no_capacity(inv, caller, profile, state)
                 row = self._write_allocation(
                     s, caller, profile, result, server_name, purpose, priority, preemptible, charge
@@ -173,6 +181,36 @@ class AllocationMixin(CapacityMixin):
         except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
             log.error("ledger constraint refused an allocation: %s", e)
             raise Refused("conflict", "the slice was taken concurrently; retry") from e
+
+    def record_placed(
+        self,
+        caller: Caller,
+        profile_name: str,
+        host: str,
+        server_name: str,
+        priority: int = 0,
+        preemptible: bool = False,
+    ) -> dict[str, Any]:
+        """Hold a slice of ``profile_name`` on ``host`` for batch work an engine already
+        runs there (Slurm chose the node): the ledger records what is, so neither quotas
+        nor group limits refuse it (Slurm's limits applied when it started the job); it is
+        charged like any batch slice. Refused ``no_capacity`` when the ledger has no free
+        slice of that kind on ``host``."""
+        profile = self.profiles.get(profile_name)
+        if profile is None:
+            raise Refused("unknown_profile", f"unknown profile {profile_name!r}")
+        alloc, _ = self._allocate(
+            caller,
+            profile,
+            server_name,
+            "batch",
+            priority,
+            preemptible,
+            learn=False,
+            host=host,
+            enforce_quota=False,
+        )
+        return alloc
 
     def _write_allocation(
         self,

@@ -49,12 +49,16 @@ def is_mig_type(gres_type: str) -> bool:
 
 
 def own_gres(
-    active: Iterable[AllocationView], gpus: Mapping[str, GPUView], cfg: SlurmGres
+    active: Iterable[AllocationView],
+    gpus: Mapping[str, GPUView],
+    cfg: SlurmGres,
+    batch: bool = True,
 ) -> dict[str, Counter[str]]:
-    """Per host, the gres gpuslice's own allocations ask Slurm for."""
+    """Per host, the gres gpuslice's own allocations ask Slurm for (``batch``: batch jobs'
+    too; not when they are matched to their Slurm jobs by id instead)."""
     out: dict[str, Counter[str]] = defaultdict(Counter)
     for a in active:
-        if a.purpose == EXTERNAL or not a.claims:
+        if a.purpose == EXTERNAL or not a.claims or (a.purpose == "batch" and not batch):
             continue
         grant = allocation_json(a, gpus)
         try:
@@ -145,21 +149,23 @@ def _comparable(key: str, theirs: Counter[str], cfg: SlurmGres) -> bool:
 
 class ExternalMixin(AllocationMixin):
     def sync_external(
-        self, held: Mapping[str, Counter[str]], cfg: SlurmGres
+        self, held: Mapping[str, Counter[str]], cfg: SlurmGres, batch_by_id: bool = False
     ) -> tuple[int, int, list[str]]:
         """Make the external holdings what ``held`` (per node) holds beyond gpuslice's own
         slices. Returns (allocations added, released, problems): a problem is a holding that
-        found no free device of its kind on the node (the inventory and gres.conf differ)."""
+        found no free device of its kind on the node (the inventory and gres.conf differ).
+        ``batch_by_id``: ``held`` leaves out gpuslice's own batch jobs (known by their Slurm
+        ids), so the batch slices explain nothing else."""
         added = released = 0
         problems: list[str] = []
         # Most passes change nothing: find that out without the allocation lock.
         with self.db.reading() as s:
-            _, _, wanted, current = self._external_plan(s, held, cfg)
+            _, _, wanted, current = self._external_plan(s, held, cfg, batch_by_id)
         keys = wanted.keys() | current.keys()
         if all(wanted.get(k, 0) == sum(_held_units(v, k[1]) for v in current[k]) for k in keys):
             return 0, 0, []
         with self.db.writing() as s:
-            inv, active, wanted, current = self._external_plan(s, held, cfg)
+            inv, active, wanted, current = self._external_plan(s, held, cfg, batch_by_id)
             gone: set[int] = set()
             for (host, key), views in current.items():
                 want = wanted.get((host, key), 0)
@@ -200,7 +206,11 @@ class ExternalMixin(AllocationMixin):
         return added, released, problems
 
     def _external_plan(
-        self, s: Session, held: Mapping[str, Counter[str]], cfg: SlurmGres
+        self,
+        s: Session,
+        held: Mapping[str, Counter[str]],
+        cfg: SlurmGres,
+        batch_by_id: bool = False,
     ) -> tuple[
         InventoryView,
         list[AllocationView],
@@ -211,7 +221,7 @@ class ExternalMixin(AllocationMixin):
         inv = self.inventory_cache.get(s)
         active = self.active_cache.get(s)
         present = {h.name for h in inv.hosts if h.present}
-        ours = own_gres(active, inv.by_uuid, cfg)
+        ours = own_gres(active, inv.by_uuid, cfg, batch=not batch_by_id)
         wanted: dict[tuple[str, str], int] = {}
         for node, counts in held.items():
             if node in present:

@@ -45,12 +45,19 @@ def place(
 
 
 def place_in(
-    request: Request, state: ClusterState, policy: Policy, *, learn: bool = True
+    request: Request,
+    state: ClusterState,
+    policy: Policy,
+    *,
+    learn: bool = True,
+    host: str | None = None,
 ) -> Placement | Refusal:
     """``place`` on arrays the caller keeps (the service's ``ClusterCache``); not modified
-    except for the policy's score cache."""
-    chosen = select(state, request, policy, learn)
+    except for the policy's score cache. ``host``: on that host or nowhere."""
+    chosen = select(state, request, policy, learn, host)
     if chosen is None:
+        if host is not None:
+            return Refusal(f"no room on {host}")
         return Refusal(describe_shortage(request, state.hosts))
     node, slots = chosen
     return Placement(state.names[node], assignments(state, node, slots, request))

@@ -11,9 +11,16 @@ from .types import Request
 
 
 def select(
-    state: ClusterState, request: Request, policy: Policy, learn: bool = True
+    state: ClusterState,
+    request: Request,
+    policy: Policy,
+    learn: bool = True,
+    host: str | None = None,
 ) -> tuple[int, list[int]] | None:
     """(host index, GPU slots) for ``request``, or None when no host can take it.
+
+    ``host``: only that host may take it (Slurm already runs the work there; the ledger
+    records it where it is).
 
     A learning policy sees every real request, placed or refused; ``learn=False`` is for
     what-if questions ("how many more of these would fit?") that must not skew what it learns.
@@ -22,6 +29,8 @@ def select(
     if learn and observe is not None:
         observe(request)
     candidates = np.flatnonzero(feasible_mask(state, request))
+    if host is not None:
+        candidates = candidates[[state.names[i] == host for i in candidates]]
     if candidates.size == 0:
         return None
     return policy.choose(state, request, candidates)

@@ -1,15 +1,23 @@
-"""Jobs as Slurm batch jobs: ``sbatch --requeue``, the slice's ``--gres``, a warning
-signal before the time limit, and output appended across restarts.
+"""Jobs as Slurm batch jobs, scheduled by Slurm.
 
-When Slurm preempts the job (``PreemptMode=REQUEUE``, e.g. for a higher-priority
-partition) it sends SIGTERM to the batch script — which *is* the runner (``exec``) — so the
-runner checkpoints and exits 75 within ``KillWait``; Slurm puts the job back in the queue
-and, when it runs again, the runner resumes from the job folder (a shared filesystem).
+A job is handed to Slurm when it is submitted (``sbatch --requeue``, the profile's
+``--gres`` times its slices, its priority class's partition and QOS, a warning signal
+before the time limit, output appended across restarts). Slurm's queue is the queue: its
+priorities, fairshare, limits, backfill and accounting decide when and where it runs; the
+service reads every job's state with one ``squeue --json`` per pass, and the ledger records
+the slice where Slurm runs it (:class:`~gpuslice_hub.jobs.scheduler.Scheduler`).
+
+When Slurm preempts the job (``PreemptMode=REQUEUE``, e.g. for an interactive server in a
+higher-priority partition or QOS) it sends SIGTERM to the batch script — which *is* the
+runner (``exec``) — so the runner checkpoints and exits 75 within ``KillWait``; Slurm puts
+the job back in its queue and, when it runs again, the runner resumes from the job folder
+(a shared filesystem).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -20,9 +28,13 @@ from typing import Any
 from gpuslice.vocab import EXIT_BY_STATUS
 from gpuslice_spawner.launchers.slurm import SlurmGres, grants_sbatch_options
 
+from ...profiles import Profile
+from ...slurmusage import HOLDING_STATES, expand_hostlist
 from ..accounts import Account
 from .base import RunStatus
 from .local import _runner_status
+
+log = logging.getLogger(__name__)
 
 # What sbatch/scontrol/scancel themselves get from the service's environment: enough to find
 # the commands and the cluster, nothing else (the job's environment is in its script).
@@ -74,8 +86,8 @@ def batch_script(
     extra: Sequence[str] = (),
     qos: str = "",
 ) -> str:
-    """The sbatch script of a job (pure: tested without a cluster). ``placement``: the
-    grant's ``--gres`` and ``--nodelist`` (:func:`grants_sbatch_options`)."""
+    """The sbatch script of a job (pure: tested without a cluster). ``placement``: what
+    the job asks Slurm for, ``--gres`` (:func:`profile_sbatch_options`)."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=gpuslice-{job_id}",
@@ -98,14 +110,30 @@ def batch_script(
         lines.append(f"#SBATCH --time={time_limit_minutes}")
     lines += [f"#SBATCH {opt}" for opt in extra]
     for k, v in sorted((env or {}).items()):
-        # Slurm sets CUDA_VISIBLE_DEVICES for gpu gres itself; ours is for shard/mps jobs,
-        # which get none (see tests/harness/slurm.py)
-        if k == "CUDA_VISIBLE_DEVICES":
-            lines.append(f'export CUDA_VISIBLE_DEVICES="${{CUDA_VISIBLE_DEVICES:-{v}}}"')
-        else:
-            lines.append(f"export {k}={shlex.quote(v)}")
+        lines.append(f"export {k}={shlex.quote(v)}")
+    # Slurm picks the device: it sets CUDA_VISIBLE_DEVICES for gpu gres; a shard/mps job
+    # gets only GPU_DEVICE_ORDINAL (see tests/harness/slurm.py)
+    lines.append('export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-${GPU_DEVICE_ORDINAL:-}}"')
     lines.append(f"exec {shlex.quote(python)} -m gpuslice.run {shlex.quote(job_dir)}")
     return "\n".join(lines) + "\n"
+
+
+def profile_grant(profile: Profile) -> dict[str, Any]:
+    """One slice of ``profile`` in the shape of a ledger grant, without a host or devices:
+    what the spawner's translator needs to name its gres."""
+    if profile.kind == "mig":
+        return {"kind": "mig", "assignments": [{"mig_profile": profile.mig_profile}]}
+    if profile.kind == "share":
+        return {"kind": "share", "assignments": [{"milli": profile.gpu_milli}]}
+    # a profile open to several models asks for untyped GPUs: Slurm picks the model
+    model = profile.models[0] if len(profile.models) == 1 else None
+    return {"kind": "gpu", "assignments": [{"gpu_model": model}] * profile.count}
+
+
+def profile_sbatch_options(profile: Profile, slices: int, gres: SlurmGres) -> list[str]:
+    """What a job of ``slices`` slices of ``profile`` asks Slurm for: their gres summed
+    (one node; Slurm chooses which), the spawner's translation without a host."""
+    return grants_sbatch_options([profile_grant(profile)] * slices, gres)
 
 
 class SlurmBackend:
@@ -113,6 +141,9 @@ class SlurmBackend:
     # Slurm preempts and requeues a job itself (PreemptMode=REQUEUE): a runner that says it
     # was preempted while Slurm still lists the job is waiting to run again.
     requeues_itself = True
+    # Slurm queues, orders and places the jobs: the scheduler submits them at once and
+    # records where Slurm runs them (RunStatus.node).
+    schedules_itself = True
 
     def __init__(
         self,
@@ -156,29 +187,24 @@ class SlurmBackend:
             raise RuntimeError(f"{argv[0]} failed: {out.stderr.strip()}")
         return out.stdout
 
-    def start(
+    def submit(
         self,
         job_id: int,
         job_dir: str,
         env: dict[str, str],
-        grants: Sequence[dict[str, Any]] = (),
-        priority: str = "",
-        previous: dict[str, Any] | None = None,
+        profile: Profile,
+        slices: int,
+        priority: str,
         account: Account | None = None,
+        attempt: str = "",
     ) -> dict[str, Any]:
+        """Hand the job to Slurm's queue; returns the reference stored in the job row."""
         account = account or Account.current()
-        if previous and previous.get("slurm_job_id") and self.poll(previous).alive:
-            # Slurm requeued it itself (preempted by a higher-priority partition)
-            self.release_requeued(previous)
-            return {**previous, "resume": True}
-        # the slices the ledger granted, as the spawner asks for a server's: the same gres
-        # on the same host (--nodelist), so the ledger and Slurm agree on what is held
-        placement = grants_sbatch_options(grants, self.gres) if grants else []
         script = batch_script(
             job_id,
             job_dir,
             self.python,
-            placement,
+            profile_sbatch_options(profile, slices, self.gres),
             self.partitions.get(priority, self.partition),
             self.time_limit_minutes,
             env=env,
@@ -188,7 +214,12 @@ class SlurmBackend:
         # and slurmd starts the job under the owner's uid.
         owner = {"user": account.name}
         slurm_id = self._run("sbatch", "--parsable", stdin=script, ref=owner)
-        return {"slurm_job_id": slurm_id.strip().split(";")[0], "job_dir": job_dir, **owner}
+        return {
+            "slurm_job_id": slurm_id.strip().split(";")[0],
+            "job_dir": job_dir,
+            "attempt_id": attempt,
+            **owner,
+        }
 
     def records(self, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """slurmctld's records of ``job_ids``, by id: one ``squeue --json`` for all of them
@@ -216,12 +247,36 @@ class SlurmBackend:
             # gone from slurmctld's memory (MinJobAge): the runner's own record tells
             status = _runner_status(str(ref.get("job_dir", ""))) or ""
             return RunStatus(False, EXIT_BY_STATUS.get(status))
-        if str(record.get("job_state", "")).upper() in ALIVE:
-            if ref.get("resume") and record.get("state_reason") == "BeginTime":
-                # the requeue may land after our first release: release it again
+        state = str(record.get("job_state", "")).upper()
+        if state not in ALIVE:
+            return RunStatus(False, exit_code(record.get("exit_code")))
+        restarts = record.get("restart_cnt")
+        restarts = restarts if isinstance(restarts, int) else None
+        if state in HOLDING_STATES or state == "COMPLETING":
+            # (COMPLETING: ending, still on its node; the external mirror leaves it out)
+            nodes = expand_hostlist(str(record.get("nodes") or ""))
+            return RunStatus(
+                True,
+                node=nodes[0] if nodes else "",
+                restarts=restarts,
+                completing=state == "COMPLETING",
+            )
+        reason = str(record.get("state_reason") or "")
+        if reason == "BeginTime":
+            # slurmctld holds a requeued job back for a while (gpuslice never asks for a
+            # begin time): let it run as soon as it fits
+            try:
                 self.release_requeued(ref)
-            return RunStatus(True)
-        return RunStatus(False, exit_code(record.get("exit_code")))
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                # the state is known all the same: the next pass tries again
+                log.info("Slurm job %s: could not release it: %s", ref["slurm_job_id"], e)
+        priority = record.get("priority")
+        return RunStatus(
+            True,
+            waiting=f"{state.lower()} in Slurm ({reason or 'no reason given'})",
+            priority=priority if isinstance(priority, int) else None,
+            restarts=restarts,
+        )
 
     def release_requeued(self, ref: dict[str, Any]) -> None:
         """Let a requeued job start as soon as it fits: slurmctld otherwise holds it back

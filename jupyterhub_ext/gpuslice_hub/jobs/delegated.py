@@ -1,0 +1,218 @@
+"""The scheduling pass for a backend that queues and places jobs itself (Slurm).
+
+Slurm's queue is the queue: a job is handed to Slurm as soon as the service sees it queued,
+and Slurm's priorities, fairshare, limits, backfill and preemption decide when and where it
+runs. What the service still does each pass, from one query for every job:
+
+* a job Slurm started is recorded in the ledger on the node Slurm chose (a free slice of its
+  profile there), so the spawn form, quotas' view and the admin panel count it;
+* a job Slurm requeued (preempted, node failure) gives that slice back and waits in Slurm's
+  queue again; its runner resumes from the checkpoint when Slurm runs it again;
+* progress, time limits, usage figures and the end of a job, as for any backend
+  (:class:`~gpuslice_hub.jobs.scheduler.Scheduler`);
+* each waiting job says why it waits (Slurm's reason) and its place among gpuslice's jobs in
+  Slurm's priority order.
+
+gpuslice's own queue order, aging, backfill and batch-over-batch preemption are not used:
+Slurm does those.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import select
+
+from gpuslice.run.jobdir import JobDir
+from gpuslice.vocab import EXIT_PREEMPTED
+
+from ..db.jobs_models import JobRow
+from ..errors import Refused
+from ..ledger import Caller
+from .accounts import AccountError
+from .backends.base import QueueingBackend, RunStatus
+from .runner_state import ATTEMPT_ID, runner_claims
+from .states import ACTIVE, PRIORITY_CLASSES, transition
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+# Submissions per pass: a backlog of thousands goes to Slurm over a few passes, and the
+# running jobs are watched in between (each sbatch is a fork and a round trip).
+SUBMIT_BATCH = 200
+
+
+class DelegatedPass:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.jobs = scheduler.jobs
+        self.log = scheduler.log
+        # a job Slurm runs that the ledger could not record: said once, not every pass
+        self._unrecorded: set[int] = set()
+
+    def tick(self, now: datetime) -> None:
+        with self.jobs.db.reading() as s:
+            rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE | {"queued"}))))
+        known = [j for j in rows if (j.backend_ref or {}).get("slurm_job_id")]
+        try:
+            # one question to Slurm for every job it knows of
+            polled = self.jobs.backend.poll_many([j.backend_ref for j in known])
+        except Exception:
+            self.log.exception("Slurm could not be asked about gpuslice's jobs; will retry")
+            return
+        statuses = {j.id: st for j, st in zip(known, polled, strict=True)}
+        self.jobs.backend_order = _priority_order(rows, statuses)
+        waiting: dict[int, str] = {}
+        submit: list[JobRow] = []
+        for job in rows:
+            status = statuses.get(job.id)
+            try:
+                if job.state != "queued":
+                    # a running job always has a Slurm job: one that has none lost it
+                    self._watch(job, now, status or RunStatus(False))
+                elif status is not None and status.alive and status.node:
+                    # not the run that ended (preempted), while Slurm still tears it down
+                    if not status.completing and not _same_run(job, status):
+                        self._placed(job, status.node, status.restarts, now)
+                elif status is not None and status.alive:
+                    waiting[job.id] = status.waiting
+                elif (job.not_before or now) <= now:
+                    submit.append(job)
+            except Exception:
+                # one job's trouble never stops the others' pass
+                self.log.exception("job %s: its pass failed; will retry", job.id)
+        for job in submit[:SUBMIT_BATCH]:
+            try:
+                self._submit(job)
+            except Exception:
+                self.log.exception("job %s: submitting it to Slurm failed; will retry", job.id)
+        had = {j.id: j.waiting_reason for j in rows if j.state == "queued"}
+        self.scheduler._waiting(had, waiting)
+
+    def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
+        if status.alive and (not status.node or not _same_run(job, status)):
+            # Slurm requeued it (its own preemption, a node failure) and it waits in Slurm's
+            # queue, or already runs again: give the recorded slice back; the next pass
+            # records it where it runs.
+            runner = runner_claims(JobDir(Path(job.job_dir)).state())
+            preempted = runner.get("status") == "preempted" or job.state == "preempting"
+            code = EXIT_PREEMPTED if preempted else None
+            self.scheduler._finished(job, RunStatus(False, code), runner, now)
+            return
+        self.scheduler._watch(job, now, status)
+
+    def _placed(self, job: JobRow, node: str, restarts: int | None, now: datetime) -> None:
+        """Slurm started ``job`` on ``node``: hold its slices there in the ledger."""
+        caller = Caller(job.user, tuple(job.groups or ()), "slurm")
+        got: list[dict[str, Any]] = []
+        why = ""
+        for _ in range(job.slices):
+            try:
+                got.append(
+                    self.jobs.ledger.record_placed(
+                        caller,
+                        job.profile,
+                        node,
+                        f"job-{job.id}",
+                        priority=100 * PRIORITY_CLASSES[job.priority_class],
+                        preemptible=job.priority_class == "preemptible",
+                    )
+                )
+            except Refused as e:
+                why = e.message
+                break
+        if why:
+            # Slurm runs it regardless: the external mirror holds what it holds there
+            self.jobs.release([g["id"] for g in got], f"job {job.id}: {why}")
+            got = []
+            if job.id not in self._unrecorded:
+                self._unrecorded.add(job.id)
+                self.log.warning(
+                    "job %s runs on %s in Slurm but the ledger cannot record it (%s): check "
+                    "the service's hosts against Slurm's nodes",
+                    job.id,
+                    node,
+                    why,
+                )
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state != "queued":
+                row = None
+            else:
+                transition(s, row, "starting", f"Slurm started it on {node}")
+                row.allocation_ids = [g["id"] for g in got]
+                row.attempt_started_at = now
+                row.started_at = row.started_at or now
+                row.waiting_reason = None
+                row.not_before = None
+                # which run of the Slurm job this is: a requeued job is the same job again
+                ref = {**(row.backend_ref or {}), "node": node, "run": restarts}
+                ref.pop("preempted_by", None)  # that preemption is over
+                row.backend_ref = ref
+        if row is None:
+            self.jobs.release([g["id"] for g in got], f"job {job.id} no longer queued")
+        else:
+            self._unrecorded.discard(job.id)
+
+    def _submit(self, job: JobRow) -> None:
+        try:
+            account = self.jobs.account(job.user)
+        except AccountError as e:
+            self.scheduler._fail(job, str(e), [])
+            return
+        # names this submission: Slurm runs the same script again after a requeue, so every
+        # run of it has this id, and a state.json of an earlier submission is never this one's
+        attempt = secrets.token_hex(8)
+        env = self.scheduler._env(job, [], account)
+        env[ATTEMPT_ID] = attempt
+        profile = self.jobs.ledger.profiles.get(job.profile)
+        if profile is None:
+            self.scheduler._fail(job, f"profile {job.profile} no longer exists", [])
+            return
+        try:
+            ref = cast(QueueingBackend, self.jobs.backend).submit(
+                job.id,
+                job.job_dir,
+                env,
+                profile,
+                job.slices,
+                job.priority_class,
+                account=account,
+                attempt=attempt,
+            )
+        except Exception as e:
+            self.scheduler._fail(job, f"Slurm refused the job: {e}", [])
+            return
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None and row.state == "queued":
+                row.backend_ref = ref
+                row.not_before = None
+                row.waiting_reason = f"submitted to Slurm as job {ref['slurm_job_id']}"
+                return
+        # cancelled while it was being submitted
+        self.jobs.backend.kill(ref)
+
+
+def _same_run(job: JobRow, status: RunStatus) -> bool:
+    """Whether ``status`` is the run of the Slurm job recorded last: on the same node and
+    not requeued since (Slurm counts its restarts)."""
+    ref = job.backend_ref or {}
+    if "run" not in ref:
+        return False
+    return ref.get("node") == status.node and ref.get("run") == status.restarts
+
+
+def _priority_order(rows: list[JobRow], statuses: dict[int, RunStatus]) -> dict[int, int]:
+    """Each waiting job's place among gpuslice's jobs in Slurm's queue: by Slurm's
+    priority (highest first), then submission."""
+    waiting = [
+        (-(st.priority or 0), job.id)
+        for job in rows
+        if job.state == "queued" and (st := statuses.get(job.id)) is not None
+        if st.alive and not st.node
+    ]
+    return {job_id: i + 1 for i, (_, job_id) in enumerate(sorted(waiting))}

@@ -1,0 +1,305 @@
+"""Slurm's queue is the queue: the service's pass with the Slurm backend, on a ledger and job
+table in SQLite, with Slurm's commands answered from a recorded queue (the same JSON shapes
+Slurm 22.05 prints; the real cluster runs in test_slurm_backend.py, test_slurm_nodes.py and
+tests/spawner/test_slurm_spawner.py).
+
+What is checked: a job goes to Slurm when it is seen, asking for its profile's gres and its
+class's partition and QOS, with no node; it waits there with Slurm's reason and in Slurm's
+priority order; the ledger records it on the node where Slurm runs it and releases it when
+Slurm requeues or ends it; an interactive spawn takes a preemptible job's slice at once and
+leaves the preemption to Slurm (the service steps in only when Slurm does not).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select
+
+from gpuslice_hub.db.jobs_models import JobRow
+from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.errors import Pending
+from gpuslice_hub.jobs.backends.slurm import SlurmBackend, profile_sbatch_options
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.ledger import Caller, Ledger
+from gpuslice_hub.profiles import parse_profiles
+from gpuslice_spawner.launchers.slurm import SlurmGres
+from tests.service.conftest import build_ledger
+
+A100 = "NVIDIA A100-SXM4-80GB"
+PROFILES: list[dict] = [
+    {"name": "gpu-1", "kind": "gpu", "count": 1},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+]
+HOSTS = [
+    {
+        "name": name,
+        "cpu_milli": 64000,
+        "memory_mib": 512000,
+        "gpus": [{"model": A100, "memory_mib": 81920, "count": 1}],
+    }
+    for name in ("n1", "n2")
+]
+
+
+class RecordedSlurm(SlurmBackend):
+    """The real backend (scripts, squeue parsing, states) with Slurm's commands answered
+    from a queue the test sets, in squeue --json's shape."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            sys.executable,
+            gres=SlurmGres(gpu_types={A100: "a100"}),
+            partitions={"preemptible": "scavenge", "normal": "", "high": ""},
+            qos={"high": "urgent"},
+            submit_prefix=["runuser", "-u", "{username}", "--"],
+        )
+        self.queue: dict[str, dict[str, Any]] = {}
+        self.commands: list[tuple[str, ...]] = []
+        self.scripts: dict[str, str] = {}
+
+    def set(self, sid: str, state: str, **fields: Any) -> None:
+        self.queue[sid].update(job_state=state, **fields)
+
+    def _run(self, *argv: str, stdin: str | None = None, ref: dict[str, Any] | None = None) -> str:
+        self.commands.append(argv)
+        if argv[0] == "sbatch":
+            sid = str(100 + len(self.scripts))
+            self.scripts[sid] = stdin or ""
+            self.queue[sid] = {
+                "job_id": int(sid),
+                "job_state": "PENDING",
+                "state_reason": "Priority",
+                "priority": 1000,
+                "nodes": "",
+                "exit_code": 0,
+                "restart_cnt": 0,
+            }
+            return f"{sid}\n"
+        if argv[0] == "squeue":
+            (ids,) = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
+            return json.dumps({"jobs": [self.queue[i] for i in ids if i in self.queue]})
+        if argv[0] == "scancel" and "--signal=TERM" not in argv:
+            self.queue[argv[-1]]["job_state"] = "CANCELLED"
+        return ""
+
+
+def setup(tmp_path: Path) -> tuple[Ledger, JobManager, Scheduler, RecordedSlurm]:
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=HOSTS)
+    slurm = RecordedSlurm()
+    jobs = JobManager(ledger, ledger.db, slurm, tmp_path / "jobs")
+    jobs.log.setLevel(logging.WARNING)
+    jobs.run_jobs_as_service_user = True
+    ledger.preempt_hook = jobs.preempt_for_interactive
+    return ledger, jobs, Scheduler(jobs), slurm
+
+
+def add_jobs(jobs: JobManager, *specs: tuple[str, str]) -> list[int]:
+    """Queued jobs of (profile, priority class), as submit() leaves them."""
+    rows = [
+        {
+            "name": f"job{i}",
+            "user": "alice",
+            "groups": [],
+            "state": "queued",
+            "profile": profile,
+            "slices": 1,
+            "priority_class": priority,
+            "checkpoint_interval": 600.0,
+            "max_runtime": 86400.0,
+            "parameters": {},
+            "notebook_path": "",
+            "job_dir": str(jobs.root / str(i)),
+            "backend": "slurm",
+            "backend_ref": {},
+            "allocation_ids": [],
+            "submitted_at": utcnow(),
+        }
+        for i, (profile, priority) in enumerate(specs)
+    ]
+    with jobs.db.writing() as s:
+        s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
+        return list(s.scalars(select(JobRow.id).order_by(JobRow.id)))
+
+
+def row(jobs: JobManager, job_id: int) -> JobRow:
+    found = jobs.row(job_id)
+    assert found is not None
+    return found
+
+
+def batch_slices(ledger: Ledger) -> list[tuple[str, str]]:
+    return sorted(
+        (a["server_name"], a["host"]) for a in ledger.allocations() if a["purpose"] == "batch"
+    )
+
+
+def sid(jobs: JobManager, job_id: int) -> str:
+    return str(row(jobs, job_id).backend_ref["slurm_job_id"])
+
+
+def test_a_profile_asks_slurm_for_its_gres_on_no_particular_node():
+    profiles = parse_profiles(
+        [
+            {"name": "mig", "kind": "mig", "mig_profile": "1g.10gb"},
+            {"name": "share", "kind": "share", "gpu_milli": 250},
+            {"name": "two", "kind": "gpu", "count": 2, "models": [A100]},
+            {"name": "any", "kind": "gpu", "count": 1},
+        ]
+    )
+    gres = SlurmGres(gpu_types={A100: "a100"}, shards_per_gpu=8)
+    assert profile_sbatch_options(profiles["mig"], 3, gres) == ["--gres=gpu:1g.10gb:3"]
+    assert profile_sbatch_options(profiles["share"], 1, gres) == ["--gres=shard:2"]
+    assert profile_sbatch_options(profiles["two"], 1, gres) == ["--gres=gpu:a100:2"]
+    # a profile open to every model: Slurm picks one
+    assert profile_sbatch_options(profiles["any"], 2, gres) == ["--gres=gpu:2"]
+
+
+def test_jobs_go_to_slurm_at_once_and_wait_there_in_its_order_with_its_reason(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    a, b, c = add_jobs(jobs, ("gpu-1", "preemptible"), ("share-250", "high"), ("gpu-1", "normal"))
+    scheduler.tick()
+    assert [cmd[0] for cmd in slurm.commands] == ["sbatch"] * 3  # one query: none yet
+    # each as its owner, with its profile's gres, its class's partition and QOS, no node
+    script_a, script_b = slurm.scripts[sid(jobs, a)], slurm.scripts[sid(jobs, b)]
+    assert "#SBATCH --gres=gpu:1" in script_a and "#SBATCH --partition=scavenge" in script_a
+    assert "#SBATCH --gres=shard:2" in script_b and "#SBATCH --qos=urgent" in script_b
+    assert "--nodelist" not in script_a + script_b
+    assert row(jobs, a).waiting_reason == f"submitted to Slurm as job {sid(jobs, a)}"
+    assert batch_slices(ledger) == []  # nothing is held while Slurm has not started it
+
+    # Slurm's priorities order the queue shown in the panel
+    for job_id, priority in ((a, 10), (b, 30), (c, 20)):
+        slurm.set(sid(jobs, job_id), "PENDING", priority=priority, state_reason="Resources")
+    scheduler.tick()
+    assert row(jobs, a).waiting_reason == "pending in Slurm (Resources)"
+    page, _, _ = jobs.list_jobs(None, None, 10, order="run")
+    assert [(j["id"], j["queue_position"]) for j in page] == [(b, 1), (c, 2), (a, 3)]
+    assert len([cmd for cmd in slurm.commands if "sbatch" in cmd]) == 3  # never again
+
+
+def test_the_ledger_holds_a_job_where_slurm_runs_it_until_slurm_ends_it(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n2")
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "starting" and job.transitions[-1].reason == "Slurm started it on n2"
+    assert batch_slices(ledger) == [(f"job-{a}", "n2")]
+    assert ledger.profile_capacity()["gpu-1"][0] == 1  # n1's GPU only
+
+    slurm.set(sid(jobs, a), "COMPLETED", exit_code=0)
+    scheduler.tick()
+    assert row(jobs, a).state == "completed" and batch_slices(ledger) == []
+
+
+def test_a_job_slurm_requeues_gives_its_slice_back_and_runs_again_where_slurm_says(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1")
+    scheduler.tick()
+    Path(row(jobs, a).job_dir).mkdir(parents=True)
+    (Path(row(jobs, a).job_dir) / "state.json").write_text(
+        json.dumps({"status": "preempted", "lost_work_seconds": 3.0})
+    )
+    # preempted by Slurm for other work: back in its queue, held back (BeginTime)
+    slurm.set(sid(jobs, a), "PENDING", nodes="", state_reason="BeginTime")
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "queued" and job.preemptions == 1
+    # the runner's figure, never more than the attempt ran
+    assert 0 < job.lost_work_seconds < 3.0
+    assert batch_slices(ledger) == []
+    # the service lets it start as soon as it fits, not minutes later
+    assert ("scontrol", "update", f"jobid={sid(jobs, a)}", "StartTime=now") in [
+        cmd for cmd in slurm.commands
+    ]
+    # a run Slurm is still tearing down is not taken for a new one
+    slurm.set(sid(jobs, a), "COMPLETING", nodes="n1", restart_cnt=1)
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1", restart_cnt=0)  # as read before the requeue
+    scheduler.tick()
+    assert row(jobs, a).state == "queued" and batch_slices(ledger) == []
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n2", restart_cnt=1)
+    scheduler.tick()
+    assert row(jobs, a).state == "starting" and batch_slices(ledger) == [(f"job-{a}", "n2")]
+    assert len(slurm.scripts) == 1  # the same Slurm job ran again: no second submission
+
+
+def test_an_interactive_spawn_takes_the_slice_and_slurm_preempts_the_job(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")  # n1 or n2 taken
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    free = [h["name"] for h in HOSTS if ("", h["name"]) not in _servers(ledger)]
+    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
+    scheduler.tick()
+    assert ledger.profile_capacity()["gpu-1"][0] == 0
+
+    bob = Caller("bob", (), "bob")
+    with pytest.raises(Pending, match="Slurm preempts it for your server"):
+        ledger.allocate(bob, "gpu-1", "", wait_seconds=5)
+    job = row(jobs, a)
+    assert job.state == "preempting" and job.allocation_ids == [] and job.preemptions == 1
+    # the service neither signals nor kills it: Slurm does, for the server's job
+    assert not [cmd for cmd in slurm.commands if "scancel" in cmd]
+    grant, _ = ledger.allocate(bob, "gpu-1", "", wait_seconds=5)
+    assert grant["host"] == free[0]
+
+    # Slurm did not preempt it in time (say the partitions do not preempt each other): the
+    # service asks the job to checkpoint and stop
+    scheduler.tick(utcnow() + timedelta(seconds=jobs.preempt_grace + 1))
+    assert [cmd for cmd in slurm.commands if "scancel" in cmd] == [
+        ("scancel", "--batch", "--signal=TERM", sid(jobs, a))
+    ]
+    slurm.set(sid(jobs, a), "FAILED", exit_code=75 << 8)
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "queued" and "preempted" in [t.state for t in job.transitions]
+    scheduler.tick()  # its Slurm job ended: it is handed to Slurm again
+    assert len(slurm.scripts) == 2
+    assert (row(jobs, a).waiting_reason or "").startswith("submitted")
+    ledger.release(grant["id"], "bob", "server stopped")
+    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
+    scheduler.tick()
+    assert row(jobs, a).allocation_ids  # recorded again
+    assert "preempted_by" not in row(jobs, a).backend_ref  # a later preemption is the service's
+
+
+def _servers(ledger: Ledger) -> set[tuple[str, str]]:
+    return {
+        (a["server_name"], a["host"]) for a in ledger.allocations() if a["purpose"] == "interactive"
+    }
+
+
+def test_cancelling_a_job_waiting_in_slurm_cancels_its_slurm_job(tmp_path):
+    _, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    jobs.cancel(a, "alice")
+    assert slurm.queue[sid(jobs, a)]["job_state"] == "CANCELLED"
+    assert row(jobs, a).state == "cancelled"
+
+
+def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said(tmp_path, caplog):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    for user in ("u1", "u2"):
+        ledger.allocate(Caller(user, (), user), "gpu-1", "")
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1")
+    with caplog.at_level(logging.WARNING):
+        scheduler.tick()
+        scheduler.tick()
+    assert row(jobs, a).state == "starting" and row(jobs, a).allocation_ids == []
+    said = [r.getMessage() for r in caplog.records if "cannot record" in r.getMessage()]
+    assert len(said) == 1 and "no free gpu-1 on n1 in the ledger" in said[0], said
