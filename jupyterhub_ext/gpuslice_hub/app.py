@@ -64,6 +64,7 @@ from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
 from .silent import SILENT_KIND, find_silent, silent_detail
+from .slurminventory import read_slurm_hosts
 from .slurmsync import run_slurm_sync
 from .templating import check_template_paths, page_environment
 
@@ -93,12 +94,14 @@ class GPUSliceService(Application):
     ).tag(config=True)
 
     gpu_backend = Enum(
-        ["auto", "nvml", "static", "simulated"],
+        ["auto", "nvml", "static", "slurm", "simulated"],
         default_value="auto",
         help="""How GPUs are discovered.
 
         ``nvml``: the GPUs of this host, through the NVIDIA driver; ``static``: the hosts
-        declared in ``hosts`` (GPU nodes the hub cannot see); ``simulated``: declared GPUs for
+        declared in ``hosts`` (GPU nodes the hub cannot see); ``slurm``: Slurm's GPU nodes
+        and their gres (``sinfo --json`` at start; ``c.SlurmGresConfig`` names the models,
+        see the admin guide); ``simulated``: declared GPUs for
         trying gpuslice without any GPU, labelled as simulated everywhere; ``auto``: ``nvml``,
         and a clear error when no driver is found (never silently simulated).""",
     ).tag(config=True)
@@ -377,6 +380,13 @@ class GPUSliceService(Application):
 
     def discover(self) -> Inventory:
         hosts = self.hosts if self.gpu_backend in ("static", "simulated") else None
+        if self.gpu_backend == "slurm":
+            if self.hosts:
+                raise ConfigError("hosts", "is read from Slurm with gpu_backend = 'slurm'")
+            gres = SlurmGresConfig(parent=self)
+            hosts = read_slurm_hosts(gres.value(), gres.gpu_memory_mib)
+            self.log.info("inventory from Slurm: %s", ", ".join(h["name"] for h in hosts))
+            return discover("static", hosts)
         try:
             return discover(self.gpu_backend, hosts or None)
         except ConfigError:

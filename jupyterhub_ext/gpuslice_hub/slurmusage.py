@@ -142,7 +142,7 @@ def read_nodes(
     env: Mapping[str, str] | None = None, timeout: float = 30
 ) -> dict[str, Counter[str]]:
     """Every node's configured gres: one ``sinfo --json``."""
-    data = _json_command(["sinfo", "--json"], env, timeout)
+    data = json_command(["sinfo", "--json"], env, timeout)
     if not isinstance(data.get("nodes"), list):
         raise SlurmReadError("sinfo --json gave no node list")
     return configured_gres(data)
@@ -153,13 +153,13 @@ def read_held(
 ) -> dict[str, Counter[str]]:
     """What Slurm's jobs (but ``exclude``) hold now: one ``squeue --json`` (all jobs, all
     users)."""
-    data = _json_command(["squeue", "--all", "--json"], env, timeout)
+    data = json_command(["squeue", "--all", "--json"], env, timeout)
     if not isinstance(data.get("jobs"), list):
         raise SlurmReadError("squeue --json gave no job list")
     return held_by_jobs(data, exclude)
 
 
-def _json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> dict[str, Any]:
+def json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> dict[str, Any]:
     source = env if env is not None else os.environ
     try:
         out = subprocess.run(

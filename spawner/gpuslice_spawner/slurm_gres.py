@@ -31,6 +31,12 @@ class SlurmGresConfig(Configurable):
         "{'NVIDIA H100 80GB HBM3': 'h100'}. A model without an entry is requested untyped.",
     ).tag(config=True)
 
+    gpu_memory_mib = Dict(
+        value_trait=Integer(min=1),
+        help="GPU model -> memory in MiB, for the service's ``gpu_backend = 'slurm'`` where "
+        'the model\'s name does not say it ("NVIDIA A100-SXM4-80GB" does: 80 GiB).',
+    ).tag(config=True)
+
     share_gres = Enum(
         ["shard", "mps"],
         default_value="shard",

@@ -1,0 +1,155 @@
+"""The inventory from Slurm (``gpu_backend = "slurm"``): hosts and GPUs read from
+``sinfo --json`` instead of written by hand.
+
+Slurm knows each node's CPUs, memory and gres (``gpu:a100:2,gpu:1g.10gb:3,shard:16``); the
+ledger needs GPUs with a model and memory, and MIG instances on their GPU. So:
+
+* a typed whole-GPU gres (``gpu:a100:2``) is that many GPUs of the model that
+  ``SlurmGresConfig.gpu_gres_types`` maps to the type; the memory comes from the model's
+  name ("NVIDIA A100-SXM4-80GB": 80 GB) or ``SlurmGresConfig.gpu_memory_mib``;
+* a MIG-typed gres (``gpu:1g.10gb:3``, as Slurm's NVML autodetection names MIG instances) is
+  that many instances, packed onto GPUs of the node's whole-GPU model (or the only model
+  configured) — Slurm does not say which GPU an instance is on, and the ledger counts
+  instances per profile and node, as Slurm does;
+* shards and MPS are a property of whole GPUs (checked hourly against ``shards_per_gpu``);
+* untyped GPUs (``gpu:2``), or a type no model maps to, are refused at start with the node's
+  name: the ledger would not know what they are.
+
+The result is the same list of hosts the ``static`` backend reads, so it is validated the
+same way.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslice.gpu.profiles import DEFAULT_COMPUTE_SLICES, parse_mig_profile
+from gpuslice_spawner.launchers.slurm import SlurmGres
+
+from .errors import ConfigError
+from .ledger.external import is_mig_type
+from .slurmusage import SHARE_GRES, SlurmReadError, json_command, parse_gres_detail
+
+KEY = "gpu_backend"
+_MEMORY_IN_NAME = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+
+
+def model_memory_mib(model: str, memory: Mapping[str, int]) -> int:
+    """A GPU model's memory: configured, or as its name says ("...-80GB": 80 GiB)."""
+    if model in memory:
+        return int(memory[model])
+    found = _MEMORY_IN_NAME.findall(model)
+    if not found:
+        raise ConfigError(
+            KEY,
+            f"the memory of {model!r} is not in its name: set "
+            f"c.SlurmGresConfig.gpu_memory_mib = {{{model!r}: <MiB>}}",
+        )
+    return int(found[-1]) * 1024
+
+
+def hosts_from_nodes(
+    nodes: list[Mapping[str, Any]], cfg: SlurmGres, memory: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """The ``hosts`` of the static backend for Slurm's GPU nodes (``sinfo --json``'s
+    ``nodes``); nodes without GPUs are left out."""
+    models = {gtype: model for model, gtype in cfg.gpu_types.items()}
+    hosts = []
+    for node in sorted(nodes, key=lambda n: str(n.get("name"))):
+        name = str(node.get("name") or "")
+        gres = parse_gres_detail(str(node.get("gres") or ""))
+        gpus: list[dict[str, Any]] = []
+        mig: Counter[str] = Counter()
+        for key, count in sorted(gres.items()):
+            gname, _, gtype = key.partition(":")
+            if gname in SHARE_GRES or gname != cfg.gpu:
+                continue
+            if not gtype:
+                raise ConfigError(
+                    KEY,
+                    f"node {name} has untyped GPUs ({key}:{count}): give them a Type in "
+                    "gres.conf and map it in c.SlurmGresConfig.gpu_gres_types",
+                )
+            if is_mig_type(gtype):
+                mig[gtype] = count
+                continue
+            if gtype not in models:
+                raise ConfigError(
+                    KEY,
+                    f"node {name}: gres type {gtype!r} is no model's in "
+                    "c.SlurmGresConfig.gpu_gres_types (model -> type)",
+                )
+            model = models[gtype]
+            gpus.append(
+                {"model": model, "memory_mib": model_memory_mib(model, memory), "count": count}
+            )
+        if mig:
+            gpus += _mig_gpus(name, mig, gpus, models, memory)
+        if not gpus:
+            continue
+        hosts.append(
+            {
+                "name": name,
+                "cpu_milli": int(node.get("cpus") or 0) * 1000,
+                "memory_mib": int(node.get("real_memory") or 0),
+                "gpus": gpus,
+            }
+        )
+    return hosts
+
+
+def _mig_gpus(
+    node: str,
+    instances: Counter[str],
+    whole: list[dict[str, Any]],
+    models: Mapping[str, str],
+    memory: Mapping[str, int],
+) -> list[dict[str, Any]]:
+    """MIG GPUs holding ``instances``: largest first, each on the first GPU with room."""
+    candidates = {g["model"] for g in whole} or set(models.values())
+    if len(candidates) != 1:
+        raise ConfigError(
+            KEY,
+            f"node {node} has MIG instances but its GPUs' model cannot be told "
+            f"({', '.join(sorted(candidates)) or 'no model'}): map exactly one model in "
+            "c.SlurmGresConfig.gpu_gres_types, or one per node",
+        )
+    (model,) = candidates
+    gpu_gb = math.ceil(model_memory_mib(model, memory) / 1024)
+    layouts: list[list[str]] = []
+    used: list[tuple[int, int]] = []
+    sized = [(parse_mig_profile(p), p) for p, n in instances.items() for _ in range(n)]
+    for (slices, gb), profile in sorted(sized, reverse=True):
+        for i, (s, g) in enumerate(used):
+            if s + slices <= DEFAULT_COMPUTE_SLICES and g + gb <= gpu_gb:
+                layouts[i].append(profile)
+                used[i] = (s + slices, g + gb)
+                break
+        else:
+            layouts.append([profile])
+            used.append((slices, gb))
+    return [
+        {"model": model, "memory_mib": model_memory_mib(model, memory), "mig": layout}
+        for layout in layouts
+    ]
+
+
+def read_slurm_hosts(
+    cfg: SlurmGres, memory: Mapping[str, int], env: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Slurm's GPU nodes as hosts: one ``sinfo --json``."""
+    try:
+        data = json_command(["sinfo", "--json"], env, 30)
+    except SlurmReadError as e:
+        raise ConfigError(KEY, f"Slurm's nodes could not be read: {e}") from None
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise ConfigError(KEY, "sinfo --json gave no node list")
+    hosts = hosts_from_nodes([n for n in nodes if isinstance(n, dict)], cfg, memory)
+    if not hosts:
+        raise ConfigError(KEY, "Slurm has no node with GPU gres (gres.conf)")
+    return hosts
