@@ -45,8 +45,13 @@ demo: $(STAMP) $(CHP) labextension
 	$(BIN)/python -m gpuslice_hub.demo
 
 # Lint first: a red ruff or mypy costs seconds, the suite twenty minutes.
+# Two workers by default: most of the suite waits on real processes (hubs, Slurm, kernels,
+# Chromium), so two files at a time take ~60 % of the time of one. Each worker starts its
+# own PostgreSQL and Slurm; a file's tests stay on one worker (module-scoped hubs).
+# PYTEST_WORKERS=0 runs everything in one process (e.g. to debug with pdb).
+PYTEST_WORKERS ?= 2
 test: $(STAMP) $(CHP) labextension lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
