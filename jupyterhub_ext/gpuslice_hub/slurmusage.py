@@ -153,7 +153,9 @@ def read_held(
 ) -> dict[str, Counter[str]]:
     """What Slurm's jobs (but ``exclude``) hold now: one ``squeue --json`` (all jobs, all
     users)."""
-    data = json_command(["squeue", "--all", "--json"], env, timeout)
+    # only jobs holding an allocation: a long queue of pending jobs is no part of it
+    states = ",".join(sorted(HOLDING_STATES))
+    data = json_command(["squeue", "--all", "--json", f"--states={states}"], env, timeout)
     if not isinstance(data.get("jobs"), list):
         raise SlurmReadError("squeue --json gave no job list")
     return held_by_jobs(data, exclude)

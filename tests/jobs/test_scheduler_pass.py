@@ -119,3 +119,35 @@ def test_run_order_lists_every_job_it_counts(tmp_path):
     page, cursor, total = scheduler.jobs.list_jobs(None, {"queued", "completed"}, 10, "run")
     assert cursor is None and total == 6 == len(page)
     assert page[-1]["id"] == 3 and "queue_position" not in page[-1]
+
+
+def test_a_queue_nothing_changed_for_is_not_tried_again_until_something_does(tmp_path):
+    from datetime import timedelta
+
+    from gpuslice_hub.db.models import utcnow
+    from gpuslice_hub.jobs.scheduler import FULL_PASS_SECONDS
+
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    queue(ledger, tmp_path, 30, "preemptible")
+    now = utcnow()
+    with ledger.db.writing() as s:  # one job waits out a crash backoff
+        s.get(JobRow, 5).not_before = now + timedelta(seconds=10)
+    calls = count_allocate_calls(ledger)
+    scheduler.tick(now)
+    tried = len(calls)
+    assert tried > 0
+    scheduler.tick(now + timedelta(seconds=1))
+    assert len(calls) == tried  # same ledger, same jobs: the same answer, not asked again
+
+    scheduler.tick(now + timedelta(seconds=11))  # the backoff ended: tried again
+    assert len(calls) > tried
+    tried = len(calls)
+    scheduler.tick(now + timedelta(seconds=12))
+    assert len(calls) == tried
+    scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 12))  # and at least this often
+    assert len(calls) > tried
+
+    # a slice given back (an event) is tried at once
+    ledger.release(1, "test", "freed")
+    scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 13))
+    assert waiting(ledger)[1][0] == "starting"

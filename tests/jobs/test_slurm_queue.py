@@ -1,6 +1,6 @@
 """Slurm's queue is the queue: the service's pass with the Slurm backend, on a ledger and job
-table in SQLite, with Slurm's commands answered from a recorded queue (the same JSON shapes
-Slurm 22.05 prints; the real cluster runs in test_slurm_backend.py, test_slurm_nodes.py and
+table in SQLite, with Slurm's commands answered from a recorded queue (the fields squeue
+22.05 prints; the real cluster runs in test_slurm_backend.py, test_slurm_nodes.py and
 tests/spawner/test_slurm_spawner.py).
 
 What is checked: a job goes to Slurm when it is seen, asking for its profile's gres and its
@@ -25,7 +25,12 @@ from sqlalchemy import insert, select
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.errors import Pending
-from gpuslice_hub.jobs.backends.slurm import SlurmBackend, profile_sbatch_options
+from gpuslice_hub.jobs.backends.slurm import (
+    RECORD_FIELDS,
+    SlurmBackend,
+    parse_records,
+    profile_sbatch_options,
+)
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.ledger import Caller, Ledger
@@ -85,7 +90,11 @@ class RecordedSlurm(SlurmBackend):
             return f"{sid}\n"
         if argv[0] == "squeue":
             (ids,) = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
-            return json.dumps({"jobs": [self.queue[i] for i in ids if i in self.queue]})
+            return "".join(
+                "".join(f"{self.queue[i].get(key, '')}|" for _, key in RECORD_FIELDS) + "\n"
+                for i in ids
+                if i in self.queue
+            )
         if argv[0] == "scancel" and "--signal=TERM" not in argv:
             self.queue[argv[-1]]["job_state"] = "CANCELLED"
         return ""
@@ -303,3 +312,26 @@ def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said
     assert row(jobs, a).state == "starting" and row(jobs, a).allocation_ids == []
     said = [r.getMessage() for r in caplog.records if "cannot record" in r.getMessage()]
     assert len(said) == 1 and "no free gpu-1 on n1 in the ledger" in said[0], said
+
+
+def test_squeues_records_are_read_field_by_field_and_a_strange_line_is_an_error():
+    # recorded from Slurm 22.05 (squeue --noheader --Format=JobID:|,State:|,...)
+    out = (
+        "302|FAILED|vm|NonZeroExitCode|4294901458|0|768|\n"
+        "2|PENDING||Resources|4294901758|0|0|\n"
+        "1|RUNNING|vm|None|4294901759|1|0|\n"
+    )
+    records = parse_records(out)
+    assert records["302"]["exit_code"] == 768 and records["302"]["nodes"] == "vm"
+    assert records["2"] == {
+        "job_id": 2,
+        "job_state": "PENDING",
+        "nodes": "",
+        "state_reason": "Resources",
+        "priority": 4294901758,
+        "restart_cnt": 0,
+        "exit_code": 0,
+    }
+    assert records["1"]["restart_cnt"] == 1
+    with pytest.raises(RuntimeError, match="unexpected line"):
+        parse_records("2|PENDING|\n")

@@ -20,7 +20,9 @@ Slurm does those.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,6 +42,8 @@ from .states import ACTIVE, PRIORITY_CLASSES, transition
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
+# What a pass reads of each queued job
+QUEUED_COLUMNS = (JobRow.id, JobRow.backend_ref, JobRow.not_before, JobRow.waiting_reason)
 # Submissions per pass: a backlog of thousands goes to Slurm over a few passes, and the
 # running jobs are watched in between (each sbatch is a fork and a round trip).
 SUBMIT_BATCH = 200
@@ -55,8 +59,12 @@ class DelegatedPass:
 
     def tick(self, now: datetime) -> None:
         with self.jobs.db.reading() as s:
-            rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE | {"queued"}))))
-        known = [j for j in rows if (j.backend_ref or {}).get("slurm_job_id")]
+            active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
+            # of the queue, what a pass reads (whole rows of thousands of jobs cost most
+            # of it): the few that start or are submitted are read in full below
+            queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
+        everyone: list[Any] = [*active, *queued]
+        known = [j for j in everyone if (j.backend_ref or {}).get("slurm_job_id")]
         try:
             # one question to Slurm for every job it knows of
             polled = self.jobs.backend.poll_many([j.backend_ref for j in known])
@@ -64,33 +72,41 @@ class DelegatedPass:
             self.log.exception("Slurm could not be asked about gpuslice's jobs; will retry")
             return
         statuses = {j.id: st for j, st in zip(known, polled, strict=True)}
-        self.jobs.backend_order = _priority_order(rows, statuses)
-        waiting: dict[int, str] = {}
-        submit: list[JobRow] = []
-        for job in rows:
-            status = statuses.get(job.id)
+        self.jobs.backend_order = _priority_order(queued, statuses)
+        for job in active:
             try:
-                if job.state != "queued":
-                    # a running job always has a Slurm job: one that has none lost it
-                    self._watch(job, now, status or RunStatus(False))
-                elif status is not None and status.alive and status.node:
-                    # not the run that ended (preempted), while Slurm still tears it down
-                    if not status.completing and not _same_run(job, status):
-                        self._placed(job, status.node, status.restarts, now)
-                elif status is not None and status.alive:
-                    waiting[job.id] = status.waiting
-                elif (job.not_before or now) <= now:
-                    submit.append(job)
+                # a running job always has a Slurm job: one that has none lost it
+                self._watch(job, now, statuses.get(job.id) or RunStatus(False))
             except Exception:
                 # one job's trouble never stops the others' pass
-                self.log.exception("job %s: its pass failed; will retry", job.id)
-        for job in submit[:SUBMIT_BATCH]:
-            try:
-                self._submit(job)
-            except Exception:
-                self.log.exception("job %s: submitting it to Slurm failed; will retry", job.id)
-        had = {j.id: j.waiting_reason for j in rows if j.state == "queued"}
-        self.scheduler._waiting(had, waiting)
+                self.log.exception("job %s: watching it failed; will retry", job.id)
+        waiting: dict[int, str] = {}
+        started: list[tuple[int, RunStatus]] = []
+        submit: list[int] = []
+        for waits in queued:
+            status = statuses.get(waits.id)
+            if status is not None and status.alive and status.node:
+                # not the run that ended (preempted), while Slurm still tears it down
+                if not status.completing and not _same_run(waits, status):
+                    started.append((waits.id, status))
+            elif status is not None and status.alive:
+                waiting[waits.id] = status.waiting
+            elif (waits.not_before or now) <= now:
+                submit.append(waits.id)
+        for job_id, status in started:
+            self._each(job_id, "recording it", partial(self._placed, status=status, now=now))
+        for job_id in submit[:SUBMIT_BATCH]:
+            self._each(job_id, "submitting it to Slurm", self._submit)
+        self.scheduler._waiting({j.id: j.waiting_reason for j in queued}, waiting)
+
+    def _each(self, job_id: int, what: str, act: Callable[[JobRow], None]) -> None:
+        """``act`` on the job's whole row if it is still queued; its trouble is its own."""
+        try:
+            row = self.jobs.row(job_id)
+            if row is not None and row.state == "queued":
+                act(row)
+        except Exception:
+            self.log.exception("job %s: %s failed; will retry", job_id, what)
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         if status.alive and (not status.node or not _same_run(job, status)):
@@ -104,8 +120,9 @@ class DelegatedPass:
             return
         self.scheduler._watch(job, now, status)
 
-    def _placed(self, job: JobRow, node: str, restarts: int | None, now: datetime) -> None:
-        """Slurm started ``job`` on ``node``: hold its slices there in the ledger."""
+    def _placed(self, job: JobRow, status: RunStatus, now: datetime) -> None:
+        """Slurm started ``job`` on ``status.node``: hold its slices there in the ledger."""
+        node, restarts = status.node, status.restarts
         caller = Caller(job.user, tuple(job.groups or ()), "slurm")
         got: list[dict[str, Any]] = []
         why = ""
@@ -197,7 +214,7 @@ class DelegatedPass:
         self.jobs.backend.kill(ref)
 
 
-def _same_run(job: JobRow, status: RunStatus) -> bool:
+def _same_run(job: Any, status: RunStatus) -> bool:
     """Whether ``status`` is the run of the Slurm job recorded last: on the same node and
     not requeued since (Slurm counts its restarts)."""
     ref = job.backend_ref or {}
@@ -206,13 +223,12 @@ def _same_run(job: JobRow, status: RunStatus) -> bool:
     return ref.get("node") == status.node and ref.get("run") == status.restarts
 
 
-def _priority_order(rows: list[JobRow], statuses: dict[int, RunStatus]) -> dict[int, int]:
+def _priority_order(queued: list[Any], statuses: dict[int, RunStatus]) -> dict[int, int]:
     """Each waiting job's place among gpuslice's jobs in Slurm's queue: by Slurm's
     priority (highest first), then submission."""
     waiting = [
         (-(st.priority or 0), job.id)
-        for job in rows
-        if job.state == "queued" and (st := statuses.get(job.id)) is not None
-        if st.alive and not st.node
+        for job in queued
+        if (st := statuses.get(job.id)) is not None and st.alive and not st.node
     ]
     return {job_id: i + 1 for i, (_, job_id) in enumerate(sorted(waiting))}

@@ -15,15 +15,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 
 from gpuslice.run.jobdir import JobDir
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
-from ..db.jobs_models import JobRow
-from ..db.models import utcnow
+from ..db.jobs_models import JobRow, JobTransitionRow
+from ..db.models import EventRow, utcnow
 from ..errors import Refused
 from ..ledger import Caller
+from ..snapshot import current_generation
 from .accounts import Account, AccountError, job_environment
 from .backends.base import PlacedBackend, RunStatus
 from .delegated import DelegatedPass
@@ -44,6 +45,10 @@ QUEUED_COLUMNS = (
     JobRow.not_before,
     JobRow.waiting_reason,
 )
+# The queue is tried again at least this often when nothing changed (_queue_may_move)
+FULL_PASS_SECONDS = 60.0
+NEWEST_EVENT = select(func.max(EventRow.id))
+NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
 # Waiting reasons written per transaction: short enough that a spawn waiting for the
 # ledger lock meanwhile is not held up noticeably.
 WAITING_BATCH = 500
@@ -58,6 +63,11 @@ class Scheduler:
         self._usage_seen: dict[int, str] = {}
         # the pass when the backend queues and places the jobs itself (Slurm)
         self._delegated: DelegatedPass | None = None
+        # what the queue was last tried against (_queue_may_move), and when a waiting
+        # job's backoff ends next
+        self._marker: tuple[Any, ...] | None = None
+        self._full_at: datetime | None = None
+        self._next_due: datetime | None = None
 
     async def run_forever(self) -> None:
         while True:
@@ -93,8 +103,29 @@ class Scheduler:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
         self._expire_reservations(now)
-        if not self._freed_for_a_server():
+        if not self._freed_for_a_server() and self._queue_may_move(now):
             self._start_queued(now)
+
+    def _queue_may_move(self, now: datetime) -> bool:
+        """Whether trying the queue again could start or preempt anything: only after a
+        change (a slice given back or taken, an admin's setting, a job submitted, finished
+        or requeued: each writes an event or a job transition), when a backoff ends, and at
+        least every ``FULL_PASS_SECONDS``. A pass over a queue nothing changed for decides
+        what the last one did, at the cost of reading and ordering the whole queue."""
+        with self.jobs.db.reading() as s:
+            conn = s.connection()
+            marker = (
+                conn.execute(NEWEST_EVENT).scalar(),
+                conn.execute(NEWEST_TRANSITION).scalar(),
+                current_generation(s),
+            )
+        due = self._next_due is not None and now >= self._next_due
+        stale = self._full_at is None or (now - self._full_at).total_seconds() >= FULL_PASS_SECONDS
+        if marker == self._marker and not due and not stale:
+            return False
+        # read before the pass: what it writes itself makes the next pass look again
+        self._marker, self._full_at = marker, now
+        return True
 
     # -- running jobs ---------------------------------------------------------------------
 
@@ -294,6 +325,8 @@ class Scheduler:
             # most of a pass (the row is read in full for the few that start)
             queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
         ready = [j for j in queued if (j.not_before or now) <= now]
+        later = [j.not_before for j in queued if j.not_before is not None and j.not_before > now]
+        self._next_due = min(later, default=None)
         blocked_rank = -1
         refused: dict[tuple[Any, ...], Refused] = {}
         reasons: dict[int, str] = {}
