@@ -309,7 +309,10 @@ def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said
     with caplog.at_level(logging.WARNING):
         scheduler.tick()
         scheduler.tick()
-    assert row(jobs, a).state == "starting" and row(jobs, a).allocation_ids == []
+    job = row(jobs, a)
+    assert job.state == "starting" and job.allocation_ids == []
+    # its history says so, and the log, once for this run
+    assert "the ledger could not record it (no free gpu-1 on n1" in job.transitions[-1].reason
     said = [r.getMessage() for r in caplog.records if "cannot record" in r.getMessage()]
     assert len(said) == 1 and "no free gpu-1 on n1 in the ledger" in said[0], said
 

@@ -54,8 +54,6 @@ class DelegatedPass:
         self.scheduler = scheduler
         self.jobs = scheduler.jobs
         self.log = scheduler.log
-        # a job Slurm runs that the ledger could not record: said once, not every pass
-        self._unrecorded: set[int] = set()
 
     def tick(self, now: datetime) -> None:
         with self.jobs.db.reading() as s:
@@ -141,25 +139,25 @@ class DelegatedPass:
             except Refused as e:
                 why = e.message
                 break
+        said = f"Slurm started it on {node}"
         if why:
             # Slurm runs it regardless: the external mirror holds what it holds there
             self.jobs.release([g["id"] for g in got], f"job {job.id}: {why}")
             got = []
-            if job.id not in self._unrecorded:
-                self._unrecorded.add(job.id)
-                self.log.warning(
-                    "job %s runs on %s in Slurm but the ledger cannot record it (%s): check "
-                    "the service's hosts against Slurm's nodes",
-                    job.id,
-                    node,
-                    why,
-                )
+            said += f"; the ledger could not record it ({why})"
+            self.log.warning(
+                "job %s runs on %s in Slurm but the ledger cannot record it (%s): check "
+                "the service's hosts against Slurm's nodes",
+                job.id,
+                node,
+                why,
+            )
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "queued":
                 row = None
             else:
-                transition(s, row, "starting", f"Slurm started it on {node}")
+                transition(s, row, "starting", said)
                 row.allocation_ids = [g["id"] for g in got]
                 row.attempt_started_at = now
                 row.started_at = row.started_at or now
@@ -171,8 +169,6 @@ class DelegatedPass:
                 row.backend_ref = ref
         if row is None:
             self.jobs.release([g["id"] for g in got], f"job {job.id} no longer queued")
-        else:
-            self._unrecorded.discard(job.id)
 
     def _submit(self, job: JobRow) -> None:
         try:
