@@ -25,43 +25,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 
 from gpuslice_hub.db.jobs_models import JobRow
-from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.jobs.backends.slurm import SlurmBackend
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
 from tests.harness.slurm import PROFILES, running_cluster, slurm_hosts, start_cluster
+from tests.jobs.full_cluster import insert_queued
 from tests.service.conftest import build_ledger
 
 HOLD = 'while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 1; done\n'
 
 
 def queue_jobs(jobs: JobManager, n: int) -> None:
-    rows = [
-        {
-            "name": f"job{i}",
-            "user": "root",
-            "groups": [],
-            "state": "queued",
-            "profile": "mig-1g.10gb",
-            "slices": 1,
-            "priority_class": "preemptible",
-            "checkpoint_interval": 600.0,
-            "max_runtime": 86400.0,
-            "parameters": {},
-            "notebook_path": "",
-            "job_dir": str(jobs.root / str(i)),
-            "backend": "slurm",
-            "backend_ref": {},
-            "allocation_ids": [],
-            "submitted_at": utcnow(),
-        }
-        for i in range(n)
-    ]
-    with jobs.db.writing() as s:
-        s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
+    insert_queued(jobs.db, jobs.root, [("root", "mig-1g.10gb", "preemptible")] * n, "slurm")
 
 
 def in_slurm(jobs: JobManager) -> int:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import func, insert, select
 
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import utcnow
@@ -71,30 +71,44 @@ def full_cluster(folder: Path, n_hosts: int, policy: str = "best-fit") -> tuple[
     return ledger, Scheduler(manager)
 
 
-def queue(ledger: Ledger, folder: Path, n: int, priority: str, users: int = 500) -> None:
-    """``n`` queued jobs over the profiles in turn; the first is ``normal`` (a blocked
-    normal job keeps every later normal one waiting behind it)."""
+def insert_queued(
+    db: Any, folder: Path, specs: list[tuple[str, str, str]], backend: str = "local"
+) -> list[int]:
+    """Queued jobs of (user, profile, priority class), as a submission leaves them, in one
+    statement; returns their ids."""
     now = utcnow()
     rows = [
         {
             "name": f"job {i}",
-            "user": f"r{i % users}",
+            "user": user,
             "groups": [],
             "state": "queued",
-            "profile": PROFILES[i % len(PROFILES)]["name"],
+            "profile": profile,
             "slices": 1,
-            "priority_class": "normal" if i == 0 else priority,
+            "priority_class": priority,
             "checkpoint_interval": 600.0,
             "max_runtime": 86400.0,
             "parameters": {},
             "notebook_path": "",
             "job_dir": str(folder / f"job-{i}"),
-            "backend": "local",
+            "backend": backend,
             "backend_ref": {},
             "allocation_ids": [],
             "submitted_at": now,
         }
+        for i, (user, profile, priority) in enumerate(specs)
+    ]
+    with db.writing() as s:
+        first = int(s.scalar(select(func.max(JobRow.id))) or 0)
+        s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
+    return list(range(first + 1, first + 1 + len(rows)))
+
+
+def queue(ledger: Ledger, folder: Path, n: int, priority: str, users: int = 500) -> None:
+    """``n`` queued jobs over the profiles in turn; the first is ``normal`` (a blocked
+    normal job keeps every later normal one waiting behind it)."""
+    specs = [
+        (f"r{i % users}", PROFILES[i % len(PROFILES)]["name"], "normal" if i == 0 else priority)
         for i in range(n)
     ]
-    with ledger.db.writing() as s:
-        s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
+    insert_queued(ledger.db, folder, specs)

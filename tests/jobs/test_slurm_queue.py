@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
 
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import utcnow
@@ -36,6 +35,7 @@ from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.profiles import parse_profiles
 from gpuslice_spawner.launchers.slurm import SlurmGres
+from tests.jobs.full_cluster import insert_queued
 from tests.service.conftest import build_ledger
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -111,31 +111,8 @@ def setup(tmp_path: Path) -> tuple[Ledger, JobManager, Scheduler, RecordedSlurm]
 
 
 def add_jobs(jobs: JobManager, *specs: tuple[str, str]) -> list[int]:
-    """Queued jobs of (profile, priority class), as submit() leaves them."""
-    rows = [
-        {
-            "name": f"job{i}",
-            "user": "alice",
-            "groups": [],
-            "state": "queued",
-            "profile": profile,
-            "slices": 1,
-            "priority_class": priority,
-            "checkpoint_interval": 600.0,
-            "max_runtime": 86400.0,
-            "parameters": {},
-            "notebook_path": "",
-            "job_dir": str(jobs.root / str(i)),
-            "backend": "slurm",
-            "backend_ref": {},
-            "allocation_ids": [],
-            "submitted_at": utcnow(),
-        }
-        for i, (profile, priority) in enumerate(specs)
-    ]
-    with jobs.db.writing() as s:
-        s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
-        return list(s.scalars(select(JobRow.id).order_by(JobRow.id)))
+    """Queued jobs of alice's of (profile, priority class), as submit() leaves them."""
+    return insert_queued(jobs.db, jobs.root, [("alice", *spec) for spec in specs], "slurm")
 
 
 def row(jobs: JobManager, job_id: int) -> JobRow:
