@@ -77,6 +77,8 @@ def insert_queued(
     """Queued jobs of (user, profile, priority class), as a submission leaves them, in one
     statement; returns their ids."""
     now = utcnow()
+    with db.reading() as s:
+        first = int(s.scalar(select(func.max(JobRow.id))) or 0)
     rows = [
         {
             "name": f"job {i}",
@@ -90,7 +92,7 @@ def insert_queued(
             "max_runtime": 86400.0,
             "parameters": {},
             "notebook_path": "",
-            "job_dir": str(folder / f"job-{i}"),
+            "job_dir": str(folder / f"job-{first + 1 + i}"),
             "backend": backend,
             "backend_ref": {},
             "allocation_ids": [],
@@ -99,7 +101,6 @@ def insert_queued(
         for i, (user, profile, priority) in enumerate(specs)
     ]
     with db.writing() as s:
-        first = int(s.scalar(select(func.max(JobRow.id))) or 0)
         s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
     return list(range(first + 1, first + 1 + len(rows)))
 

@@ -4,6 +4,7 @@ SQLite database)."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from gpuslice_hub.db.jobs_models import JobRow
@@ -151,3 +152,22 @@ def test_a_queue_nothing_changed_for_is_not_tried_again_until_something_does(tmp
     ledger.release(1, "test", "freed")
     scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 13))
     assert waiting(ledger)[1][0] == "starting"
+
+
+def test_a_pass_that_failed_is_tried_again_at_once(tmp_path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    queue(ledger, tmp_path, 5, "preemptible")
+    real = scheduler._start_queued
+    calls: list[int] = []
+
+    def once_broken(now):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("database is locked")
+        real(now)
+
+    scheduler._start_queued = once_broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        scheduler.tick()
+    scheduler.tick()  # nothing changed, but the last try never went through
+    assert len(calls) == 2

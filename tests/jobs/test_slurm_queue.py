@@ -67,6 +67,7 @@ class RecordedSlurm(SlurmBackend):
             submit_prefix=["runuser", "-u", "{username}", "--"],
         )
         self.queue: dict[str, dict[str, Any]] = {}
+        self.sbatch_fails: Exception | None = None  # the next sbatch raises this
         self.commands: list[tuple[str, ...]] = []
         self.scripts: dict[str, str] = {}
 
@@ -76,8 +77,12 @@ class RecordedSlurm(SlurmBackend):
     def _run(self, *argv: str, stdin: str | None = None, ref: dict[str, Any] | None = None) -> str:
         self.commands.append(argv)
         if argv[0] == "sbatch":
+            if self.sbatch_fails is not None:
+                error, self.sbatch_fails = self.sbatch_fails, None
+                raise error
             sid = str(100 + len(self.scripts))
             self.scripts[sid] = stdin or ""
+            name = next(line for line in (stdin or "").splitlines() if "--job-name=" in line)
             self.queue[sid] = {
                 "job_id": int(sid),
                 "job_state": "PENDING",
@@ -86,14 +91,25 @@ class RecordedSlurm(SlurmBackend):
                 "nodes": "",
                 "exit_code": 0,
                 "restart_cnt": 0,
+                "name": name.split("=", 1)[1],
             }
             return f"{sid}\n"
         if argv[0] == "squeue":
-            (ids,) = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
+            ids = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
+            names = [a.split("=", 1)[1] for a in argv if a.startswith("--name=")]
+            if ids and len(ids[0]) == 1 and ids[0][0] not in self.queue:
+                # what squeue 22.05 says of one id slurmctld has forgotten
+                raise RuntimeError("squeue failed: slurm_load_jobs error: Invalid job id specified")
+            shown = [
+                i
+                for i in (ids[0] if ids else list(self.queue))
+                if i in self.queue and (not names or self.queue[i]["name"] in names)
+            ]
+            if names:
+                return "".join(f"{i}|\n" for i in shown)
             return "".join(
                 "".join(f"{self.queue[i].get(key, '')}|" for _, key in RECORD_FIELDS) + "\n"
-                for i in ids
-                if i in self.queue
+                for i in shown
             )
         if argv[0] == "scancel" and "--signal=TERM" not in argv:
             self.queue[argv[-1]]["job_state"] = "CANCELLED"
@@ -315,3 +331,139 @@ def test_squeues_records_are_read_field_by_field_and_a_strange_line_is_an_error(
     assert records["1"]["restart_cnt"] == 1
     with pytest.raises(RuntimeError, match="unexpected line"):
         parse_records("2|PENDING|\n")
+
+
+def state_json(jobs: JobManager, job_id: int, **state: Any) -> None:
+    """The runner's state.json for the job's current submission."""
+    job = row(jobs, job_id)
+    folder = Path(job.job_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    attempt = job.backend_ref.get("attempt_id")
+    (folder / "state.json").write_text(json.dumps({"attempt_id": attempt, **state}))
+
+
+def test_a_slurm_job_that_ended_between_passes_is_accounted_once_never_run_again(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    a, b, c = add_jobs(jobs, ("gpu-1", "normal"), ("gpu-1", "normal"), ("gpu-1", "normal"))
+    scheduler.tick()
+    # a ran and completed while the service was down
+    state_json(jobs, a, status="completed", cells_done=3, cells_total=3)
+    slurm.set(sid(jobs, a), "COMPLETED", nodes="n1", exit_code=0)
+    # an admin cancelled b in Slurm before it ran
+    slurm.set(sid(jobs, b), "CANCELLED", exit_code=0)
+    # c's node failed before its runner started: no word from it
+    slurm.set(sid(jobs, c), "NODE_FAIL", exit_code=0)
+    scheduler.tick()
+    assert row(jobs, a).state == "completed" and row(jobs, a).cells_done == 3
+    assert row(jobs, b).state == "cancelled"
+    assert "cancelled in Slurm" in row(jobs, b).transitions[-1].reason
+    job_c = row(jobs, c)
+    assert job_c.state == "queued" and job_c.not_before is not None  # a crash: backoff
+    assert "ended (NODE_FAIL)" in " ".join(t.reason for t in job_c.transitions)
+    scheduler.tick()
+    assert len(slurm.scripts) == 3  # nothing submitted again yet
+    scheduler.tick(utcnow() + timedelta(seconds=jobs.restart_backoff + 1))
+    assert len(slurm.scripts) == 4 and sid(jobs, c) == "103"  # c, once its backoff ended
+    assert batch_slices(ledger) == []
+
+
+def test_one_forgotten_slurm_job_does_not_stop_the_pass(tmp_path):
+    _, jobs, scheduler, slurm = setup(tmp_path)
+    a, b = add_jobs(jobs, ("gpu-1", "normal"), ("gpu-1", "normal"))
+    scheduler.tick()
+    del slurm.queue[sid(jobs, a)]  # past MinJobAge while the service was down
+    slurm.set(sid(jobs, b), "RUNNING", nodes="n2")
+    jobs.cancel(b, "alice")  # only a is left to ask about: squeue is given one id
+    scheduler.tick()
+    assert row(jobs, a).state in ("queued", "starting")  # accounted for, not stuck
+    assert any("--jobs=" not in " ".join(cmd) for cmd in slurm.commands if cmd[0] == "squeue")
+
+
+def test_slurms_own_requeues_are_no_runner_crashes(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    for restart in range(jobs.max_restarts + 2):
+        slurm.set(sid(jobs, a), "RUNNING", nodes="n1", restart_cnt=restart)
+        scheduler.tick()
+        assert row(jobs, a).state == "starting"
+        # a node failure: Slurm requeues the job without the runner saying a word
+        slurm.set(sid(jobs, a), "PENDING", nodes="", state_reason="Resources")
+        scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "queued" and job.preemptions == jobs.max_restarts + 2
+    assert "Slurm requeued it" in " ".join(t.reason for t in job.transitions)
+    assert len(slurm.scripts) == 1 and batch_slices(ledger) == []
+
+
+def test_a_refused_submission_is_tried_again_or_failed_by_what_slurm_said(tmp_path):
+    import subprocess
+
+    _, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    limit = "sbatch failed: Batch job submission failed: Job violates accounting/QOS policy"
+    slurm.sbatch_fails = RuntimeError(limit)
+    now = utcnow()
+    scheduler.tick(now)
+    job = row(jobs, a)
+    assert job.state == "queued" and job.not_before is not None
+    assert job.waiting_reason == f"Slurm refused the submission: {limit}; trying again in 5 s"
+    scheduler.tick(now + timedelta(seconds=1))
+    assert slurm.scripts == {}  # not before its backoff ends
+
+    # sbatch timed out, yet Slurm queued it: the next try finds it instead of a second one
+    slurm.sbatch_fails = subprocess.TimeoutExpired("sbatch", 30)
+    scheduler.tick(now + timedelta(seconds=6))
+    assert row(jobs, a).backend_ref.get("unsure")
+    assert "trying again in 10 s" in (row(jobs, a).waiting_reason or "")
+    slurm.queue["999"] = {
+        "job_id": 999,
+        "job_state": "PENDING",
+        "state_reason": "Priority",
+        "priority": 1,
+        "nodes": "",
+        "exit_code": 0,
+        "restart_cnt": 0,
+        "name": f"gpuslice-{a}",
+    }
+    scheduler.tick(now + timedelta(seconds=17))
+    assert sid(jobs, a) == "999" and slurm.scripts == {}
+
+    (b,) = add_jobs(jobs, ("gpu-1", "normal"))
+    slurm.sbatch_fails = RuntimeError(
+        "sbatch failed: Batch job submission failed: Requested node configuration is not available"
+    )
+    scheduler.tick(now + timedelta(seconds=18))
+    assert row(jobs, b).state == "failed"
+    assert "Requested node configuration is not available" in (row(jobs, b).error or "")
+
+
+def test_a_job_running_when_the_service_was_upgraded_is_adopted_not_requeued(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1")
+    scheduler.tick()
+    with jobs.db.writing() as s:  # as an earlier version left it: no run number
+        job = s.get(JobRow, a)
+        job.backend_ref = {k: v for k, v in job.backend_ref.items() if k != "run"}
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "starting" and job.restarts == 0 and job.backend_ref["run"] == 0
+    assert batch_slices(ledger) == [(f"job-{a}", "n1")]
+
+
+def test_profiles_whose_models_slurm_cannot_ask_for_are_said_at_start():
+    from gpuslice_hub.jobs.setup import slurm_model_gaps
+
+    profiles = parse_profiles(
+        [
+            {"name": "a100", "kind": "gpu", "count": 1, "models": [A100]},
+            {"name": "either", "kind": "gpu", "count": 1, "models": [A100, "NVIDIA L4"]},
+            {"name": "quarter", "kind": "share", "gpu_milli": 250, "models": [A100]},
+            {"name": "any", "kind": "gpu", "count": 1},
+        ]
+    )
+    gaps = slurm_model_gaps(profiles, SlurmGres(gpu_types={A100: "a100"}))
+    assert [g.split(":")[0] for g in gaps] == ["profile either", "profile quarter"]
+    assert "Slurm may run them on other GPUs" in gaps[0]

@@ -20,8 +20,9 @@ Slurm does those.
 from __future__ import annotations
 
 import secrets
+import subprocess
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -44,6 +45,15 @@ if TYPE_CHECKING:
 
 # What a pass reads of each queued job
 QUEUED_COLUMNS = (JobRow.id, JobRow.backend_ref, JobRow.not_before, JobRow.waiting_reason)
+# sbatch errors that trying again cannot mend: the job fails with Slurm's message
+PERMANENT = (
+    "Requested node configuration is not available",
+    "Invalid partition",
+    "Invalid qos",
+    "Invalid generic resource",
+    "Invalid account",
+    "Invalid feature",
+)
 # Submissions per pass: a backlog of thousands goes to Slurm over a few passes, and the
 # running jobs are watched in between (each sbatch is a fork and a round trip).
 SUBMIT_BATCH = 200
@@ -62,39 +72,51 @@ class DelegatedPass:
             # of it): the few that start or are submitted are read in full below
             queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
         everyone: list[Any] = [*active, *queued]
-        known = [j for j in everyone if (j.backend_ref or {}).get("slurm_job_id")]
+        known = [j for j in everyone if _current(j.backend_ref)]
         try:
             # one question to Slurm for every job it knows of
-            polled = self.jobs.backend.poll_many([j.backend_ref for j in known])
+            polled: list[RunStatus] | None = self.jobs.backend.poll_many(
+                [j.backend_ref for j in known]
+            )
         except Exception:
             self.log.exception("Slurm could not be asked about gpuslice's jobs; will retry")
-            return
-        statuses = {j.id: st for j, st in zip(known, polled, strict=True)}
-        self.jobs.backend_order = _priority_order(queued, statuses)
-        for job in active:
-            try:
-                # a running job always has a Slurm job: one that has none lost it
-                self._watch(job, now, statuses.get(job.id) or RunStatus(False))
-            except Exception:
-                # one job's trouble never stops the others' pass
-                self.log.exception("job %s: watching it failed; will retry", job.id)
+            polled = None
+        statuses = {j.id: st for j, st in zip(known, polled or [], strict=False)}
+        if polled is not None:
+            self.jobs.backend_order = _priority_order(queued, statuses)
+            for job in active:
+                try:
+                    # a running job always has a Slurm job: one that has none lost it
+                    self._watch(job, now, statuses.get(job.id) or RunStatus(False))
+                except Exception:
+                    # one job's trouble never stops the others' pass
+                    self.log.exception("job %s: watching it failed; will retry", job.id)
         waiting: dict[int, str] = {}
         started: list[tuple[int, RunStatus]] = []
+        unseen: list[tuple[int, RunStatus]] = []
         submit: list[int] = []
         for waits in queued:
             status = statuses.get(waits.id)
+            if _current(waits.backend_ref) and status is None:
+                continue  # in Slurm, state unknown this pass (the query failed)
             if status is not None and status.alive and status.node:
                 # not the run that ended (preempted), while Slurm still tears it down
                 if not status.completing and not _same_run(waits, status):
                     started.append((waits.id, status))
             elif status is not None and status.alive:
                 waiting[waits.id] = status.waiting
+            elif status is not None:
+                unseen.append((waits.id, status))  # its Slurm job ended between two passes
             elif (waits.not_before or now) <= now:
                 submit.append(waits.id)
         for job_id, status in started:
             self._each(job_id, "recording it", partial(self._placed, status=status, now=now))
+        for job_id, status in unseen:
+            self._each(
+                job_id, "accounting for its end", partial(self._ended, status=status, now=now)
+            )
         for job_id in submit[:SUBMIT_BATCH]:
-            self._each(job_id, "submitting it to Slurm", self._submit)
+            self._each(job_id, "submitting it to Slurm", partial(self._submit, now=now))
         self.scheduler._waiting({j.id: j.waiting_reason for j in queued}, waiting)
 
     def _each(self, job_id: int, what: str, act: Callable[[JobRow], None]) -> None:
@@ -107,16 +129,58 @@ class DelegatedPass:
             self.log.exception("job %s: %s failed; will retry", job_id, what)
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
-        if status.alive and (not status.node or not _same_run(job, status)):
-            # Slurm requeued it (its own preemption, a node failure) and it waits in Slurm's
+        runner = runner_claims(JobDir(Path(job.job_dir)).state())
+        if not status.alive:
+            # its Slurm job is over: as with any backend; back in the queue, it is handed
+            # to Slurm afresh
+            self.scheduler._usage_seen.pop(job.id, None)
+            self.scheduler._finished(job, status, runner, now, ended=True)
+            return
+        ref = job.backend_ref or {}
+        if "run" not in ref and status.node:
+            self._adopt(job, status)  # placed by an earlier version: it is this run
+            return
+        if not status.node or not _same_run(job, status):
+            # Slurm requeued it (its own preemption, a node failure) and it waits in its
             # queue, or already runs again: give the recorded slice back; the next pass
-            # records it where it runs.
-            runner = runner_claims(JobDir(Path(job.job_dir)).state())
+            # records it where it runs. Not a crash of the runner: Slurm's doing.
             preempted = runner.get("status") == "preempted" or job.state == "preempting"
             code = EXIT_PREEMPTED if preempted else None
-            self.scheduler._finished(job, RunStatus(False, code), runner, now)
+            why = "Slurm requeued it (a preemption or a node failure)"
+            self.scheduler._finished(job, RunStatus(False, code), runner, now, outside=why)
             return
-        self.scheduler._watch(job, now, status)
+        # (a runner that says "preempted" while Slurm still runs it is waited for: Slurm
+        # then either requeues the job or ends it, and that decides)
+        self.scheduler._progress(job, runner, now)
+        self.scheduler._report_usage(job, runner)
+
+    def _adopt(self, job: JobRow, status: RunStatus) -> None:
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None and row.state == job.state:
+                ref = {**(row.backend_ref or {}), "node": status.node, "run": status.restarts}
+                row.backend_ref = ref
+
+    def _ended(self, job: JobRow, status: RunStatus, now: datetime) -> None:
+        """A queued job's Slurm job ended between two passes (it ran and finished while
+        the service was down, or Slurm or an admin ended it): account for that run once,
+        from its runner's own record and Slurm's exit code."""
+        ref = job.backend_ref or {}
+        runner = runner_claims(JobDir(Path(job.job_dir)).state())
+        ran = runner.get("attempt_id") == ref.get("attempt_id") and runner.get("status")
+        where = f"its Slurm job {ref.get('slurm_job_id')} ended ({status.state or 'gone'})"
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is None or row.state != "queued":
+                return
+            if not ran and status.state == "CANCELLED":
+                transition(s, row, "cancelled", f"{where} before it ran: cancelled in Slurm")
+                return
+            transition(s, row, "starting", f"{where} while the service was not looking")
+        fresh = self.jobs.row(job.id)
+        if fresh is not None:
+            code = status.exit_code if ran else None
+            self.scheduler._finished(fresh, RunStatus(False, code), runner, now, ended=True)
 
     def _placed(self, job: JobRow, status: RunStatus, now: datetime) -> None:
         """Slurm started ``job`` on ``status.node``: hold its slices there in the ledger."""
@@ -166,27 +230,36 @@ class DelegatedPass:
                 # which run of the Slurm job this is: a requeued job is the same job again
                 ref = {**(row.backend_ref or {}), "node": node, "run": restarts}
                 ref.pop("preempted_by", None)  # that preemption is over
+                ref["unrecorded"] = bool(why)  # then the mirror holds it as Slurm's
                 row.backend_ref = ref
         if row is None:
             self.jobs.release([g["id"] for g in got], f"job {job.id} no longer queued")
 
-    def _submit(self, job: JobRow) -> None:
+    def _submit(self, job: JobRow, now: datetime) -> None:
         try:
             account = self.jobs.account(job.user)
         except AccountError as e:
             self.scheduler._fail(job, str(e), [])
             return
+        profile = self.jobs.ledger.profiles.get(job.profile)
+        if profile is None:
+            self.scheduler._fail(job, f"profile {job.profile} no longer exists", [])
+            return
+        backend = cast(QueueingBackend, self.jobs.backend)
+        old = job.backend_ref or {}
+        if old.get("unsure"):
+            # the last sbatch timed out: Slurm may have queued it all the same
+            found = backend.find(job.id, account)
+            if found:
+                self._submitted(job, {**old, "slurm_job_id": found, "unsure": False})
+                return
         # names this submission: Slurm runs the same script again after a requeue, so every
         # run of it has this id, and a state.json of an earlier submission is never this one's
         attempt = secrets.token_hex(8)
         env = self.scheduler._env(job, [], account)
         env[ATTEMPT_ID] = attempt
-        profile = self.jobs.ledger.profiles.get(job.profile)
-        if profile is None:
-            self.scheduler._fail(job, f"profile {job.profile} no longer exists", [])
-            return
         try:
-            ref = cast(QueueingBackend, self.jobs.backend).submit(
+            ref = backend.submit(
                 job.id,
                 job.job_dir,
                 env,
@@ -196,9 +269,19 @@ class DelegatedPass:
                 account=account,
                 attempt=attempt,
             )
-        except Exception as e:
-            self.scheduler._fail(job, f"Slurm refused the job: {e}", [])
+        except subprocess.TimeoutExpired:
+            self._retry(job, {"attempt_id": attempt, "unsure": True}, "sbatch timed out", now)
             return
+        except Exception as e:
+            message = str(e)
+            if any(word in message for word in PERMANENT):
+                self.scheduler._fail(job, f"Slurm refused the job: {message}", [])
+            else:  # a limit (MaxSubmitJobs), slurmctld busy or restarting: try again later
+                self._retry(job, {}, f"Slurm refused the submission: {message}", now)
+            return
+        self._submitted(job, ref)
+
+    def _submitted(self, job: JobRow, ref: dict[str, Any]) -> None:
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is not None and row.state == "queued":
@@ -208,6 +291,22 @@ class DelegatedPass:
                 return
         # cancelled while it was being submitted
         self.jobs.backend.kill(ref)
+
+    def _retry(self, job: JobRow, ref: dict[str, Any], why: str, now: datetime) -> None:
+        """Submit again later, with the crash backoff (doubling, bounded)."""
+        tries = int((job.backend_ref or {}).get("submit_tries", 0)) + 1
+        delay = min(self.jobs.restart_backoff * 2 ** (tries - 1), self.jobs.restart_backoff_max)
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None and row.state == "queued":
+                row.backend_ref = {**ref, "submit_tries": tries}
+                row.not_before = now + timedelta(seconds=delay)
+                row.waiting_reason = f"{why}; trying again in {delay:g} s"[:1024]
+
+
+def _current(ref: dict[str, Any] | None) -> bool:
+    """Whether ``ref`` names a Slurm job the service has not accounted the end of."""
+    return bool(ref and ref.get("slurm_job_id") and not ref.get("ended"))
 
 
 def _same_run(job: Any, status: RunStatus) -> bool:

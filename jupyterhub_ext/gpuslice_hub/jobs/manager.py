@@ -419,19 +419,17 @@ class JobManager(LoggingConfigurable):
 
     def slurm_jobs_accounted(self) -> set[str]:
         """The Slurm ids of the jobs whose GPUs the job pass accounts for itself (Slurm
-        schedules them): recorded in the ledger where Slurm runs them, or handed to an
-        interactive server that Slurm preempts them for. The mirror of Slurm's holdings
-        leaves these out, so a job whose slice went to a server is never taken, while Slurm
-        still runs it, for a foreign job."""
+        schedules them): every unfinished job's, but one the ledger could not record where
+        Slurm runs it. The mirror of Slurm's holdings leaves these out, so neither a job
+        Slurm has just started (before the pass records it) nor one whose slice went to a
+        server (while Slurm still runs it) is taken for a foreign job."""
         with self.db.reading() as s:
-            rows = s.execute(
-                select(JobRow.backend_ref, JobRow.allocation_ids).where(JobRow.state.in_(ACTIVE))
-            ).all()
-        return {
-            str(ref["slurm_job_id"])
-            for ref, allocs in rows
-            if ref and ref.get("slurm_job_id") and (allocs or ref.get("preempted_by") == "slurm")
-        }
+            refs = s.scalars(select(JobRow.backend_ref).where(JobRow.state.not_in(TERMINAL)))
+            return {
+                str(ref["slurm_job_id"])
+                for ref in refs
+                if ref and ref.get("slurm_job_id") and not ref.get("unrecorded")
+            }
 
     # -- cancel and preempt --------------------------------------------------------------
 

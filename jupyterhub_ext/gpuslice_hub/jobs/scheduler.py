@@ -103,11 +103,16 @@ class Scheduler:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
         self._expire_reservations(now)
-        if not self._freed_for_a_server() and self._queue_may_move(now):
-            self._start_queued(now)
+        if not self._freed_for_a_server():
+            marker = self._queue_may_move(now)
+            if marker is not None:
+                self._start_queued(now)
+                # only once the pass went through: one that failed is tried again
+                self._marker, self._full_at = marker, now
 
-    def _queue_may_move(self, now: datetime) -> bool:
-        """Whether trying the queue again could start or preempt anything: only after a
+    def _queue_may_move(self, now: datetime) -> tuple[Any, ...] | None:
+        """The state to try the queue against, or None when trying it again could start or
+        preempt nothing. It could only after a
         change (a slice given back or taken, an admin's setting, a job submitted, finished
         or requeued: each writes an event or a job transition), when a backoff ends, and at
         least every ``FULL_PASS_SECONDS``. A pass over a queue nothing changed for decides
@@ -122,10 +127,9 @@ class Scheduler:
         due = self._next_due is not None and now >= self._next_due
         stale = self._full_at is None or (now - self._full_at).total_seconds() >= FULL_PASS_SECONDS
         if marker == self._marker and not due and not stale:
-            return False
+            return None
         # read before the pass: what it writes itself makes the next pass look again
-        self._marker, self._full_at = marker, now
-        return True
+        return marker
 
     # -- running jobs ---------------------------------------------------------------------
 
@@ -213,8 +217,18 @@ class Scheduler:
         return runner.get("status") == status and runner.get("attempt_id") == attempt
 
     def _finished(
-        self, job: JobRow, status: RunStatus, runner: dict[str, Any], now: datetime
+        self,
+        job: JobRow,
+        status: RunStatus,
+        runner: dict[str, Any],
+        now: datetime,
+        outside: str = "",
+        ended: bool = False,
     ) -> None:
+        """The run stopped: the job completed, failed, or goes back to the queue.
+        ``outside``: the backend requeued the run itself (Slurm: a preemption, a node
+        failure), which is no crash of the runner. ``ended``: the backend's own job is over
+        (Slurm): a job put back in the queue is handed to the backend afresh."""
         code = status.exit_code
         attempt = self._attempt_seconds(job, now)
         with self.jobs.db.writing() as s:
@@ -229,19 +243,27 @@ class Scheduler:
             elif code == EXIT_FAILED:
                 row.error = str(runner.get("error") or "the runner exited with status 1")
                 transition(s, row, "failed", row.error)
-            elif code == EXIT_PREEMPTED or row.state == "preempting":
-                self._requeue_preempted(s, row, runner, now, code)
+            elif code == EXIT_PREEMPTED or row.state == "preempting" or outside:
+                self._requeue_preempted(s, row, runner, now, code, outside)
             else:
                 self._requeue_crashed(s, row, runner, now, code)
+            if ended and row.state == "queued":
+                row.backend_ref = {**(row.backend_ref or {}), "ended": True}
         self.jobs.release(allocs, f"job {job.id} stopped")
         self.jobs.wake.set()
 
     def _requeue_preempted(
-        self, s: Any, row: JobRow, runner: dict[str, Any], now: datetime, code: int | None
+        self,
+        s: Any,
+        row: JobRow,
+        runner: dict[str, Any],
+        now: datetime,
+        code: int | None,
+        outside: str = "",
     ) -> None:
         if row.state != "preempting":
             # preempted from outside (Slurm, an admin's kill -TERM): record it the same way
-            transition(s, row, "preempting", "the runner was signalled by its backend")
+            transition(s, row, "preempting", outside or "the runner was signalled by its backend")
             row.preemptions += 1
         if code == EXIT_PREEMPTED:
             # the runner's own figure, but never more than this attempt ran
@@ -249,7 +271,7 @@ class Scheduler:
             how = "checkpointed and exited"
         else:
             lost = self._unsaved(row, runner, now)
-            how = "killed after the grace period"
+            how = "stopped without a checkpoint" if outside else "killed after the grace period"
         row.lost_work_seconds += lost
         transition(s, row, "preempted", f"{how}; {lost:.1f}s of work to redo")
         row.restarts += 1

@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig
+from gpuslice_spawner.launchers.slurm import SlurmGres
 from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from ..errors import ConfigError
+from ..profiles import Profile
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend
 from .backends.slurm import SlurmBackend
@@ -42,6 +44,8 @@ def start_jobs(app: GPUSliceService) -> JobManager:
             gres=SlurmGresConfig(parent=app).value(),
             submit_prefix=manager.slurm_submit_prefix or None,
         )
+        for problem in slurm_model_gaps(app.ledger.profiles, manager.backend.gres):
+            app.log.warning("%s", problem)
     elif app.job_backend == "kubernetes":
         manager.backend = kubernetes_backend(app, manager)
     elif manager.runner_python:
@@ -50,6 +54,25 @@ def start_jobs(app: GPUSliceService) -> JobManager:
     scheduler = Scheduler(manager, simulated=bool(app.inventory and app.inventory.simulated))
     manager.task = asyncio.ensure_future(scheduler.run_forever())
     return manager
+
+
+def slurm_model_gaps(profiles: Mapping[str, Profile], gres: SlurmGres) -> list[str]:
+    """Profiles whose GPU models a Slurm batch job cannot ask for: their jobs ask for shards
+    or untyped GPUs, and Slurm may run them on any model (the ledger then cannot record
+    them there, and the mirror of Slurm's holdings holds the GPU instead)."""
+    gaps = []
+    for profile in profiles.values():
+        if not profile.models or profile.kind == "mig":
+            continue
+        typed = profile.kind == "gpu" and len(profile.models) == 1
+        if not (typed and profile.models[0] in gres.gpu_types):
+            gaps.append(
+                f"profile {profile.name}: its batch jobs cannot ask Slurm for "
+                f"{', '.join(profile.models)} only (a {profile.kind} gres has no model"
+                + ("" if profile.kind == "share" else " unless one model maps to a gres type")
+                + "): Slurm may run them on other GPUs"
+            )
+    return gaps
 
 
 def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:

@@ -25,6 +25,7 @@ class RunStatus:
     priority: int | None = None  # the backend's priority of a waiting run (higher: sooner)
     restarts: int | None = None  # how often the backend has requeued the run (Slurm)
     completing: bool = False  # ending on ``node`` (a run that ended, never a new one)
+    state: str = ""  # the backend's word for it (Slurm: PENDING, CANCELLED, ...), for messages
 
 
 class Backend(Protocol):
@@ -82,3 +83,7 @@ class QueueingBackend(Backend, Protocol):
     ) -> dict[str, Any]:
         """Queue the runner as ``account`` with exactly the environment ``env``, asking for
         ``slices`` slices of ``profile``; returns the reference stored in the job row."""
+
+    def find(self, job_id: int, account: Account) -> str:
+        """The id of a run of ``job_id`` the backend queued although submitting it seemed
+        to fail (a timeout), or ""."""

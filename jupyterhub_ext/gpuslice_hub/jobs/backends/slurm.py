@@ -102,8 +102,8 @@ ALIVE = {
     "RESIZING",
     "SIGNALING",
     "STAGE_OUT",
-    "PREEMPTED",
 }
+# (PREEMPTED is final: a job Slurm requeues after a preemption is PENDING again)
 
 
 def batch_script(
@@ -269,13 +269,33 @@ class SlurmBackend:
         # 189 ms, the whole queue without the filter 32 ms. Past a few hundred ids, read the
         # whole queue and pick ours out.
         wanted = [f"--jobs={','.join(job_ids)}"] if len(job_ids) <= FILTER_MAX else []
-        out = self._run(
-            "squeue", "--all", "--noheader", "--states=all", *wanted, f"--Format={fields}"
-        )
+        argv = ["squeue", "--all", "--noheader", "--states=all", f"--Format={fields}"]
+        try:
+            out = self._run(*argv, *wanted)
+        except RuntimeError as e:
+            # one id slurmctld no longer knows (MinJobAge) fails the filtered query as a
+            # whole ("Invalid job id specified"): read the queue and pick ours out
+            if not wanted or "Invalid job id" not in str(e):
+                raise
+            wanted = []
+            out = self._run(*argv)
         records = parse_records(out)
         if not wanted:
             records = {i: records[i] for i in job_ids if i in records}
         return records
+
+    def find(self, job_id: int, account: Account) -> str:
+        """A Slurm job of ``job_id`` (its name, as submitted by its owner), or ""."""
+        out = self._run(
+            "squeue",
+            "--noheader",
+            "--states=all",
+            f"--name=gpuslice-{job_id}",
+            f"--user={account.name}",
+            "--Format=JobID:|",
+        )
+        ids = [line.split(SEP)[0].strip() for line in out.splitlines() if line.strip()]
+        return ids[-1] if ids else ""
 
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         return self.poll_many([ref])[0]
@@ -293,7 +313,7 @@ class SlurmBackend:
             return RunStatus(False, EXIT_BY_STATUS.get(status))
         state = str(record.get("job_state", "")).upper()
         if state not in ALIVE:
-            return RunStatus(False, exit_code(record.get("exit_code")))
+            return RunStatus(False, exit_code(record.get("exit_code")), state=state)
         restarts = record.get("restart_cnt")
         restarts = restarts if isinstance(restarts, int) else None
         if state in HOLDING_STATES or state == "COMPLETING":
@@ -304,6 +324,7 @@ class SlurmBackend:
                 node=nodes[0] if nodes else "",
                 restarts=restarts,
                 completing=state == "COMPLETING",
+                state=state,
             )
         reason = str(record.get("state_reason") or "")
         if reason == "BeginTime":
@@ -320,6 +341,7 @@ class SlurmBackend:
             waiting=f"{state.lower()} in Slurm ({reason or 'no reason given'})",
             priority=priority if isinstance(priority, int) else None,
             restarts=restarts,
+            state=state,
         )
 
     def release_requeued(self, ref: dict[str, Any]) -> None:
