@@ -375,7 +375,9 @@ def test_one_forgotten_slurm_job_does_not_stop_the_pass(tmp_path):
     slurm.set(sid(jobs, b), "RUNNING", nodes="n2")
     jobs.cancel(b, "alice")  # only a is left to ask about: squeue is given one id
     scheduler.tick()
-    assert row(jobs, a).state in ("queued", "starting")  # accounted for, not stuck
+    # accounted for, not stuck: no word from its runner, so a crash, submitted again later
+    job = row(jobs, a)
+    assert job.state == "queued" and job.not_before is not None and job.backend_ref["ended"]
     assert any("--jobs=" not in " ".join(cmd) for cmd in slurm.commands if cmd[0] == "squeue")
 
 
@@ -467,3 +469,21 @@ def test_profiles_whose_models_slurm_cannot_ask_for_are_said_at_start():
     gaps = slurm_model_gaps(profiles, SlurmGres(gpu_types={A100: "a100"}))
     assert [g.split(":")[0] for g in gaps] == ["profile either", "profile quarter"]
     assert "Slurm may run them on other GPUs" in gaps[0]
+
+
+def test_a_requeued_job_cancelled_in_slurm_is_cancelled_not_taken_for_completed(tmp_path):
+    _, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1")
+    scheduler.tick()
+    state_json(jobs, a, status="preempted", lost_work_seconds=1.0)
+    slurm.set(sid(jobs, a), "PENDING", nodes="", restart_cnt=1, state_reason="Resources")
+    scheduler.tick()
+    assert row(jobs, a).state == "queued"
+    # an admin scancels it while it waits; Slurm reports exit code 0 for that
+    slurm.set(sid(jobs, a), "CANCELLED", exit_code=0)
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "cancelled" and "cancelled in Slurm" in job.transitions[-1].reason
+    assert len(slurm.scripts) == 1

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import select
 
 from gpuslice.run.jobdir import JobDir
-from gpuslice.vocab import EXIT_PREEMPTED
+from gpuslice.vocab import EXIT_BY_STATUS, EXIT_PREEMPTED
 
 from ..db.jobs_models import JobRow
 from ..errors import Refused
@@ -167,19 +167,21 @@ class DelegatedPass:
         from its runner's own record and Slurm's exit code."""
         ref = job.backend_ref or {}
         runner = runner_claims(JobDir(Path(job.job_dir)).state())
-        ran = runner.get("attempt_id") == ref.get("attempt_id") and runner.get("status")
+        # what this submission's runner said last (Slurm's exit code of a cancelled job
+        # says nothing): completed, failed, preempted by an earlier run, or nothing
+        said = runner.get("status") if runner.get("attempt_id") == ref.get("attempt_id") else None
         where = f"its Slurm job {ref.get('slurm_job_id')} ended ({status.state or 'gone'})"
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "queued":
                 return
-            if not ran and status.state == "CANCELLED":
-                transition(s, row, "cancelled", f"{where} before it ran: cancelled in Slurm")
+            if said not in ("completed", "failed") and status.state == "CANCELLED":
+                transition(s, row, "cancelled", f"{where}: cancelled in Slurm")
                 return
             transition(s, row, "starting", f"{where} while the service was not looking")
         fresh = self.jobs.row(job.id)
         if fresh is not None:
-            code = status.exit_code if ran else None
+            code = EXIT_BY_STATUS.get(str(said)) if said else None
             self.scheduler._finished(fresh, RunStatus(False, code), runner, now, ended=True)
 
     def _placed(self, job: JobRow, status: RunStatus, now: datetime) -> None:

@@ -451,8 +451,8 @@ class JobManager(LoggingConfigurable):
             job.allocation_ids = []
         if was_active:
             self.backend.kill(ref)
-        elif self.delegated and ref.get("slurm_job_id"):
-            # waiting in Slurm's queue (or its last run already ended there)
+        elif self.delegated and ref.get("slurm_job_id") and not ref.get("ended"):
+            # waiting in Slurm's queue (or ended there since the last pass)
             try:
                 self.backend.kill(ref)
             except Exception as e:

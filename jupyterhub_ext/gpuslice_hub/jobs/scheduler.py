@@ -112,11 +112,11 @@ class Scheduler:
 
     def _queue_may_move(self, now: datetime) -> tuple[Any, ...] | None:
         """The state to try the queue against, or None when trying it again could start or
-        preempt nothing. It could only after a
-        change (a slice given back or taken, an admin's setting, a job submitted, finished
-        or requeued: each writes an event or a job transition), when a backoff ends, and at
-        least every ``FULL_PASS_SECONDS``. A pass over a queue nothing changed for decides
-        what the last one did, at the cost of reading and ordering the whole queue."""
+        preempt nothing. It can only after a change (a slice given back or taken, an admin's
+        setting, a job submitted, finished or requeued: each writes an event or a job
+        transition), when a backoff ends, and it is tried at least every
+        ``FULL_PASS_SECONDS``. A pass over a queue nothing changed for decides what the last
+        one did, at the cost of reading and ordering the whole queue."""
         with self.jobs.db.reading() as s:
             conn = s.connection()
             marker = (
@@ -135,17 +135,6 @@ class Scheduler:
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         runner = runner_claims(JobDir(Path(job.job_dir)).state())
-        requeued = getattr(self.jobs.backend, "requeues_itself", False)
-        if (
-            status.alive
-            and requeued
-            and runner.get("status") == "preempted"
-            and job.state != "starting"
-        ):
-            # The backend preempted and requeued the run itself (Slurm PreemptMode=REQUEUE):
-            # the runner has checkpointed; give the slices back until it runs again.
-            self._finished(job, RunStatus(False, EXIT_PREEMPTED), runner, now)
-            return
         if status.alive:
             self._progress(job, runner, now)
             self._report_usage(job, runner)

@@ -71,7 +71,6 @@ class KubernetesBackend:
     name = "kubernetes"
     # gpuslice's preemption ends the Job (the scheduler requeues it); the cluster's own
     # disruptions are retried by the Job itself on the same node, holding the same slices
-    requeues_itself = False
 
     def __init__(
         self,

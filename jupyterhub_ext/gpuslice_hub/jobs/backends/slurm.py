@@ -4,8 +4,8 @@ A job is handed to Slurm when it is submitted (``sbatch --requeue``, the profile
 ``--gres`` times its slices, its priority class's partition and QOS, a warning signal
 before the time limit, output appended across restarts). Slurm's queue is the queue: its
 priorities, fairshare, limits, backfill and accounting decide when and where it runs; the
-service reads every job's state with one ``squeue --json`` per pass, and the ledger records
-the slice where Slurm runs it (:class:`~gpuslice_hub.jobs.scheduler.Scheduler`).
+service reads every job's state with one ``squeue`` per pass (:meth:`SlurmBackend.records`),
+and the ledger records the slice where Slurm runs it (:mod:`gpuslice_hub.jobs.delegated`).
 
 When Slurm preempts the job (``PreemptMode=REQUEUE``, e.g. for an interactive server in a
 higher-priority partition or QOS) it sends SIGTERM to the batch script — which *is* the
@@ -170,11 +170,8 @@ def profile_sbatch_options(profile: Profile, slices: int, gres: SlurmGres) -> li
 
 class SlurmBackend:
     name = "slurm"
-    # Slurm preempts and requeues a job itself (PreemptMode=REQUEUE): a runner that says it
-    # was preempted while Slurm still lists the job is waiting to run again.
-    requeues_itself = True
-    # Slurm queues, orders and places the jobs: the scheduler submits them at once and
-    # records where Slurm runs them (RunStatus.node).
+    # Slurm queues, orders, places, preempts and requeues the jobs: the scheduler submits
+    # them at once and records where Slurm runs them (RunStatus.node; delegated.py).
     schedules_itself = True
 
     def __init__(
