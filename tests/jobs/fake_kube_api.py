@@ -1,36 +1,53 @@
-"""A stand-in for the Kubernetes API's batch/v1 Jobs endpoints, on a local port.
+"""A stand-in for the Kubernetes API's Jobs, pods and nodes endpoints, on a local port.
 
-No cluster can run here. This answers the calls the Kubernetes job backend makes (create,
-list by label, delete) with objects in the API's shapes (``JobList``, ``Job``, ``Status``)
+No cluster can run here. This answers the calls the service makes (Jobs: create, list by
+label, delete; pods: list in a namespace by label, list in all namespaces; nodes: list) with
+objects in the API's shapes (``JobList``, ``Job``, ``PodList``, ``NodeList``, ``Status``)
 and checks every manifest it is sent against the Kubernetes schemas, so the client's real
 HTTP requests and its parsing of real-shaped answers are what the tests exercise. The test
-plays the cluster: it sets a Job's status (running, complete, failed) and finishes a
-foreground deletion (the pod is gone).
+plays the cluster's controllers: the scheduler binds a Job's pod to a node or leaves it
+pending with the scheduler's message, a preemption marks the pod a disruption target and
+the Job makes a new one, Kueue admits a suspended Job, a foreground deletion finishes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+_CLOCK = itertools.count()
+
 
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # strictly increasing (the API's timestamps have seconds; objects made in one second
+    # would otherwise tie)
+    stamp = datetime.now(UTC) + timedelta(seconds=next(_CLOCK))
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def matches(labels: dict[str, str], selector: str) -> bool:
+    """An equality-based label selector ("a=b,c=d"), as the API server applies it."""
+    wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
+    return all(labels.get(k) == v for k, v in wanted.items())
 
 
 @dataclass
 class FakeCluster:
     namespace: str = "gpuslice"
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> pod (any namespace)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    priorities: dict[str, int] = field(default_factory=dict)  # PriorityClass -> value
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     validate: Any = None  # manifest -> None, raising when the schema refuses it
@@ -51,6 +68,111 @@ class FakeCluster:
     def pod_gone(self, name: str) -> None:
         """A foreground deletion completes once the pod is gone."""
         del self.jobs[name]
+        for pod in self.pods_of(name):
+            del self.pods[pod["metadata"]["name"]]
+
+    # -- pods: the Job controller, the scheduler, preemption, Kueue ---------------------
+    def pods_of(self, job: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods.values() if p["metadata"]["labels"].get("job-name") == job]
+
+    def make_pod(self, job: str) -> dict[str, Any]:
+        """The Job controller's next pod of ``job``, pending until the scheduler binds it."""
+        manifest = self.jobs[job]
+        template = manifest["spec"]["template"]
+        name = f"{job}-{uuid.uuid4().hex[:5]}"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": manifest["metadata"]["namespace"],
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": now(),
+                "labels": {
+                    **template["metadata"]["labels"],
+                    "job-name": job,
+                    "batch.kubernetes.io/job-name": job,
+                },
+            },
+            "spec": {**template["spec"], "priority": self.priority_of(template["spec"])},
+            "status": {"phase": "Pending"},
+        }
+        self.pods[name] = pod
+        return pod
+
+    def priority_of(self, spec: dict[str, Any]) -> int:
+        return self.priorities.get(spec.get("priorityClassName", ""), 0)
+
+    def current_pod(self, job: str) -> dict[str, Any]:
+        live = [
+            p
+            for p in self.pods_of(job)
+            if p["status"]["phase"] in ("Pending", "Running")
+            and "deletionTimestamp" not in p["metadata"]
+        ]
+        return live[-1] if live else self.make_pod(job)
+
+    def unschedulable(self, job: str, message: str) -> None:
+        pod = self.current_pod(job)
+        pod["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": now(),
+            }
+        ]
+
+    def bind(self, job: str, node: str) -> None:
+        """The scheduler places the Job's pod on ``node``, and it runs."""
+        pod = self.current_pod(job)
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Running", "startTime": now()}
+        self.jobs[job]["status"] = {"active": 1, "ready": 1, "startTime": now()}
+
+    def disrupt(self, job: str) -> str:
+        """The scheduler preempts (or a drain evicts) the Job's running pod: it is being
+        deleted with the DisruptionTarget condition, and the Job controller (its
+        podFailurePolicy ignores disruptions) makes the next pod at once. Returns the
+        disrupted pod's name."""
+        pod = self.current_pod(job)
+        pod["metadata"]["deletionTimestamp"] = now()
+        pod["status"].setdefault("conditions", []).append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "PreemptionByScheduler",
+                "lastTransitionTime": now(),
+            }
+        )
+        self.make_pod(job)
+        return pod["metadata"]["name"]
+
+    def terminated(self, pod: str, code: int) -> None:
+        """The kubelet reports the pod's container ended with ``code``."""
+        self.pods[pod]["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+
+    def admit(self, job: str) -> None:
+        """Kueue admits a suspended Job."""
+        self.jobs[job]["spec"]["suspend"] = False
+
+    def foreign_pod(
+        self, namespace: str, name: str, node: str, limits: dict[str, str], phase: str = "Running"
+    ) -> None:
+        """A pod that did not come through gpuslice (another team's workload)."""
+        self.pods[name] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {"name": "main", "image": "trainer", "resources": {"limits": limits}}
+                ],
+            },
+            "status": {"phase": phase},
+        }
 
 
 class _Base(web.RequestHandler):
@@ -115,12 +237,11 @@ class JobsHandler(_Base):
 
     def get(self, namespace: str) -> None:
         selector = self.get_query_argument("labelSelector", "")
-        wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
         items = [
             job
             for job in self.cluster.jobs.values()
             if job["metadata"]["namespace"] == namespace
-            and all(job["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
+            and matches(job["metadata"].get("labels", {}), selector)
         ]
         self.reply(
             200,
@@ -129,6 +250,58 @@ class JobsHandler(_Base):
                 "apiVersion": "batch/v1",
                 "metadata": {"resourceVersion": "2"},
                 "items": items,
+            },
+        )
+
+
+class PodsHandler(_Base):
+    def get(self, namespace: str | None = None) -> None:
+        selector = self.get_query_argument("labelSelector", "")
+        fields = self.get_query_argument("fieldSelector", "")
+        items = [
+            pod
+            for pod in self.cluster.pods.values()
+            if namespace in (None, pod["metadata"]["namespace"])
+            and matches(pod["metadata"].get("labels", {}), selector)
+            and _fields_match(pod, fields)
+        ]
+        self.reply(
+            200,
+            {
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": "3"},
+                "items": items,
+            },
+        )
+
+
+def _fields_match(pod: dict[str, Any], selector: str) -> bool:
+    """The pod field selectors the API server supports that the service uses:
+    ``spec.nodeName`` and ``status.phase``, with = and !=."""
+    values = {
+        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "status.phase": pod["status"]["phase"],
+    }
+    for part in (p for p in selector.split(",") if p):
+        negate = "!=" in part
+        key, value = part.split("!=" if negate else "=", 1)
+        if key not in values:
+            raise ValueError(f"field selector {key} is not supported")
+        if (values[key] == value) == negate:
+            return False
+    return True
+
+
+class NodesHandler(_Base):
+    def get(self) -> None:
+        self.reply(
+            200,
+            {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": "4"},
+                "items": self.cluster.nodes,
             },
         )
 
@@ -142,6 +315,8 @@ class JobHandler(_Base):
         # foreground: the Job stays, marked, until its pod is gone (FakeCluster.pod_gone)
         job["metadata"]["deletionTimestamp"] = now()
         job["metadata"]["finalizers"] = ["foregroundDeletion"]
+        for pod in self.cluster.pods_of(name):  # the garbage collector deletes them first
+            pod["metadata"].setdefault("deletionTimestamp", now())
         self.reply(200, job)
 
 
@@ -159,6 +334,9 @@ def start_fake_api(cluster: FakeCluster) -> tuple[FakeCluster, Any]:
             [
                 (r"/apis/batch/v1/namespaces/([^/]+)/jobs", JobsHandler),
                 (r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", JobHandler),
+                (r"/api/v1/namespaces/([^/]+)/pods", PodsHandler),
+                (r"/api/v1/pods", PodsHandler),
+                (r"/api/v1/nodes", NodesHandler),
             ],
             cluster=cluster,
         )

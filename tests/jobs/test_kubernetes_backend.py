@@ -1,7 +1,8 @@
 """The Kubernetes job backend's API calls (kubernetes_asyncio over real HTTP) against a
-stand-in for the API server (``fake_kube_api``): what it creates, how it reads a Job's
-state, how it preempts and kills. No cluster runs here; the manifests it sends are checked
-against the Kubernetes schemas by the stand-in."""
+stand-in for the API server (``fake_kube_api``): what it creates when a job is submitted, how
+it reads where the cluster runs each job (or why it waits), how it preempts and kills. No
+cluster runs here; the manifests it sends are checked against the Kubernetes schemas by the
+stand-in."""
 
 from __future__ import annotations
 
@@ -21,20 +22,31 @@ from tests.harness.engines import need_module
 need_module("kubernetes_asyncio")
 
 from gpuslice_hub.jobs.accounts import Account  # noqa: E402
+from gpuslice_hub.jobs.backends.base import SubmitRefused  # noqa: E402
+from gpuslice_hub.jobs.backends.kubernetes import priority_classes  # noqa: E402
 from gpuslice_hub.jobs.backends.kubernetes_client import (  # noqa: E402
     KubernetesBackend,
     api_configuration,
 )
+from gpuslice_hub.profiles import parse_profiles  # noqa: E402
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources  # noqa: E402
 from tests.jobs.fake_kube_api import FakeCluster, start_fake_api  # noqa: E402
-from tests.jobs.test_kubernetes_manifests import grant, validate  # noqa: E402
+from tests.jobs.test_kubernetes_manifests import A100, validate  # noqa: E402
 
 OWNER = Account("ann", 1234, 1234, (1234, 2000), "/home/ann", "/bin/bash")
+PROFILES = parse_profiles(
+    [
+        {"name": "mig-1g", "kind": "mig", "mig_profile": "1g.10gb"},
+        {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+        {"name": "a100", "kind": "gpu", "count": 1, "models": [A100]},
+    ]
+)
+CLASS_VALUES = {c["metadata"]["name"]: c["value"] for c in priority_classes()}
 
 
 @pytest.fixture
 def cluster() -> Iterator[FakeCluster]:
-    fake, stop = start_fake_api(FakeCluster(validate=validate))
+    fake, stop = start_fake_api(FakeCluster(validate=validate, priorities=CLASS_VALUES))
     yield fake
     stop()
 
@@ -50,8 +62,15 @@ def backend(cluster: FakeCluster, **kw: Any) -> KubernetesBackend:
     )
 
 
-def start(
-    b: KubernetesBackend, tmp_path: Path, job_id: int = 7, attempt: str = "a1b2c3d4e5"
+def submit(
+    b: KubernetesBackend,
+    tmp_path: Path,
+    job_id: int = 7,
+    attempt: str = "a1b2c3d4e5",
+    profile: str = "share-250",
+    slices: int = 1,
+    priority: str = "preemptible",
+    account: Account = OWNER,
 ) -> dict:
     job_dir = tmp_path / "jobs" / str(job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -60,29 +79,36 @@ def start(
         "GPUSLICE_ATTEMPT_ID": attempt,
         "CUDA_VISIBLE_DEVICES": "GPU-1",
     }
-    return b.start(job_id, str(job_dir), env, [grant("share", milli=250)], "preemptible", {}, OWNER)
+    return b.submit(
+        job_id, str(job_dir), env, PROFILES[profile], slices, priority, account, attempt
+    )
 
 
 def runner_says(ref: dict, status: str) -> None:
     Path(ref["job_dir"], "state.json").write_text(json.dumps({"status": status}))
 
 
-def test_a_job_is_created_as_its_owner_holding_the_grant(cluster: FakeCluster, tmp_path: Path):
+def test_a_job_is_created_when_submitted_as_its_owner_asking_for_its_profile_anywhere(
+    cluster: FakeCluster, tmp_path: Path
+):
     b = backend(cluster, grace_seconds=90)
-    ref = start(b, tmp_path)
+    ref = submit(b, tmp_path)
     (create,) = [r for r in cluster.requests if r["method"] == "POST"]
     assert create["path"] == "/apis/batch/v1/namespaces/gpuslice/jobs"
     job = create["body"]  # checked against the schemas by the stand-in
     assert job["metadata"]["name"] == ref["k8s_job"] == "gpuslice-job-7-a1b2c3d4"
+    assert job["metadata"]["labels"]["gpuslice.dev/attempt"] == "a1b2c3d4"
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    # the servers' translation of the grant: HAMi share with its cap, on the granted node
+    # the servers' translation of a slice of the profile: a HAMi share with its cap
     assert container["resources"]["limits"] == {
         "nvidia.com/gpu": "1",
         "nvidia.com/gpucores": "25",
         "nvidia.com/gpumem": "20480",
     }
-    assert pod["nodeSelector"]["kubernetes.io/hostname"] == "gpu-node-1"
+    # on no particular node: the cluster's scheduler chooses
+    assert "nodeSelector" not in pod
+    assert "suspend" not in job["spec"]  # no Kueue configured
     assert pod["securityContext"]["runAsUser"] == 1234
     assert pod["securityContext"]["supplementalGroups"] == [1234, 2000]
     assert pod["terminationGracePeriodSeconds"] == 90
@@ -95,43 +121,107 @@ def test_a_job_is_created_as_its_owner_holding_the_grant(cluster: FakeCluster, t
     assert job["spec"]["backoffLimit"] == 0  # gpuslice counts restarts itself
 
 
-def test_one_list_call_tells_every_runs_state(cluster: FakeCluster, tmp_path: Path):
+def test_slices_of_a_profile_sum_and_a_one_model_profile_selects_its_gpu_product(
+    cluster: FakeCluster, tmp_path: Path
+):
     b = backend(cluster)
-    running = start(b, tmp_path, 1)
-    done = start(b, tmp_path, 2)
-    failed = start(b, tmp_path, 3)
-    pending = start(b, tmp_path, 4)
-    cluster.run(running["k8s_job"])
+    submit(b, tmp_path, 1, profile="mig-1g", slices=3, priority="normal")
+    submit(b, tmp_path, 2, attempt="ffff0000", profile="a100", slices=2, priority="high")
+    mig, whole = (r["body"]["spec"]["template"]["spec"] for r in cluster.requests)
+    assert mig["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "3"}
+    assert "nodeSelector" not in mig and mig["priorityClassName"] == "gpuslice-normal"
+    assert whole["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert whole["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+
+def test_with_kueue_a_job_waits_suspended_in_its_class_queue_until_admitted(
+    cluster: FakeCluster, tmp_path: Path
+):
+    b = backend(cluster, kueue_queues={"preemptible": "gpu-spot"})
+    ref = submit(b, tmp_path)
+    job = cluster.jobs[ref["k8s_job"]]
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-spot"
+    status = b.poll(ref)
+    assert status.alive and not status.node
+    assert status.waiting == "waiting for Kueue to admit it (queue gpu-spot)"
+    cluster.admit(ref["k8s_job"])
+    cluster.unschedulable(ref["k8s_job"], "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    assert b.poll(ref).waiting == (
+        "pending in Kubernetes (Unschedulable: 0/3 nodes are available: 3 Insufficient "
+        "nvidia.com/gpu.)"
+    )
+
+
+def test_two_list_calls_tell_where_every_job_runs_why_it_waits_or_how_it_ended(
+    cluster: FakeCluster, tmp_path: Path
+):
+    b = backend(cluster)
+    refs = [submit(b, tmp_path, i, attempt=f"{i:08x}") for i in range(1, 7)]
+    waiting, running, done, failed, crashed, gone = refs
+    cluster.unschedulable(waiting["k8s_job"], "0/2 nodes are available")
+    cluster.bind(running["k8s_job"], "gpu-node-2")
     cluster.finish(done["k8s_job"], "Complete")
-    cluster.finish(failed["k8s_job"], "Failed")
-    runner_says(failed, "failed")
+    cluster.finish(failed["k8s_job"], "Failed")  # by the FailJob rule: a cell failed
+    cluster.finish(crashed["k8s_job"], "Failed")
+    cluster.jobs[crashed["k8s_job"]]["status"]["conditions"][0]["reason"] = "BackoffLimitExceeded"
+    runner_says(gone, "completed")
+    cluster.pod_gone(gone["k8s_job"])  # removed (ttlSecondsAfterFinished) before the pass
     before = len(cluster.requests)
-    statuses = b.poll_many([running, done, failed, pending])
+    statuses = b.poll_many(refs)
     assert [(s.alive, s.exit_code) for s in statuses] == [
+        (True, None),
         (True, None),
         (False, 0),
         (False, 1),
-        (True, None),
+        (False, None),  # killed (out of memory?): unknown, so gpuslice restarts it
+        (False, 0),  # the runner's own record
     ]
-    (listing,) = cluster.requests[before:]
-    assert listing["method"] == "GET"
-    assert listing["query"]["labelSelector"] == "app.kubernetes.io/name=gpuslice-job"
+    w, r = statuses[0], statuses[1]
+    assert w.node == "" and "0/2 nodes are available" in w.waiting
+    assert w.priority == -1000  # its pod's priority, from its class
+    pod = cluster.current_pod(running["k8s_job"])
+    assert (r.node, r.run) == ("gpu-node-2", pod["metadata"]["name"])
+    listing = cluster.requests[before:]
+    assert [(q["method"], q["path"]) for q in sorted(listing, key=lambda q: q["path"])] == [
+        ("GET", "/api/v1/namespaces/gpuslice/pods"),
+        ("GET", "/apis/batch/v1/namespaces/gpuslice/jobs"),
+    ]
+    assert {q["query"]["labelSelector"] for q in listing} == {"app.kubernetes.io/name=gpuslice-job"}
     assert b.poll_many([]) == []
+
+
+def test_a_pod_the_cluster_preempts_is_a_new_run_elsewhere_not_the_end_of_the_job(
+    cluster: FakeCluster, tmp_path: Path
+):
+    b = backend(cluster)
+    ref = submit(b, tmp_path)
+    cluster.bind(ref["k8s_job"], "gpu-node-1")
+    first = b.poll(ref)
+    old = cluster.disrupt(ref["k8s_job"])  # a higher-priority pod needs the GPU
+    # the old pod checkpoints on gpu-node-1 while the Job's next pod waits to be placed
+    status = b.poll(ref)
+    assert status.alive and status.node == "" and status.run != first.run
+    cluster.terminated(old, 75)
+    cluster.bind(ref["k8s_job"], "gpu-node-3")
+    again = b.poll(ref)
+    assert again.alive and again.node == "gpu-node-3" and again.run not in (first.run, None)
 
 
 def test_preemption_deletes_in_the_foreground_with_the_grace_and_holds_until_the_pod_is_gone(
     cluster: FakeCluster, tmp_path: Path
 ):
     b = backend(cluster, grace_seconds=75)
-    ref = start(b, tmp_path)
-    cluster.run(ref["k8s_job"])
+    ref = submit(b, tmp_path)
+    cluster.bind(ref["k8s_job"], "gpu-node-1")
     b.signal_preempt(ref)
     delete = cluster.requests[-1]
     assert delete["method"] == "DELETE"
     assert delete["path"].endswith(f"/jobs/{ref['k8s_job']}")
     assert delete["query"] == {"propagationPolicy": "Foreground", "gracePeriodSeconds": "75"}
-    # the pod is still checkpointing: the run is alive and keeps its slices
-    assert b.poll(ref).alive
+    # the pod is still checkpointing on its node: the run is alive, ending, and keeps it
+    status = b.poll(ref)
+    assert status.alive and status.completing and status.node == "gpu-node-1"
     runner_says(ref, "preempted")
     cluster.pod_gone(ref["k8s_job"])
     status = b.poll(ref)
@@ -145,24 +235,23 @@ def test_a_job_gone_without_a_word_from_its_runner_has_no_exit_code(
     cluster: FakeCluster, tmp_path: Path
 ):
     b = backend(cluster)
-    ref = start(b, tmp_path)
+    ref = submit(b, tmp_path)
     cluster.pod_gone(ref["k8s_job"])  # deleted by someone else, runner never wrote
     status = b.poll(ref)
-    assert (status.alive, status.exit_code) == (False, None)
+    assert (status.alive, status.exit_code, status.state) == (False, None, "gone")
 
 
 def test_a_job_never_runs_as_root(cluster: FakeCluster, tmp_path: Path):
     # runAsNonRoot would make the kubelet refuse the pod and the Job wait forever
     root = Account("root", 0, 0, (0,), "/root", "/bin/sh")
-    b = backend(cluster)
-    with pytest.raises(ValueError, match="never run as root"):
-        b.start(1, str(tmp_path), {}, [grant("gpu")], "normal", {}, root)
-    assert cluster.jobs == {}
+    with pytest.raises(SubmitRefused, match="never run as root") as info:
+        submit(backend(cluster), tmp_path, account=root)
+    assert info.value.permanent and cluster.jobs == {}
 
 
-def test_a_job_the_api_refuses_is_an_error_not_a_job(cluster: FakeCluster, tmp_path: Path):
-    from kubernetes_asyncio.client.exceptions import ApiException
-
+def test_a_job_the_api_refuses_is_refused_for_good_and_an_unreachable_api_for_now(
+    cluster: FakeCluster, tmp_path: Path
+):
     b = backend(cluster)
     b.image = ""
 
@@ -172,20 +261,42 @@ def test_a_job_the_api_refuses_is_an_error_not_a_job(cluster: FakeCluster, tmp_p
         validate(manifest)
 
     cluster.validate = refuse
-    with pytest.raises(ApiException) as info:
-        start(b, tmp_path)
-    assert info.value.status == 422 and "image: Required value" in str(info.value.body)
+    with pytest.raises(SubmitRefused) as info:
+        submit(b, tmp_path)
+    assert info.value.permanent and "422" in str(info.value)
+    assert "image: Required value" in str(info.value)
     assert cluster.jobs == {}
+
+    gone = KubernetesBackend(api_configuration("http://127.0.0.1:9"), "gpuslice", "i", "c")
+    with pytest.raises(SubmitRefused, match="cannot be reached") as info:
+        submit(gone, tmp_path)
+    assert not info.value.permanent  # tried again later
+
+
+def test_a_job_created_although_the_create_seemed_to_fail_is_found_by_its_label(
+    cluster: FakeCluster, tmp_path: Path
+):
+    b = backend(cluster)
+    assert b.find(7, OWNER) == ""
+    ref = submit(b, tmp_path, 7)
+    submit(b, tmp_path, 8, attempt="99999999")
+    assert b.find(7, OWNER) == ref["k8s_job"]
+    cluster.finish(ref["k8s_job"], "Failed")
+    assert b.find(7, OWNER) == ""  # an ended Job is no queued submission
+    # creating the very same Job again (a retry of one that did get through) is no error
+    assert submit(b, tmp_path, 7)["k8s_job"] == ref["k8s_job"]
 
 
 class Kubelet:
-    """Plays the cluster's nodes for the service-level test: runs each new Job's container
-    command as a local process with the Job's environment and its pod's user and groups
-    (``securityContext``), and reports the outcome the way the Job controller does
-    (``Complete``, or ``Failed`` for a non-zero exit)."""
+    """Plays the cluster's scheduler and nodes for the service-level test: binds each new
+    Job's pod to ``node``, runs its container command as a local process with the Job's
+    environment and its pod's user and groups (``securityContext``), and reports the
+    outcome the way the Job controller does (``Complete``, or ``Failed`` for a non-zero
+    exit)."""
 
-    def __init__(self, cluster: FakeCluster) -> None:
+    def __init__(self, cluster: FakeCluster, node: str) -> None:
         self.cluster = cluster
+        self.node = node
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -195,7 +306,7 @@ class Kubelet:
         while not self.stop.wait(0.2):
             for name, job in list(self.cluster.jobs.items()):
                 container = job["spec"]["template"]["spec"]["containers"][0]
-                if name not in self.procs:
+                if name not in self.procs and not job["spec"].get("suspend"):
                     env = {e["name"]: e["value"] for e in container.get("env", [])}
                     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
                     command = [sys.executable, *container["command"][1:]]
@@ -208,8 +319,8 @@ class Kubelet:
                         group=ctx["runAsGroup"],
                         extra_groups=ctx["supplementalGroups"],
                     )
-                    self.cluster.run(name)
-                elif not job["status"].get("conditions"):
+                    self.cluster.bind(name, self.node)
+                elif name in self.procs and not job["status"].get("conditions"):
                     code = self.procs[name].poll()
                     if code is not None:
                         self.cluster.finish(name, "Complete" if code == 0 else "Failed")
@@ -223,7 +334,7 @@ def test_the_service_runs_a_job_through_the_kubernetes_api_as_its_owner(
     from tests.jobs.test_jobs_hub import output_result, submit, wait_state
 
     owner = accounts[0]
-    kubelet = Kubelet(cluster)
+    kubelet = Kubelet(cluster, "node-a")
     try:
         hub = start_hub_as_owners(
             hub_factory,
@@ -247,12 +358,15 @@ def test_the_service_runs_a_job_through_the_kubernetes_api_as_its_owner(
         (name,) = cluster.jobs
         pod = cluster.jobs[name]["spec"]["template"]["spec"]
         assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+        assert "nodeSelector" not in pod  # the cluster chose the node
         # as its owner, not the service (root here)
         assert pod["securityContext"]["runAsUser"] == owner.pw_uid != 0
-        # the slice was held while the Job ran, and given back when it completed
+        # the slice was held on the node the cluster ran it on, and given back at the end
         url = f"/api/events?user={owner.pw_name}"
         events = hub.api("GET", url, hub.service_token).json()["events"]
         assert {e["kind"] for e in events} >= {"allocated", "released"}
+        history = [t["reason"] for t in job["transitions"]]
+        assert "Kubernetes started it on node-a" in history, history
     finally:
         kubelet.stop.set()
         kubelet.thread.join(5)

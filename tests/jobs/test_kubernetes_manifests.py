@@ -81,13 +81,32 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
 
 
-def test_priority_classes_only_non_preemptible_ones_preempt():
+def test_servers_preempt_preemptible_jobs_and_no_job_preempts_a_server():
     classes = {c["metadata"]["name"]: c for c in priority_classes()}
     for c in classes.values():
         validate(c)
-    assert classes["gpuslice-preemptible"]["preemptionPolicy"] == "Never"
-    assert classes["gpuslice-high"]["value"] > classes["gpuslice-normal"]["value"]
-    assert classes["gpuslice-normal"]["value"] > classes["gpuslice-preemptible"]["value"]
+    # a pod preempts only pods of a lower value; servers and the cluster's other pods have
+    # the default priority, 0
+    server = 0
+    preemptible = classes["gpuslice-preemptible"]
+    assert preemptible["value"] < server and preemptible["preemptionPolicy"] == "Never"
+    for name in ("gpuslice-normal", "gpuslice-high"):
+        assert classes[name]["value"] == server  # never above a server
+        assert classes[name]["value"] > preemptible["value"]  # but above preemptible jobs
+        assert classes[name]["preemptionPolicy"] == "PreemptLowerPriority"
+    assert not any(c["globalDefault"] for c in classes.values())
+
+
+def test_a_kueue_job_is_created_suspended_in_its_queue_and_names_are_checked():
+    job = job_manifest(
+        3, "ann", "normal", "img", "pvc", [grant("gpu")], queue="gpu-team", attempt="ab12"
+    )
+    validate(job)
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    assert job["metadata"]["labels"]["gpuslice.dev/attempt"] == "ab12"
+    with pytest.raises(ValueError, match="not a valid label value"):
+        job_manifest(3, "ann", "normal", "img", "pvc", [grant("gpu")], queue="bad queue!")
 
 
 def test_a_job_of_several_slices_is_one_pod_with_their_sum_on_their_node():

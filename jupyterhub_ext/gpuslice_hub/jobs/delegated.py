@@ -1,26 +1,26 @@
-"""The scheduling pass for a backend that queues and places jobs itself (Slurm).
+"""The scheduling pass for a backend that queues and places jobs itself (Slurm, Kubernetes).
 
-Slurm's queue is the queue: a job is handed to Slurm as soon as the service sees it queued,
-and Slurm's priorities, fairshare, limits, backfill and preemption decide when and where it
-runs. What the service still does each pass, from one query for every job:
+The engine's queue is the queue: a job is handed to the engine (an ``sbatch``, a Kubernetes
+Job) as soon as the service sees it queued, and the engine's priorities, fairshare or
+Kueue quotas, limits, backfill and preemption decide when and where it runs. What the
+service still does each pass, from one query for every job:
 
-* a job Slurm started is recorded in the ledger on the node Slurm chose (a free slice of its
-  profile there), so the spawn form, quotas' view and the admin panel count it;
-* a job Slurm requeued (preempted, node failure) gives that slice back and waits in Slurm's
-  queue again; its runner resumes from the checkpoint when Slurm runs it again;
+* a job the engine started is recorded in the ledger on the node it chose (a free slice of
+  its profile there), so the spawn form, quotas' view and the admin panel count it;
+* a job the engine requeued (preempted, node failure) gives that slice back and waits in
+  the engine's queue again; its runner resumes from the checkpoint when it runs again;
 * progress, time limits, usage figures and the end of a job, as for any backend
   (:class:`~gpuslice_hub.jobs.scheduler.Scheduler`);
-* each waiting job says why it waits (Slurm's reason) and its place among gpuslice's jobs in
-  Slurm's priority order.
+* each waiting job says why it waits (the engine's reason) and its place among gpuslice's
+  jobs in the engine's priority order.
 
 gpuslice's own queue order, aging, backfill and batch-over-batch preemption are not used:
-Slurm does those.
+the engine does those.
 """
 
 from __future__ import annotations
 
 import secrets
-import subprocess
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
@@ -36,7 +36,13 @@ from ..db.jobs_models import JobRow
 from ..errors import Refused
 from ..ledger import Caller
 from .accounts import AccountError
-from .backends.base import QueueingBackend, RunStatus
+from .backends.base import (
+    QueueingBackend,
+    RunStatus,
+    SubmitRefused,
+    SubmitUnsure,
+    current_ref,
+)
 from .runner_state import ATTEMPT_ID, runner_claims
 from .states import ACTIVE, PRIORITY_CLASSES, transition
 
@@ -45,17 +51,9 @@ if TYPE_CHECKING:
 
 # What a pass reads of each queued job
 QUEUED_COLUMNS = (JobRow.id, JobRow.backend_ref, JobRow.not_before, JobRow.waiting_reason)
-# sbatch errors that trying again cannot mend: the job fails with Slurm's message
-PERMANENT = (
-    "Requested node configuration is not available",
-    "Invalid partition",
-    "Invalid qos",
-    "Invalid generic resource",
-    "Invalid account",
-    "Invalid feature",
-)
-# Submissions per pass: a backlog of thousands goes to Slurm over a few passes, and the
-# running jobs are watched in between (each sbatch is a fork and a round trip).
+# Submissions per pass: a backlog of thousands goes to the engine over a few passes, and the
+# running jobs are watched in between (each sbatch is a fork and a round trip, each Job a
+# create call).
 SUBMIT_BATCH = 200
 
 
@@ -64,6 +62,12 @@ class DelegatedPass:
         self.scheduler = scheduler
         self.jobs = scheduler.jobs
         self.log = scheduler.log
+        self.backend = cast(QueueingBackend, self.jobs.backend)
+        self.engine = self.backend.engine
+
+    def _current(self, ref: dict[str, Any] | None) -> bool:
+        """Whether ``ref`` names an engine's job the service has not accounted the end of."""
+        return current_ref(ref, self.backend.ref_key)
 
     def tick(self, now: datetime) -> None:
         with self.jobs.db.reading() as s:
@@ -72,21 +76,19 @@ class DelegatedPass:
             # of it): the few that start or are submitted are read in full below
             queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
         everyone: list[Any] = [*active, *queued]
-        known = [j for j in everyone if _current(j.backend_ref)]
+        known = [j for j in everyone if self._current(j.backend_ref)]
         try:
-            # one question to Slurm for every job it knows of
-            polled: list[RunStatus] | None = self.jobs.backend.poll_many(
-                [j.backend_ref for j in known]
-            )
+            # one question to the engine for every job it knows of
+            polled: list[RunStatus] | None = self.backend.poll_many([j.backend_ref for j in known])
         except Exception:
-            self.log.exception("Slurm could not be asked about gpuslice's jobs; will retry")
+            self.log.exception("%s could not be asked about its jobs; will retry", self.engine)
             polled = None
         statuses = {j.id: st for j, st in zip(known, polled or [], strict=False)}
         if polled is not None:
             self.jobs.backend_order = _priority_order(queued, statuses)
             for job in active:
                 try:
-                    # a running job always has a Slurm job: one that has none lost it
+                    # a running job always has an engine's job: one that has none lost it
                     self._watch(job, now, statuses.get(job.id) or RunStatus(False))
                 except Exception:
                     # one job's trouble never stops the others' pass
@@ -97,16 +99,16 @@ class DelegatedPass:
         submit: list[int] = []
         for waits in queued:
             status = statuses.get(waits.id)
-            if _current(waits.backend_ref) and status is None:
-                continue  # in Slurm, state unknown this pass (the query failed)
+            if self._current(waits.backend_ref) and status is None:
+                continue  # in the engine, state unknown this pass (the query failed)
             if status is not None and status.alive and status.node:
-                # not the run that ended (preempted), while Slurm still tears it down
+                # not the run that ended (preempted), while the engine still tears it down
                 if not status.completing and not _same_run(waits, status):
                     started.append((waits.id, status))
             elif status is not None and status.alive:
                 waiting[waits.id] = status.waiting
             elif status is not None:
-                unseen.append((waits.id, status))  # its Slurm job ended between two passes
+                unseen.append((waits.id, status))  # its engine's job ended between two passes
             elif (waits.not_before or now) <= now:
                 submit.append(waits.id)
         for job_id, status in started:
@@ -116,7 +118,7 @@ class DelegatedPass:
                 job_id, "accounting for its end", partial(self._ended, status=status, now=now)
             )
         for job_id in submit[:SUBMIT_BATCH]:
-            self._each(job_id, "submitting it to Slurm", partial(self._submit, now=now))
+            self._each(job_id, f"submitting it to {self.engine}", partial(self._submit, now=now))
         self.scheduler._waiting({j.id: j.waiting_reason for j in queued}, waiting)
 
     def _each(self, job_id: int, what: str, act: Callable[[JobRow], None]) -> None:
@@ -131,8 +133,8 @@ class DelegatedPass:
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         runner = runner_claims(JobDir(Path(job.job_dir)).state())
         if not status.alive:
-            # its Slurm job is over: as with any backend; back in the queue, it is handed
-            # to Slurm afresh
+            # its engine's job is over: as with any backend; back in the queue, it is handed
+            # to the engine afresh
             self.scheduler._usage_seen.pop(job.id, None)
             self.scheduler._finished(job, status, runner, now, ended=True)
             return
@@ -141,16 +143,16 @@ class DelegatedPass:
             self._adopt(job, status)  # placed by an earlier version: it is this run
             return
         if not status.node or not _same_run(job, status):
-            # Slurm requeued it (its own preemption, a node failure) and it waits in its
-            # queue, or already runs again: give the recorded slice back; the next pass
-            # records it where it runs. Not a crash of the runner: Slurm's doing.
+            # the engine requeued it (its own preemption, a node failure) and it waits in
+            # its queue, or already runs again: give the recorded slice back; the next pass
+            # records it where it runs. Not a crash of the runner: the engine's doing.
             preempted = runner.get("status") == "preempted" or job.state == "preempting"
             code = EXIT_PREEMPTED if preempted else None
-            why = "Slurm requeued it (a preemption or a node failure)"
+            why = f"{self.engine} requeued it (a preemption or a node failure)"
             self.scheduler._finished(job, RunStatus(False, code), runner, now, outside=why)
             return
-        # (a runner that says "preempted" while Slurm still runs it is waited for: Slurm
-        # then either requeues the job or ends it, and that decides)
+        # (a runner that says "preempted" while the engine still runs it is waited for: the
+        # engine then either requeues the job or ends it, and that decides)
         self.scheduler._progress(job, runner, now)
         self.scheduler._report_usage(job, runner)
 
@@ -158,25 +160,26 @@ class DelegatedPass:
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is not None and row.state == job.state:
-                ref = {**(row.backend_ref or {}), "node": status.node, "run": status.restarts}
+                ref = {**(row.backend_ref or {}), "node": status.node, "run": status.run}
                 row.backend_ref = ref
 
     def _ended(self, job: JobRow, status: RunStatus, now: datetime) -> None:
-        """A queued job's Slurm job ended between two passes (it ran and finished while
-        the service was down, or Slurm or an admin ended it): account for that run once,
-        from its runner's own record and Slurm's exit code."""
+        """A queued job's engine job ended between two passes (it ran and finished while
+        the service was down, or the engine or an admin ended it): account for that run
+        once, from its runner's own record and the engine's exit code."""
         ref = job.backend_ref or {}
         runner = runner_claims(JobDir(Path(job.job_dir)).state())
         # what this submission's runner said last (Slurm's exit code of a cancelled job
         # says nothing): completed, failed, preempted by an earlier run, or nothing
         said = runner.get("status") if runner.get("attempt_id") == ref.get("attempt_id") else None
-        where = f"its Slurm job {ref.get('slurm_job_id')} ended ({status.state or 'gone'})"
+        name = ref.get(self.backend.ref_key)
+        where = f"its {self.engine} job {name} ended ({status.state or 'gone'})"
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "queued":
                 return
             if said not in ("completed", "failed") and status.state == "CANCELLED":
-                transition(s, row, "cancelled", f"{where}: cancelled in Slurm")
+                transition(s, row, "cancelled", f"{where}: cancelled in {self.engine}")
                 return
             transition(s, row, "starting", f"{where} while the service was not looking")
         fresh = self.jobs.row(job.id)
@@ -185,9 +188,10 @@ class DelegatedPass:
             self.scheduler._finished(fresh, RunStatus(False, code), runner, now, ended=True)
 
     def _placed(self, job: JobRow, status: RunStatus, now: datetime) -> None:
-        """Slurm started ``job`` on ``status.node``: hold its slices there in the ledger."""
-        node, restarts = status.node, status.restarts
-        caller = Caller(job.user, tuple(job.groups or ()), "slurm")
+        """The engine started ``job`` on ``status.node``: hold its slices there in the
+        ledger."""
+        node, run = status.node, status.run
+        caller = Caller(job.user, tuple(job.groups or ()), self.backend.name)
         got: list[dict[str, Any]] = []
         why = ""
         for _ in range(job.slices):
@@ -205,17 +209,18 @@ class DelegatedPass:
             except Refused as e:
                 why = e.message
                 break
-        said = f"Slurm started it on {node}"
+        said = f"{self.engine} started it on {node}"
         if why:
-            # Slurm runs it regardless: the external mirror holds what it holds there
+            # the engine runs it regardless: the external mirror holds what it holds there
             self.jobs.release([g["id"] for g in got], f"job {job.id}: {why}")
             got = []
             said += f"; the ledger could not record it ({why})"
             self.log.warning(
-                "job %s runs on %s in Slurm but the ledger cannot record it (%s): check "
-                "the service's hosts against Slurm's nodes",
+                "job %s runs on %s in %s but the ledger cannot record it (%s): check "
+                "the service's hosts against the engine's nodes",
                 job.id,
                 node,
+                self.engine,
                 why,
             )
         with self.jobs.db.writing() as s:
@@ -229,10 +234,10 @@ class DelegatedPass:
                 row.started_at = row.started_at or now
                 row.waiting_reason = None
                 row.not_before = None
-                # which run of the Slurm job this is: a requeued job is the same job again
-                ref = {**(row.backend_ref or {}), "node": node, "run": restarts}
+                # which run of the engine's job this is: a requeued job is the same job again
+                ref = {**(row.backend_ref or {}), "node": node, "run": run}
                 ref.pop("preempted_by", None)  # that preemption is over
-                ref["unrecorded"] = bool(why)  # then the mirror holds it as Slurm's
+                ref["unrecorded"] = bool(why)  # then the mirror holds it as the engine's
                 row.backend_ref = ref
         if row is None:
             self.jobs.release([g["id"] for g in got], f"job {job.id} no longer queued")
@@ -247,16 +252,17 @@ class DelegatedPass:
         if profile is None:
             self.scheduler._fail(job, f"profile {job.profile} no longer exists", [])
             return
-        backend = cast(QueueingBackend, self.jobs.backend)
+        backend = self.backend
         old = job.backend_ref or {}
         if old.get("unsure"):
-            # the last sbatch timed out: Slurm may have queued it all the same
+            # the last submission timed out: the engine may have queued it all the same
             found = backend.find(job.id, account)
             if found:
-                self._submitted(job, {**old, "slurm_job_id": found, "unsure": False})
+                self._submitted(job, {**old, backend.ref_key: found, "unsure": False})
                 return
-        # names this submission: Slurm runs the same script again after a requeue, so every
-        # run of it has this id, and a state.json of an earlier submission is never this one's
+        # names this submission: the engine runs the same job again after a requeue, so
+        # every run of it has this id, and a state.json of an earlier submission is never
+        # this one's
         attempt = secrets.token_hex(8)
         env = self.scheduler._env(job, [], account)
         env[ATTEMPT_ID] = attempt
@@ -271,15 +277,14 @@ class DelegatedPass:
                 account=account,
                 attempt=attempt,
             )
-        except subprocess.TimeoutExpired:
-            self._retry(job, {"attempt_id": attempt, "unsure": True}, "sbatch timed out", now)
+        except SubmitUnsure as e:
+            self._retry(job, {"attempt_id": attempt, "unsure": True}, str(e), now)
             return
-        except Exception as e:
-            message = str(e)
-            if any(word in message for word in PERMANENT):
-                self.scheduler._fail(job, f"Slurm refused the job: {message}", [])
-            else:  # a limit (MaxSubmitJobs), slurmctld busy or restarting: try again later
-                self._retry(job, {}, f"Slurm refused the submission: {message}", now)
+        except SubmitRefused as e:
+            if e.permanent:
+                self.scheduler._fail(job, f"{self.engine} refused the job: {e}", [])
+            else:  # a limit (MaxSubmitJobs, a quota), the controller busy: try again later
+                self._retry(job, {}, f"{self.engine} refused the submission: {e}", now)
             return
         self._submitted(job, ref)
 
@@ -289,7 +294,8 @@ class DelegatedPass:
             if row is not None and row.state == "queued":
                 row.backend_ref = ref
                 row.not_before = None
-                row.waiting_reason = f"submitted to Slurm as job {ref['slurm_job_id']}"
+                name = ref[self.backend.ref_key]
+                row.waiting_reason = f"submitted to {self.engine} as job {name}"
                 return
         # cancelled while it was being submitted
         self.jobs.backend.kill(ref)
@@ -306,22 +312,17 @@ class DelegatedPass:
                 row.waiting_reason = f"{why}; trying again in {delay:g} s"[:1024]
 
 
-def _current(ref: dict[str, Any] | None) -> bool:
-    """Whether ``ref`` names a Slurm job the service has not accounted the end of."""
-    return bool(ref and ref.get("slurm_job_id") and not ref.get("ended"))
-
-
 def _same_run(job: Any, status: RunStatus) -> bool:
-    """Whether ``status`` is the run of the Slurm job recorded last: on the same node and
-    not requeued since (Slurm counts its restarts)."""
+    """Whether ``status`` is the run of the engine's job recorded last: on the same node
+    and not requeued since (Slurm counts its restarts; a Kubernetes Job makes a new pod)."""
     ref = job.backend_ref or {}
     if "run" not in ref:
         return False
-    return ref.get("node") == status.node and ref.get("run") == status.restarts
+    return ref.get("node") == status.node and ref.get("run") == status.run
 
 
 def _priority_order(queued: list[Any], statuses: dict[int, RunStatus]) -> dict[int, int]:
-    """Each waiting job's place among gpuslice's jobs in Slurm's queue: by Slurm's
+    """Each waiting job's place among gpuslice's jobs in the engine's queue: by its
     priority (highest first), then submission."""
     waiting = [
         (-(st.priority or 0), job.id)

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, select
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
@@ -30,7 +30,7 @@ from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..profiles import Profile
 from .accounts import DEFAULT_KEEP, Account, AccountError
-from .backends.base import Backend
+from .backends.base import Backend, QueueingBackend, current_ref
 from .jobdirs import create_job_dir, read_notebook
 from .ordering import queue_order
 from .params import validate_parameters
@@ -140,6 +140,14 @@ class JobManager(LoggingConfigurable):
         "service has ``jobs_root`` (mount the same claim there in the service's pod); "
         "required with ``job_backend = 'kubernetes'``.",
     ).tag(config=True)
+    kubernetes_kueue_queues = Dict(
+        {},
+        help="Kueue LocalQueue of each priority class (``job_backend = 'kubernetes'`` on a "
+        "cluster that runs Kueue), e.g. ``{'preemptible': 'gpu-spot', 'normal': 'gpu', "
+        "'high': 'gpu'}``: the Job is created suspended with the queue's label and runs "
+        "when Kueue admits it within its ClusterQueue's quota. Empty: no Kueue, the "
+        "cluster's scheduler starts the Jobs as resources allow.",
+    ).tag(config=True)
     kubernetes_api_url = Unicode(
         "",
         help="The Kubernetes API's URL, e.g. ``http://127.0.0.1:8001`` behind "
@@ -191,7 +199,7 @@ class JobManager(LoggingConfigurable):
         # Owners reach their own job folder (0700, theirs) but cannot list the others.
         self.root.chmod(0o711)
         self.reservations: dict[tuple[str, str], Reservation] = {}
-        # When the backend queues jobs itself (Slurm): each waiting job's place among
+        # When the backend queues jobs itself (Slurm, Kubernetes): each waiting job's place among
         # gpuslice's jobs in its queue, as of the last pass (delegated.py)
         self.backend_order: dict[int, int] = {}
         self.wake = Wakeup()
@@ -203,6 +211,11 @@ class JobManager(LoggingConfigurable):
     def delegated(self) -> bool:
         """Whether the backend queues and places the jobs itself (Slurm)."""
         return bool(getattr(self.backend, "schedules_itself", False))
+
+    @property
+    def queueing(self) -> QueueingBackend:
+        """The backend, when it schedules itself (``delegated``)."""
+        return cast(QueueingBackend, self.backend)
 
     @property
     def python(self) -> str:
@@ -451,12 +464,12 @@ class JobManager(LoggingConfigurable):
             job.allocation_ids = []
         if was_active:
             self.backend.kill(ref)
-        elif self.delegated and ref.get("slurm_job_id") and not ref.get("ended"):
-            # waiting in Slurm's queue (or ended there since the last pass)
+        elif self.delegated and current_ref(ref, self.queueing.ref_key):
+            # waiting in the engine's queue (or ended there since the last pass)
             try:
                 self.backend.kill(ref)
             except Exception as e:
-                self.log.info("job %s: cancelling its Slurm job: %s", job_id, e)
+                self.log.info("job %s: cancelling it in %s: %s", job_id, self.backend.name, e)
         self.release(allocs, f"job {job_id} cancelled")
         return self.get(job_id) or {}
 
@@ -515,7 +528,7 @@ class JobManager(LoggingConfigurable):
         if victim is None:
             return None
         if self.delegated:
-            return self._slurm_preempts(victim, caller, profile)
+            return self._engine_preempts(victim, caller, profile)
         too_long = wait_seconds is not None and self.preempt_grace > wait_seconds
         if victim.state != "preempting" and too_long:
             return (
@@ -533,16 +546,19 @@ class JobManager(LoggingConfigurable):
         self.reservations[key] = Reservation(job.id, profile.name, deadline + timedelta(seconds=30))
         return self._pending(job, "your server will start when it has checkpointed")
 
-    def _slurm_preempts(
+    def _engine_preempts(
         self, job: JobRow, caller: Caller, profile: Profile
     ) -> dict[str, Any] | None:
-        """Slurm schedules: the job's slice goes to the interactive server now, and Slurm
-        preempts the job (``PreemptMode=REQUEUE``) when the server's job needs the GPU; the
-        server's partition or QOS must be allowed to preempt the job's. Should Slurm not do
-        it within ``preempt_grace``, the service asks the job to checkpoint and stop."""
+        """The engine schedules: the job's slice goes to the interactive server now, and the
+        engine preempts the job when the server needs the GPU (Slurm's
+        ``PreemptMode=REQUEUE``: the server's partition or QOS must be allowed to preempt the
+        job's; Kubernetes: the server pod's priority is above gpuslice-preemptible's).
+        Should it not do so within ``preempt_grace``, the service asks the job to checkpoint
+        and stop."""
+        engine = self.queueing.engine
         reason = (
             f"{profile.name} needed by the interactive server of {caller.user}: "
-            "Slurm preempts it when that server's job starts"
+            f"{engine} preempts it when that server starts"
         )
         with self.db.writing() as s:
             row = s.get(JobRow, job.id)
@@ -554,14 +570,16 @@ class JobManager(LoggingConfigurable):
             row.preempt_deadline = utcnow() + timedelta(seconds=self.preempt_grace)
             row.preemptions += 1
             allocs, row.allocation_ids = list(row.allocation_ids or []), []
-            row.backend_ref = {**(row.backend_ref or {}), "preempted_by": "slurm"}
+            row.backend_ref = {**(row.backend_ref or {}), "preempted_by": self.backend.name}
         self.log_line(job, f"preempting: {reason}")
-        self.release(allocs, f"job {job.id} preempted by Slurm for {caller.user}'s server")
+        self.release(allocs, f"job {job.id} preempted by {engine} for {caller.user}'s server")
         self.wake.set()
         return {
             "job_id": job.id,
             "retry_after": 1,
-            "message": f"Batch job {job.id} gives its slice up: Slurm preempts it for your server",
+            "message": (
+                f"Batch job {job.id} gives its slice up: {engine} preempts it for your server"
+            ),
         }
 
     def _pending(self, job: JobRow, what: str) -> dict[str, Any]:

@@ -174,16 +174,17 @@ class Scheduler:
             self.jobs.release(allocs, f"job {job.id} timed out")
             return
         if job.state == "preempting" and deadline is not None and now >= deadline:
-            if (job.backend_ref or {}).get("preempted_by") == "slurm":
-                self._slurm_did_not_preempt(job, now)
+            if (job.backend_ref or {}).get("preempted_by") and self.jobs.delegated:
+                self._engine_did_not_preempt(job, now)
                 return
             self.jobs.log_line(job, "grace period over: killing the runner")
             self.jobs.backend.kill(job.backend_ref or {})
 
-    def _slurm_did_not_preempt(self, job: JobRow, now: datetime) -> None:
-        """The interactive server that needed this job's slice did not get Slurm to preempt
-        it within the grace period (its partition or QOS may not preempt this one's, or the
-        spawn gave up): the service asks the job to checkpoint and stop itself."""
+    def _engine_did_not_preempt(self, job: JobRow, now: datetime) -> None:
+        """The interactive server that needed this job's slice did not get the engine to
+        preempt it within the grace period (its partition, QOS or pod priority may not
+        preempt this one's, or the spawn gave up): the service asks the job to checkpoint
+        and stop itself."""
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != "preempting":
@@ -193,7 +194,9 @@ class Scheduler:
             row.backend_ref = ref
             row.preempt_deadline = now + timedelta(seconds=self.jobs.preempt_grace)
         self.jobs.log_line(
-            job, "Slurm did not preempt it within the grace period: asking it to checkpoint"
+            job,
+            f"{self.jobs.queueing.engine} did not preempt it within the grace period: asking it "
+            "to checkpoint",
         )
         self.jobs.backend.signal_preempt(ref)
 

@@ -18,9 +18,11 @@ from ..errors import ConfigError
 from ..profiles import Profile
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend
+from .backends.kubernetes import LABEL_VALUE
 from .backends.slurm import SlurmBackend
 from .manager import JobManager
 from .scheduler import Scheduler
+from .states import PRIORITY_CLASSES
 
 if TYPE_CHECKING:
     from ..app import GPUSliceService
@@ -93,6 +95,7 @@ def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
         manager.kubernetes_jobs_claim,
         KubernetesResourcesConfig(parent=app).value(),
         grace_seconds=round(manager.preempt_grace),
+        kueue_queues=manager.kubernetes_kueue_queues,
     )
 
 
@@ -104,12 +107,31 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             raise ConfigError(
                 "JobManager.job_environment", f"{name!r}: names and values must be strings"
             )
-    if app.job_backend == "slurm" and "aging_seconds" in manager.config.get("JobManager", {}):
-        # a setting that would do nothing: Slurm's own priority (its age factor) orders jobs
+    configured = manager.config.get("JobManager", {})
+    if app.job_backend in ("slurm", "kubernetes") and "aging_seconds" in configured:
+        # a setting that would do nothing: the engine's own priority orders the jobs
         raise ConfigError(
             "JobManager.aging_seconds",
-            "has no effect with job_backend = 'slurm': Slurm queues the jobs, and its "
-            "priority (PriorityWeightAge) ages them",
+            f"has no effect with job_backend = {app.job_backend!r}: "
+            + (
+                "Slurm queues the jobs, and its priority (PriorityWeightAge) ages them"
+                if app.job_backend == "slurm"
+                else "the cluster queues the jobs (its scheduler, or Kueue's queues)"
+            ),
+        )
+    queues = manager.kubernetes_kueue_queues
+    if queues and app.job_backend != "kubernetes":
+        raise ConfigError(
+            "JobManager.kubernetes_kueue_queues", "is for job_backend = 'kubernetes' only"
+        )
+    unknown = sorted(set(queues) - set(PRIORITY_CLASSES))
+    bad = [q for q in queues.values() if not isinstance(q, str) or not LABEL_VALUE.fullmatch(q)]
+    if unknown or bad:
+        raise ConfigError(
+            "JobManager.kubernetes_kueue_queues",
+            f"priority classes are {', '.join(PRIORITY_CLASSES)} (got {', '.join(unknown)})"
+            if unknown
+            else f"{bad[0]!r} is not a LocalQueue name (a label value)",
         )
     for key in ("job_env_keep", "job_environment"):
         bad = forbidden_names(getattr(manager, key))

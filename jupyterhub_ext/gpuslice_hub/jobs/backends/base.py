@@ -23,7 +23,9 @@ class RunStatus:
     node: str = ""
     waiting: str = ""
     priority: int | None = None  # the backend's priority of a waiting run (higher: sooner)
-    restarts: int | None = None  # how often the backend has requeued the run (Slurm)
+    # which run of the backend's job this is: a requeued job runs again as a new run
+    # (Slurm: its restart count; Kubernetes: the name of the Job's pod)
+    run: int | str | None = None
     completing: bool = False  # ending on ``node`` (a run that ended, never a new one)
     state: str = ""  # the backend's word for it (Slurm: PENDING, CANCELLED, ...), for messages
 
@@ -64,11 +66,27 @@ class PlacedBackend(Backend, Protocol):
         stored in the job row."""
 
 
+class SubmitUnsure(Exception):
+    """Submitting timed out: the backend may have queued the job all the same (the pass
+    looks for it with :meth:`QueueingBackend.find` before submitting again)."""
+
+
+class SubmitRefused(Exception):
+    """The backend refused a submission; ``permanent``: trying again cannot mend it (an
+    invalid request), otherwise it is retried with backoff (a limit, a busy controller)."""
+
+    def __init__(self, message: str, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
 class QueueingBackend(Backend, Protocol):
-    """A backend with its own queue and placement (Slurm): jobs are handed to it when they
-    are submitted, and :class:`RunStatus` says where each one runs (``node``)."""
+    """A backend with its own queue and placement (Slurm, Kubernetes): jobs are handed to it
+    when they are submitted, and :class:`RunStatus` says where each one runs (``node``)."""
 
     schedules_itself: bool
+    engine: str  # its name in messages ("Slurm")
+    ref_key: str  # the key of a job row's ``backend_ref`` that names the backend's job
 
     def submit(
         self,
@@ -87,3 +105,25 @@ class QueueingBackend(Backend, Protocol):
     def find(self, job_id: int, account: Account) -> str:
         """The id of a run of ``job_id`` the backend queued although submitting it seemed
         to fail (a timeout), or ""."""
+
+
+def current_ref(ref: dict[str, Any] | None, key: str) -> bool:
+    """Whether ``ref`` names an engine's job (``ref[key]``) the service has not accounted
+    the end of."""
+    return bool(ref and ref.get(key) and not ref.get("ended"))
+
+
+def profile_grant(profile: Profile) -> dict[str, Any]:
+    """One slice of ``profile`` in the shape of a ledger grant, without a host or devices:
+    what the spawner's translators (Slurm gres, pod resources) need to name it when the
+    engine, not the ledger, chooses the node and device."""
+    # a profile open to several models names none: the engine picks the model
+    model = profile.models[0] if len(profile.models) == 1 else None
+    if profile.kind == "mig":
+        mig: dict[str, Any] = {"mig_profile": profile.mig_profile, "gpu_model": model}
+        return {"kind": "mig", "assignments": [mig]}
+    if profile.kind == "share":
+        share: dict[str, Any] = {"milli": profile.gpu_milli, "gpu_model": model}
+        share["memory_mib"] = profile.gpu_memory_mib  # the cap HAMi enforces
+        return {"kind": "share", "assignments": [share]}
+    return {"kind": "gpu", "assignments": [{"gpu_model": model}] * profile.count}

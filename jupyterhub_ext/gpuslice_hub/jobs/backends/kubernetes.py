@@ -1,7 +1,12 @@
 """Kubernetes Jobs of batch jobs (pure: the manifests; ``kubernetes_client`` submits them).
 
+* resources: what the job's slices are, in the spawner's translation of a grant (the same
+  device-plugin resources and GPU product selector as a server's pod), with no node: the
+  cluster's scheduler chooses it;
 * ``priorityClassName``: the job's class maps to a PriorityClass, so the cluster's own
-  scheduler preempts preemptible jobs for higher-priority pods;
+  scheduler preempts preemptible jobs for servers and other pods (:func:`priority_classes`);
+* with Kueue, the class's LocalQueue (``kueue.x-k8s.io/queue-name``) and ``suspend``: the
+  Job waits until Kueue admits it within its ClusterQueue's quota;
 * ``terminationGracePeriodSeconds``: the time the runner has between SIGTERM (the
   kubelet's, on preemption or eviction) and SIGKILL to checkpoint;
 * ``podFailurePolicy``: a pod stopped by a disruption (preemption, eviction, node drain:
@@ -12,12 +17,18 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuslice.vocab import EXIT_PREEMPTED
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources, kubespawner_settings
+
+ATTEMPT_LABEL = "gpuslice.dev/attempt"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kubernetes label values: at most 63 characters, alphanumerics at both ends
+LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
 PRIORITY_CLASS_NAMES = {
     "preemptible": "gpuslice-preemptible",
@@ -61,12 +72,23 @@ def job_manifest(
     run_as: tuple[int, int, tuple[int, ...]] | None = None,
     name: str | None = None,
     job_dir: str | None = None,
+    queue: str = "",
+    attempt: str = "",
 ) -> dict[str, Any]:
     """``run_as``: the owner's (uid, gid, supplementary gids), as KubeSpawner sets a user's
     pod; the runner then runs as its owner, without privileges. Required unless the site
-    runs jobs as the service's account. ``grants``: the ledger's allocations of the job,
-    requested as the spawner requests a server's (:func:`pod_placement`)."""
+    runs jobs as the service's account. ``grants``: the job's slices in a grant's shape,
+    requested as the spawner requests a server's (:func:`pod_placement`): a node selector
+    only where a grant names a host. ``queue``: Kueue's LocalQueue, or "" without Kueue.
+    ``attempt``: the submission's id, as a label (found again after a timed-out create)."""
     limits, selector = pod_placement(grants, resources)
+    labels = _labels(job_id, user)
+    if attempt:
+        labels[ATTEMPT_LABEL] = attempt
+    if queue:
+        if not LABEL_VALUE.fullmatch(queue):
+            raise ValueError(f"Kueue queue {queue!r} is not a valid label value")
+        labels[KUEUE_QUEUE_LABEL] = queue
     # the jobs volume is mounted where the service has it, so a job folder has one path
     job_dir = job_dir or f"/gpuslice-jobs/{job_id}"
     mount = job_dir.rstrip("/").rsplit("/", 1)[0] or "/"
@@ -130,21 +152,30 @@ def job_manifest(
     }
     if max_runtime_seconds:
         spec["activeDeadlineSeconds"] = max_runtime_seconds
+    if queue:
+        # Kueue admits the Job (unsuspends it) when its ClusterQueue has quota for it
+        spec["suspend"] = True
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": name or f"gpuslice-job-{job_id}",
             "namespace": namespace,
-            "labels": _labels(job_id, user),
+            "labels": labels,
         },
         "spec": spec,
     }
 
 
+# The PriorityClasses' values. A pod preempts only pods of a *lower* value, so: the
+# preemptible class is below the default priority (0) that servers and the cluster's other
+# pods have, and those preempt it; normal and high jobs are at 0, so they preempt
+# preemptible jobs but never a server (nor each other: with Kueue, its queues order them).
+PRIORITY_VALUES = {"preemptible": -1000, "normal": 0, "high": 0}
+
+
 def priority_classes() -> list[dict[str, Any]]:
-    """The PriorityClasses the Jobs refer to; only the preemptible one never preempts."""
-    values = {"preemptible": 1000, "normal": 10000, "high": 100000}
+    """The PriorityClasses the Jobs refer to; the preemptible one never preempts."""
     return [
         {
             "apiVersion": "scheduling.k8s.io/v1",
@@ -155,7 +186,7 @@ def priority_classes() -> list[dict[str, Any]]:
             "globalDefault": False,
             "description": f"gpuslice {p} batch jobs",
         }
-        for p, v in values.items()
+        for p, v in PRIORITY_VALUES.items()
     ]
 
 

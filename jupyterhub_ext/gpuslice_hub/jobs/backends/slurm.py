@@ -30,7 +30,7 @@ from gpuslice_spawner.launchers.slurm import SlurmGres, grants_sbatch_options
 from ...profiles import Profile
 from ...slurmusage import HOLDING_STATES, expand_hostlist
 from ..accounts import Account
-from .base import RunStatus
+from .base import RunStatus, SubmitRefused, SubmitUnsure, profile_grant
 from .local import _runner_status
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,15 @@ RECORD_FIELDS = (
     ("PriorityLong", "priority"),
     ("RestartCnt", "restart_cnt"),
     ("exit_code", "exit_code"),
+)
+# sbatch errors that trying again cannot mend: the job fails with Slurm's message
+PERMANENT = (
+    "Requested node configuration is not available",
+    "Invalid partition",
+    "Invalid qos",
+    "Invalid generic resource",
+    "Invalid account",
+    "Invalid feature",
 )
 NUMERIC = {"job_id", "priority", "restart_cnt", "exit_code"}
 FILTER_MAX = 300  # job ids asked for by --jobs; more: the whole queue (see records())
@@ -150,18 +159,6 @@ def batch_script(
     return "\n".join(lines) + "\n"
 
 
-def profile_grant(profile: Profile) -> dict[str, Any]:
-    """One slice of ``profile`` in the shape of a ledger grant, without a host or devices:
-    what the spawner's translator needs to name its gres."""
-    if profile.kind == "mig":
-        return {"kind": "mig", "assignments": [{"mig_profile": profile.mig_profile}]}
-    if profile.kind == "share":
-        return {"kind": "share", "assignments": [{"milli": profile.gpu_milli}]}
-    # a profile open to several models asks for untyped GPUs: Slurm picks the model
-    model = profile.models[0] if len(profile.models) == 1 else None
-    return {"kind": "gpu", "assignments": [{"gpu_model": model}] * profile.count}
-
-
 def profile_sbatch_options(profile: Profile, slices: int, gres: SlurmGres) -> list[str]:
     """What a job of ``slices`` slices of ``profile`` asks Slurm for: their gres summed
     (one node; Slurm chooses which), the spawner's translation without a host."""
@@ -173,6 +170,8 @@ class SlurmBackend:
     # Slurm queues, orders, places, preempts and requeues the jobs: the scheduler submits
     # them at once and records where Slurm runs them (RunStatus.node; delegated.py).
     schedules_itself = True
+    engine = "Slurm"
+    ref_key = "slurm_job_id"
 
     def __init__(
         self,
@@ -242,7 +241,14 @@ class SlurmBackend:
         # Submitted as the owner: Slurm's accounting, fairshare and limits see the real user,
         # and slurmd starts the job under the owner's uid.
         owner = {"user": account.name}
-        slurm_id = self._run("sbatch", "--parsable", stdin=script, ref=owner)
+        try:
+            slurm_id = self._run("sbatch", "--parsable", stdin=script, ref=owner)
+        except subprocess.TimeoutExpired as e:
+            raise SubmitUnsure("sbatch timed out") from e
+        except RuntimeError as e:
+            message = str(e)
+            permanent = any(word in message for word in PERMANENT)
+            raise SubmitRefused(message, permanent) from e
         return {
             "slurm_job_id": slurm_id.strip().split(";")[0],
             "job_dir": job_dir,
@@ -312,14 +318,14 @@ class SlurmBackend:
         if state not in ALIVE:
             return RunStatus(False, exit_code(record.get("exit_code")), state=state)
         restarts = record.get("restart_cnt")
-        restarts = restarts if isinstance(restarts, int) else None
+        run = restarts if isinstance(restarts, int) else None
         if state in HOLDING_STATES or state == "COMPLETING":
             # (COMPLETING: ending, still on its node; the external mirror leaves it out)
             nodes = expand_hostlist(str(record.get("nodes") or ""))
             return RunStatus(
                 True,
                 node=nodes[0] if nodes else "",
-                restarts=restarts,
+                run=run,
                 completing=state == "COMPLETING",
                 state=state,
             )
@@ -337,7 +343,7 @@ class SlurmBackend:
             True,
             waiting=f"{state.lower()} in Slurm ({reason or 'no reason given'})",
             priority=priority if isinstance(priority, int) else None,
-            restarts=restarts,
+            run=run,
             state=state,
         )
 
