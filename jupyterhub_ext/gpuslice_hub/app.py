@@ -57,6 +57,9 @@ from .hubapi import HubAPI, IncompleteListing
 from .idle import effective_policy
 from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
+from .kubeapi import api_configuration
+from .kubecluster import KubernetesClusterConfig, read_cluster_hosts, run_kubernetes_sync
+from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
 from .metrics import make_registry
 from .overrides import AdminSettings
@@ -94,14 +97,16 @@ class GPUSliceService(Application):
     ).tag(config=True)
 
     gpu_backend = Enum(
-        ["auto", "nvml", "static", "slurm", "simulated"],
+        ["auto", "nvml", "static", "slurm", "kubernetes", "simulated"],
         default_value="auto",
         help="""How GPUs are discovered.
 
         ``nvml``: the GPUs of this host, through the NVIDIA driver; ``static``: the hosts
         declared in ``hosts`` (GPU nodes the hub cannot see); ``slurm``: Slurm's GPU nodes
         and their gres (``sinfo --json`` at start; ``c.SlurmGresConfig`` names the models,
-        see the admin guide); ``simulated``: declared GPUs for
+        see the admin guide); ``kubernetes``: the cluster's GPU nodes (their allocatable
+        resources and GPU feature discovery's labels, read at start; see the admin guide);
+        ``simulated``: declared GPUs for
         trying gpuslice without any GPU, labelled as simulated everywhere; ``auto``: ``nvml``,
         and a clear error when no driver is found (never silently simulated).""",
     ).tag(config=True)
@@ -271,6 +276,8 @@ class GPUSliceService(Application):
     reconciled_at: datetime | None = None
     # when Slurm's holdings were last read and mirrored (slurm_sync_interval)
     slurm_synced_at: datetime | None = None
+    # when the Kubernetes pods' holdings were last read and mirrored
+    kubernetes_synced_at: datetime | None = None
     _silent_reported: set[int]
     # the pages' templates, with the site's template_paths once the settings are loaded
     page_templates: jinja2.Environment
@@ -386,6 +393,14 @@ class GPUSliceService(Application):
             gres = SlurmGresConfig(parent=self)
             hosts = read_slurm_hosts(gres.value(), gres.gpu_memory_mib)
             self.log.info("inventory from Slurm: %s", ", ".join(h["name"] for h in hosts))
+            return discover("static", hosts)
+        if self.gpu_backend == "kubernetes":
+            if self.hosts:
+                raise ConfigError(
+                    "hosts", "is read from the cluster with gpu_backend = 'kubernetes'"
+                )
+            hosts = self._kubernetes_hosts()
+            self.log.info("inventory from Kubernetes: %s", ", ".join(h["name"] for h in hosts))
             return discover("static", hosts)
         try:
             return discover(self.gpu_backend, hosts or None)
@@ -523,6 +538,7 @@ class GPUSliceService(Application):
                     jobs.slurm_jobs_accounted if jobs is not None and jobs.delegated else None,
                 )
             )
+        self._kubernetes_sync = self._start_kubernetes_sync()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -530,7 +546,13 @@ class GPUSliceService(Application):
         await stop.wait()
         self.log.info("gpuslice service stopping")
         server.stop()
-        tasks = (getattr(self, "_reconciler", None), self._sampler, self._pruner, self._slurm_sync)
+        tasks = (
+            getattr(self, "_reconciler", None),
+            self._sampler,
+            self._pruner,
+            self._slurm_sync,
+            self._kubernetes_sync,
+        )
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -539,6 +561,38 @@ class GPUSliceService(Application):
 
     def _slurm_synced(self) -> None:
         self.slurm_synced_at = utcnow()
+
+    def _kubernetes_synced(self) -> None:
+        self.kubernetes_synced_at = utcnow()
+
+    def _kubernetes_hosts(self) -> list[dict[str, Any]]:
+        """The cluster's GPU nodes as hosts; a model a profile names keeps its NVML name."""
+        cluster = KubernetesClusterConfig(parent=self)
+        known = {m for p in self.parsed_profiles.values() for m in p.models}
+        return read_cluster_hosts(
+            api_configuration(cluster.api_url),
+            KubernetesResourcesConfig(parent=self).value(),
+            cluster.gpu_memory_mib,
+            sorted(known),
+        )
+
+    def _start_kubernetes_sync(self) -> asyncio.Future | None:
+        """The mirror of what the cluster's other pods hold (sync_interval > 0)."""
+        cluster = KubernetesClusterConfig(parent=self)
+        if cluster.sync_interval <= 0:
+            return None
+        assert self.ledger is not None
+        configuration = api_configuration(cluster.api_url)
+        res = KubernetesResourcesConfig(parent=self).value()
+        return asyncio.ensure_future(
+            run_kubernetes_sync(
+                self.ledger,
+                cluster.sync_interval,
+                lambda: read_kubernetes_held(configuration, res),
+                self.log,
+                self._kubernetes_synced,
+            )
+        )
 
     async def reconcile_once(self) -> list[int]:
         """Release the slices of interactive servers the hub no longer has.

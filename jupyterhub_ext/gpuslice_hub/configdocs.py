@@ -42,6 +42,12 @@ SECTIONS = (
         "The Kubernetes cluster's GPU resource and label names, for servers and batch jobs.",
     ),
     (
+        "gpuslice_hub.kubecluster",
+        "KubernetesClusterConfig",
+        "gpuslice_config.py",
+        "Reaching the Kubernetes cluster, and mirroring its nodes and other pods' GPUs.",
+    ),
+    (
         "gpuslice_spawner.spawner",
         "GPUSliceMixin",
         "jupyterhub_config.py",

@@ -38,16 +38,18 @@ KEY = "gpu_backend"
 _MEMORY_IN_NAME = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 
 
-def model_memory_mib(model: str, memory: Mapping[str, int]) -> int:
-    """A GPU model's memory: configured, or as its name says ("...-80GB": 80 GiB)."""
+def model_memory_mib(
+    model: str, memory: Mapping[str, int], setting: str = "c.SlurmGresConfig.gpu_memory_mib"
+) -> int:
+    """A GPU model's memory: configured (``setting``), or as its name says ("...-80GB":
+    80 GiB)."""
     if model in memory:
         return int(memory[model])
     found = _MEMORY_IN_NAME.findall(model)
     if not found:
         raise ConfigError(
             KEY,
-            f"the memory of {model!r} is not in its name: set "
-            f"c.SlurmGresConfig.gpu_memory_mib = {{{model!r}: <MiB>}}",
+            f"the memory of {model!r} is not in its name: set {setting} = {{{model!r}: <MiB>}}",
         )
     return int(found[-1]) * 1024
 
@@ -119,7 +121,15 @@ def _mig_gpus(
             "c.SlurmGresConfig.gpu_gres_types, or one per node",
         )
     (model,) = candidates
-    gpu_gb = math.ceil(model_memory_mib(model, memory) / 1024)
+    return pack_mig(instances, model, model_memory_mib(model, memory))
+
+
+def pack_mig(instances: Counter[str], model: str, memory_mib: int) -> list[dict[str, Any]]:
+    """GPUs of ``model`` holding ``instances`` (MIG profile -> count), as the static
+    backend's ``gpus`` entries: largest first, each on the first GPU with room. (The engine
+    counts instances per node and profile, not which GPU holds them, and so does the
+    ledger.)"""
+    gpu_gb = math.ceil(memory_mib / 1024)
     layouts: list[list[str]] = []
     used: list[tuple[int, int]] = []
     sized = [(parse_mig_profile(p), p) for p, n in instances.items() for _ in range(n)]
@@ -132,10 +142,7 @@ def _mig_gpus(
         else:
             layouts.append([profile])
             used.append((slices, gb))
-    return [
-        {"model": model, "memory_mib": model_memory_mib(model, memory), "mig": layout}
-        for layout in layouts
-    ]
+    return [{"model": model, "memory_mib": memory_mib, "mig": layout} for layout in layouts]
 
 
 def read_slurm_hosts(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .kubernetes_resources import KubernetesResourcesConfig
-from .launchers.kubernetes import KubernetesResources, kubespawner_settings
+from .launchers.kubernetes import ALLOCATION_LABEL, KubernetesResources, kubespawner_settings
 from .spawner import GPUSliceMixin
 
 try:
@@ -52,6 +52,8 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
         self.extra_resource_limits = {**limits, **settings.extra_resource_limits}
         self.extra_resource_guarantees = {**guarantees, **settings.extra_resource_guarantees}
         self.node_selector = {**selector, **settings.node_selector}
+        # the service's mirror of the cluster's pods knows this one by it: not foreign
+        self.extra_labels = {**self.extra_labels, ALLOCATION_LABEL: str(grant["id"])}
 
     async def load_user_options(self) -> None:
         # KubeSpawner reads user_options["profile"] as a profile_list slug; here it names a

@@ -197,6 +197,20 @@ class _Base(web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(obj))
 
+    def list_reply(self, kind: str, api_version: str, items: list[dict[str, Any]]) -> None:
+        """A list, in pages when the client asks for ``limit`` (``continue`` is where the
+        next page starts, as opaque to the client as the API server's own token)."""
+        limit = int(self.get_query_argument("limit", "0") or 0)
+        start = int(self.get_query_argument("continue", "0") or 0)
+        metadata: dict[str, Any] = {"resourceVersion": "5"}
+        if limit:
+            if start + limit < len(items):
+                metadata["continue"] = str(start + limit)
+            items = items[start : start + limit]
+        self.reply(
+            200, {"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items}
+        )
+
     def status_reply(self, code: int, reason: str, message: str) -> None:
         self.reply(
             code,
@@ -265,15 +279,7 @@ class PodsHandler(_Base):
             and matches(pod["metadata"].get("labels", {}), selector)
             and _fields_match(pod, fields)
         ]
-        self.reply(
-            200,
-            {
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": "3"},
-                "items": items,
-            },
-        )
+        self.list_reply("PodList", "v1", items)
 
 
 def _fields_match(pod: dict[str, Any], selector: str) -> bool:
@@ -295,15 +301,7 @@ def _fields_match(pod: dict[str, Any], selector: str) -> bool:
 
 class NodesHandler(_Base):
     def get(self) -> None:
-        self.reply(
-            200,
-            {
-                "kind": "NodeList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": "4"},
-                "items": self.cluster.nodes,
-            },
-        )
+        self.list_reply("NodeList", "v1", self.cluster.nodes)
 
 
 class JobHandler(_Base):

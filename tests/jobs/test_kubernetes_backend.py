@@ -24,10 +24,8 @@ need_module("kubernetes_asyncio")
 from gpuslice_hub.jobs.accounts import Account  # noqa: E402
 from gpuslice_hub.jobs.backends.base import SubmitRefused  # noqa: E402
 from gpuslice_hub.jobs.backends.kubernetes import priority_classes  # noqa: E402
-from gpuslice_hub.jobs.backends.kubernetes_client import (  # noqa: E402
-    KubernetesBackend,
-    api_configuration,
-)
+from gpuslice_hub.jobs.backends.kubernetes_client import KubernetesBackend  # noqa: E402
+from gpuslice_hub.kubeapi import api_configuration  # noqa: E402
 from gpuslice_hub.profiles import parse_profiles  # noqa: E402
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources  # noqa: E402
 from tests.jobs.fake_kube_api import FakeCluster, start_fake_api  # noqa: E402
@@ -342,7 +340,7 @@ def test_the_service_runs_a_job_through_the_kubernetes_api_as_its_owner(
             "kubernetes",
             extra=(
                 "c.GPUSliceService.job_backend = 'kubernetes'\n"
-                f"c.JobManager.kubernetes_api_url = {cluster.url!r}\n"
+                f"c.KubernetesClusterConfig.api_url = {cluster.url!r}\n"
                 f"c.JobManager.kubernetes_namespace = {cluster.namespace!r}\n"
                 "c.JobManager.kubernetes_image = 'registry.example.org/gpuslice-runner:1'\n"
                 "c.JobManager.kubernetes_jobs_claim = 'gpuslice-jobs'\n"

@@ -119,6 +119,8 @@ async def test_pod_of_each_profile_kind_is_valid_and_holds_the_grant(
         "nvidia.com/gpu.product": product,
         "kubernetes.io/hostname": grant["host"],
     }
+    # the service's mirror of the cluster's pods knows it as gpuslice's by this label
+    assert pod["metadata"]["labels"]["gpuslice.dev/allocation-id"] == str(grant["id"])
     env = env_of(pod)
     assert env["GPUSLICE_ALLOCATION_ID"] == str(grant["id"])
     assert env["GPUSLICE_PROFILE_KIND"] == grant["kind"]

@@ -21,6 +21,7 @@ class HealthHandler(BaseHandler):
                 "started": iso(self.service.started_at),
                 "reconciled": iso(self.service.reconciled_at),
                 "slurm_synced": iso(self.service.slurm_synced_at),
+                "kubernetes_synced": iso(self.service.kubernetes_synced_at),
             }
         )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from tornado import web
 
+from ..ledger.holders import HOLDERS, engine_of
 from .base import BaseHandler
 
 
@@ -38,7 +39,8 @@ class HomeHandler(PageHandler):
         allocations = []
         for a in self.ledger.allocations(user=None if ident.is_admin else ident.name):
             if a["purpose"] == "external":
-                holder = f"Slurm job outside gpuslice ({a['server_name']})"
+                engine = engine_of(a["profile"])
+                holder = f"{HOLDERS[engine]} outside gpuslice ({a['server_name']})"
             elif a["purpose"] == "batch":
                 holder = "batch " + a["server_name"].replace("-", " ")  # "job-12" → "job 12"
             else:

@@ -148,11 +148,6 @@ class JobManager(LoggingConfigurable):
         "when Kueue admits it within its ClusterQueue's quota. Empty: no Kueue, the "
         "cluster's scheduler starts the Jobs as resources allow.",
     ).tag(config=True)
-    kubernetes_api_url = Unicode(
-        "",
-        help="The Kubernetes API's URL, e.g. ``http://127.0.0.1:8001`` behind "
-        "``kubectl proxy``. Empty: the service account's in a pod, else the kubeconfig.",
-    ).tag(config=True)
     runner_python = Unicode(
         "",
         help="Python that runs ``python -m gpuslice.run`` for the local backend (default: "

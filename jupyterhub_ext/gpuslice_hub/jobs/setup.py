@@ -15,6 +15,7 @@ from gpuslice_spawner.launchers.slurm import SlurmGres
 from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from ..errors import ConfigError
+from ..kubecluster import KubernetesClusterConfig
 from ..profiles import Profile
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend
@@ -83,9 +84,10 @@ def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
         if not getattr(manager, key):
             raise ConfigError(f"JobManager.{key}", "is required with job_backend = 'kubernetes'")
     try:
-        from .backends.kubernetes_client import KubernetesBackend, api_configuration
+        from ..kubeapi import api_configuration
+        from .backends.kubernetes_client import KubernetesBackend
 
-        configuration = api_configuration(manager.kubernetes_api_url)
+        configuration = api_configuration(KubernetesClusterConfig(parent=app).api_url)
     except Exception as e:  # no kubernetes_asyncio, no service account, no kubeconfig
         raise ConfigError("job_backend", f"the Kubernetes API cannot be reached: {e}") from None
     return KubernetesBackend(
@@ -118,6 +120,10 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
                 if app.job_backend == "slurm"
                 else "the cluster queues the jobs (its scheduler, or Kueue's queues)"
             ),
+        )
+    if "kubernetes_api_url" in configured:
+        raise ConfigError(
+            "JobManager.kubernetes_api_url", "has moved: set c.KubernetesClusterConfig.api_url"
         )
     queues = manager.kubernetes_kueue_queues
     if queues and app.job_backend != "kubernetes":

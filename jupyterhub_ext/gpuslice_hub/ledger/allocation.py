@@ -41,6 +41,7 @@ from .base import (
     quota_usage,
 )
 from .capacity import CapacityMixin
+from .holders import HOLDERS, engine_of
 
 # Statements of every spawn and release, built once (see snapshot.py).
 _SERVERS_SLICE = select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
@@ -337,12 +338,13 @@ class AllocationMixin(CapacityMixin):
             if not view.active:
                 return allocation_json(view, self._gpus(s)), False
             if view.purpose == "external":
-                # Slurm holds it: releasing it here would offer a device in use until the
-                # mirror's next pass took it back
+                # the engine holds it: releasing it here would offer a device in use until
+                # the mirror's next pass took it back
+                engine = engine_of(view.profile)
                 raise Refused(
                     "wrong_state",
-                    f"allocation {alloc_id} is held by Slurm jobs outside gpuslice; it is "
-                    "released when Slurm frees it",
+                    f"allocation {alloc_id} is held by {HOLDERS[engine]} outside gpuslice; "
+                    f"it is released when {engine} frees it",
                 )
             if server_stopped:
                 reason = self._why_stopped(s, alloc_id) or reason

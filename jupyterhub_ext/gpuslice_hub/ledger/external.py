@@ -1,4 +1,5 @@
-"""Holdings outside gpuslice: what Slurm's jobs hold beyond gpuslice's own slices.
+"""Holdings outside gpuslice: what Slurm's jobs (or Kubernetes' pods) hold beyond
+gpuslice's own slices.
 
 The ledger counts devices; Slurm counts gres per node and picks the device itself. So what a
 node's jobs hold (``slurmusage.read_held``) is compared, gres by gres, with what gpuslice's
@@ -32,12 +33,11 @@ from ..serialize import allocation_json
 from ..snapshot import AllocationView, GPUView, InventoryView, load_allocation
 from .allocation import AllocationMixin
 from .base import ALLOCATIONS, CLAIMS
+from .holders import HOLDERS, engine_of
 
 EXTERNAL = "external"
 # No hub user has an empty name: external holdings belong to nobody who could act on them.
 EXTERNAL_USER = ""
-ACTOR = "slurm"
-RELEASED = "no longer held in Slurm"
 
 
 def is_mig_type(gres_type: str) -> bool:
@@ -149,23 +149,34 @@ def _comparable(key: str, theirs: Counter[str], cfg: SlurmGres) -> bool:
 
 class ExternalMixin(AllocationMixin):
     def sync_external(
-        self, held: Mapping[str, Counter[str]], cfg: SlurmGres, batch_by_id: bool = False
+        self,
+        held: Mapping[str, Counter[str]],
+        cfg: SlurmGres,
+        batch_by_id: bool = False,
+        engine: str = "Slurm",
+        all_by_id: bool = False,
     ) -> tuple[int, int, list[str]]:
         """Make the external holdings what ``held`` (per node) holds beyond gpuslice's own
         slices. Returns (allocations added, released, problems): a problem is a holding that
         found no free device of its kind on the node (the inventory and gres.conf differ).
         ``batch_by_id``: ``held`` leaves out gpuslice's own batch jobs (known by their Slurm
-        ids), so the batch slices explain nothing else."""
+        ids), so the batch slices explain nothing else; ``all_by_id``: it leaves out every
+        gpuslice slice (Kubernetes: their pods carry gpuslice's labels), so none explains
+        anything. ``engine``: whose work ``held`` is (:data:`HOLDERS`)."""
         added = released = 0
         problems: list[str] = []
+        actor, holders = engine.lower(), HOLDERS[engine]
+        released_why = f"no longer held in {engine}"
         # Most passes change nothing: find that out without the allocation lock.
         with self.db.reading() as s:
-            _, _, wanted, current = self._external_plan(s, held, cfg, batch_by_id)
+            _, _, wanted, current = self._external_plan(s, held, cfg, batch_by_id, all_by_id, actor)
         keys = wanted.keys() | current.keys()
         if all(wanted.get(k, 0) == sum(_held_units(v, k[1]) for v in current[k]) for k in keys):
             return 0, 0, []
         with self.db.writing() as s:
-            inv, active, wanted, current = self._external_plan(s, held, cfg, batch_by_id)
+            inv, active, wanted, current = self._external_plan(
+                s, held, cfg, batch_by_id, all_by_id, actor
+            )
             gone: set[int] = set()
             for (host, key), views in current.items():
                 want = wanted.get((host, key), 0)
@@ -181,7 +192,7 @@ class ExternalMixin(AllocationMixin):
                 for view in excess:
                     fresh = load_allocation(s, view.id)
                     if fresh is not None and fresh.active:
-                        self._release(s, fresh, ACTOR, RELEASED)
+                        self._release(s, fresh, actor, released_why)
                         gone.add(view.id)
                         released += 1
 
@@ -195,12 +206,12 @@ class ExternalMixin(AllocationMixin):
                     continue
                 pieces = _take(hosts[host], key, want - have, cfg)
                 for gpu, mig_uuid, milli, memory in pieces:
-                    self._write_external(s, host, key, gpu, mig_uuid, milli, memory)
+                    self._write_external(s, host, key, gpu, mig_uuid, milli, memory, actor, holders)
                     added += 1
                 placed = sum(_piece_units(key, p) for p in pieces)
                 if placed < want - have:
                     problems.append(
-                        f"{host}: Slurm's jobs hold {key} that gpuslice has no free device for "
+                        f"{host}: {holders} hold {key} that gpuslice has no free device for "
                         f"({want - have - placed} of {want - have} units)"
                     )
         return added, released, problems
@@ -211,6 +222,8 @@ class ExternalMixin(AllocationMixin):
         held: Mapping[str, Counter[str]],
         cfg: SlurmGres,
         batch_by_id: bool = False,
+        all_by_id: bool = False,
+        actor: str = "slurm",
     ) -> tuple[
         InventoryView,
         list[AllocationView],
@@ -221,7 +234,7 @@ class ExternalMixin(AllocationMixin):
         inv = self.inventory_cache.get(s)
         active = self.active_cache.get(s)
         present = {h.name for h in inv.hosts if h.present}
-        ours = own_gres(active, inv.by_uuid, cfg, batch=not batch_by_id)
+        ours = {} if all_by_id else own_gres(active, inv.by_uuid, cfg, batch=not batch_by_id)
         wanted: dict[tuple[str, str], int] = {}
         for node, counts in held.items():
             if node in present:
@@ -229,7 +242,8 @@ class ExternalMixin(AllocationMixin):
                     wanted[(node, key)] = _units(key, n, cfg)
         current: defaultdict[tuple[str, str], list[AllocationView]] = defaultdict(list)
         for a in active:
-            if a.purpose == EXTERNAL:
+            # (one engine's mirror: another's holdings, were there two, are not its own)
+            if a.purpose == EXTERNAL and a.profile.partition(":")[0] == actor:
                 current[(a.host, a.server_name)].append(a)
         return inv, active, wanted, current
 
@@ -240,13 +254,22 @@ class ExternalMixin(AllocationMixin):
         return gres_mismatches(slurm, inventory_gres(inv, cfg), cfg)
 
     def _write_external(
-        self, s: Session, host: str, key: str, gpu: GPUState, mig: str | None, milli: int, mem: int
+        self,
+        s: Session,
+        host: str,
+        key: str,
+        gpu: GPUState,
+        mig: str | None,
+        milli: int,
+        mem: int,
+        actor: str = "slurm",
+        holders: str = HOLDERS["Slurm"],
     ) -> None:
         kind = "share" if _is_share(key) else ("mig" if mig else "gpu")
         values: dict[str, Any] = {
             "user": EXTERNAL_USER,
             "server_name": key,
-            "profile": f"slurm:{key}",
+            "profile": f"{actor}:{key}",
             "kind": kind,
             "purpose": EXTERNAL,
             "priority": 0,
@@ -282,10 +305,10 @@ class ExternalMixin(AllocationMixin):
             s,
             "allocated",
             EXTERNAL_USER,
-            ACTOR,
+            actor,
             alloc_id,
             values["profile"],
-            "held by Slurm jobs that did not come through gpuslice",
+            f"held by {holders} that did not come through gpuslice",
             {"host": host, "purpose": EXTERNAL, "gres": key},
         )
 
@@ -349,4 +372,4 @@ def _take(
     return pieces
 
 
-__all__ = ["EXTERNAL", "ExternalMixin", "beyond", "own_gres"]
+__all__ = ["EXTERNAL", "HOLDERS", "ExternalMixin", "beyond", "engine_of", "own_gres"]

@@ -178,12 +178,14 @@
     const who = slice.holder;
     if (!who) return h('span', { className: 'gs-free' }, 'free');
     if (who.purpose === 'external') {
-      // held by a Slurm job that did not come through gpuslice: never offered
+      // held by a Slurm job or Kubernetes pod that did not come through gpuslice: never
+      // offered (its profile is "<engine>:<gres>")
+      const k8s = String(who.profile || '').startsWith('kubernetes:');
       return h(
         'span',
         { className: 'gs-holder', title: `allocation ${who.allocation_id}` },
-        h('b', {}, 'Slurm'),
-        ` job outside gpuslice · ${who.server_name} · since ${ago(who.since)}`
+        h('b', {}, k8s ? 'Kubernetes' : 'Slurm'),
+        ` ${k8s ? 'pod' : 'job'} outside gpuslice · ${who.server_name} · since ${ago(who.since)}`
       );
     }
     const what =

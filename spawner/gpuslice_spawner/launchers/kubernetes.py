@@ -26,6 +26,9 @@ from gpuslice.gpu.profiles import parse_mig_profile
 
 ShareMode = Literal["time-slicing-renamed", "time-slicing", "hami"]
 
+# The label on a server's pod naming the ledger's allocation it holds: the service's mirror of
+# the cluster's pods leaves such pods out (the ledger records them itself).
+ALLOCATION_LABEL = "gpuslice.dev/allocation-id"
 # Kubernetes label values: at most 63 characters, alphanumerics at both ends.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
 # MIG profile names as NVML prints them (1g.10gb, 1g.18gb+me, 7g.80gb); they become part

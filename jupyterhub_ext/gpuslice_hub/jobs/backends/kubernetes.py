@@ -25,6 +25,8 @@ from typing import Any
 from gpuslice.vocab import EXIT_PREEMPTED
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources, kubespawner_settings
 
+# The label on every batch job's Job and pod (the service finds its own by it)
+JOB_LABEL = ("app.kubernetes.io/name", "gpuslice-job")
 ATTEMPT_LABEL = "gpuslice.dev/attempt"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kubernetes label values: at most 63 characters, alphanumerics at both ends
@@ -193,7 +195,7 @@ def priority_classes() -> list[dict[str, Any]]:
 def _labels(job_id: int, user: str) -> dict[str, str]:
     safe_user = "".join(c if c.isalnum() or c in "-_." else "-" for c in user)[:63].strip("-_.")
     return {
-        "app.kubernetes.io/name": "gpuslice-job",
+        JOB_LABEL[0]: JOB_LABEL[1],
         "gpuslice.dev/job-id": str(job_id),
         "gpuslice.dev/user": safe_user or "user",
     }

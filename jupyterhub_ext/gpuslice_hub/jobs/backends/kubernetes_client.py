@@ -28,68 +28,27 @@ the calls are tested against a local HTTP server answering in the API's shapes.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import os
 from collections import defaultdict
-from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gpuslice.vocab import EXIT_BY_STATUS
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources
 
+from ...kubeapi import call_api, run_sync
 from ...profiles import Profile
 from ..accounts import Account
 from .base import RunStatus, SubmitRefused, SubmitUnsure, profile_grant
-from .kubernetes import PRIORITY_CLASS_NAMES, PRIORITY_VALUES, job_manifest
+from .kubernetes import JOB_LABEL, PRIORITY_CLASS_NAMES, PRIORITY_VALUES, job_manifest
 from .local import _runner_status
 
-T = TypeVar("T")
-LABEL_SELECTOR = "app.kubernetes.io/name=gpuslice-job"
+LABEL_SELECTOR = "=".join(JOB_LABEL)
 # The label the Job controller puts on its pods (the older name first, the newer second)
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
-# Seconds a call to the API may take; a create that takes longer may have happened
-REQUEST_TIMEOUT = 30
 # Answers to a create that trying again cannot mend (the API refused the manifest)
 PERMANENT_STATUS = {400, 404, 422}
 # PriorityClass name -> value (a Job's pod not created yet has no priority of its own)
 CLASS_VALUES = {name: PRIORITY_VALUES[cls] for cls, name in PRIORITY_CLASS_NAMES.items()}
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion from synchronous code (the scheduler's worker thread, or
-    a thread of its own when called where an event loop runs)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def api_configuration(url: str = "") -> Any:
-    """How to reach the API: ``url`` (e.g. behind ``kubectl proxy``), else the pod's
-    service account, else the kubeconfig."""
-    from kubernetes_asyncio import config
-    from kubernetes_asyncio.client import Configuration
-
-    configuration = Configuration()
-    if url:
-        configuration.host = url.rstrip("/")
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        _run(config.load_kube_config(client_configuration=configuration))
-    return configuration
-
-
-async def call_api(configuration: Any, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
-    """One call of ``kubernetes_asyncio.client.<api>`` (``BatchV1Api``, ``CoreV1Api``)."""
-    from kubernetes_asyncio import client
-
-    async with client.ApiClient(configuration) as api_client:
-        return await getattr(getattr(client, api)(api_client), method)(
-            *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
-        )
 
 
 class KubernetesBackend:
@@ -168,7 +127,7 @@ class KubernetesBackend:
         except ValueError as e:  # a profile the cluster's resources cannot name
             raise SubmitRefused(str(e), permanent=True) from None
         try:
-            _run(self._call("BatchV1Api", "create_namespaced_job", self.namespace, manifest))
+            run_sync(self._call("BatchV1Api", "create_namespaced_job", self.namespace, manifest))
         except ApiException as e:
             if e.status != 409:  # 409: this very Job exists (a create that seemed to fail)
                 message = f"{e.status} {e.reason}: {_api_message(e)}"
@@ -187,7 +146,7 @@ class KubernetesBackend:
 
     def find(self, job_id: int, account: Account) -> str:
         """An unfinished Job of ``job_id`` (by its label), or ""."""
-        listed = _run(
+        listed = run_sync(
             self._call(
                 "BatchV1Api",
                 "list_namespaced_job",
@@ -226,7 +185,7 @@ class KubernetesBackend:
                 ),
             )
 
-        jobs_listed, pods_listed = _run(both())
+        jobs_listed, pods_listed = run_sync(both())
         jobs = {item.metadata.name: item for item in jobs_listed.items or []}
         pods: defaultdict[str, list[Any]] = defaultdict(list)
         for pod in pods_listed.items or []:
@@ -295,7 +254,7 @@ class KubernetesBackend:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            _run(
+            run_sync(
                 self._call(
                     "BatchV1Api",
                     "delete_namespaced_job",

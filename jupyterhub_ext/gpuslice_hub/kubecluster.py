@@ -1,0 +1,346 @@
+"""The ledger mirrors a Kubernetes cluster: its GPU nodes as the inventory
+(``gpu_backend = "kubernetes"``) and the GPUs its other pods hold as external allocations
+(``KubernetesClusterConfig.sync_interval``), so what the cluster hands out to work that
+never came through gpuslice is never offered.
+
+Inventory, one list of nodes at start (as GPU feature discovery and the NVIDIA device plugin
+label and advertise them):
+
+* the model: the node's ``nvidia.com/gpu.product`` label (GFD writes the NVML name with
+  dashes for spaces); a model a profile names is given its NVML name back, any other keeps
+  the label's spelling (the spawner selects nodes with the same label, so it still matches);
+* the memory: ``nvidia.com/gpu.memory`` (MiB), else the model's name, else
+  ``gpu_memory_mib``;
+* the physical GPUs: ``nvidia.com/gpu.count``; MIG instances: the allocatable
+  ``nvidia.com/mig-<profile>`` resources (the device plugin's *mixed* strategy; the *single*
+  strategy is refused, its instances look like whole GPUs), packed onto GPUs of the model;
+  the other GPUs are whole (shares of them are time-slices of whole GPUs).
+
+Holdings, each pass one list of nodes and one of pods (all namespaces, bound, not ended, in
+pages): each pod's GPU resources (the larger of its containers' sum and any init container)
+in the mirror's units (:data:`UNITS`: a whole GPU, a MIG instance of a profile, or
+milli-GPUs of time-sliced or HAMi shares); pods that carry gpuslice's labels (its servers'
+and its batch jobs') are left out, since the ledger records those itself.
+
+Tested against a stand-in API server answering in the API's shapes, with nodes labelled as
+GFD labels them; no cluster runs here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from traitlets import Dict, Float, Unicode
+from traitlets.config import Configurable
+
+from gpuslice_spawner.launchers.kubernetes import (
+    ALLOCATION_LABEL,
+    KubernetesResources,
+    product_label_value,
+)
+from gpuslice_spawner.launchers.slurm import SlurmGres
+
+from .errors import ConfigError
+from .jobs.backends.kubernetes import JOB_LABEL
+from .kubeapi import list_all, run_sync
+from .ledger import Ledger
+from .slurminventory import model_memory_mib, pack_mig
+from .slurmusage import steady
+
+KEY = "gpu_backend"
+ENGINE = "Kubernetes"
+# GPU feature discovery's node labels
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+# The mirror's units, in the ledger's external-holdings vocabulary: "gpu" a whole GPU (of
+# any model), "gpu:<profile>" a MIG instance, "shard" one milli-GPU of a share
+UNITS = SlurmGres(gpu="gpu", share="shard", shards_per_gpu=1000)
+MEMORY_SETTING = "c.KubernetesClusterConfig.gpu_memory_mib"
+
+
+class KubernetesClusterConfig(Configurable):
+    """How the service reaches the Kubernetes cluster and what it reads of it."""
+
+    api_url = Unicode(
+        "",
+        help="The Kubernetes API's URL, e.g. ``http://127.0.0.1:8001`` behind "
+        "``kubectl proxy``. Empty: the service account's in a pod, else the kubeconfig. "
+        "Used by job_backend = 'kubernetes', gpu_backend = 'kubernetes' and the mirror.",
+    ).tag(config=True)
+
+    sync_interval = Float(
+        0.0,
+        help="Seconds between reads of what the cluster's pods hold (one list of nodes and "
+        "one of bound pods): GPUs, MIG instances and shares held by pods that did not come "
+        "through gpuslice are held in the ledger as ``external`` allocations, so they are "
+        "never offered, and released when the pods end. The service's hosts must be the "
+        "node names (gpu_backend = 'kubernetes' reads them so). 0: off.",
+    ).tag(config=True)
+
+    gpu_memory_mib = Dict(
+        {},
+        help="Memory (MiB) of GPU models whose nodes have no ``nvidia.com/gpu.memory`` "
+        "label and whose name does not say it, by model name, for gpu_backend = "
+        "'kubernetes'.",
+    ).tag(config=True)
+
+
+def cpu_milli(quantity: str) -> int:
+    """A CPU quantity ("64", "63500m", "1.5") in milli-CPUs."""
+    text = str(quantity).strip()
+    if text.endswith("m"):
+        return int(float(text[:-1]))
+    return int(float(text) * 1000)
+
+
+_SUFFIX = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+_QUANTITY = re.compile(r"^([0-9.]+)([KMGT]i?|k)?$")
+
+
+def memory_mib(quantity: str) -> int:
+    """A memory quantity ("515Gi", "528000000Ki", "64G", bytes) in MiB, rounded down."""
+    found = _QUANTITY.match(str(quantity).strip())
+    if not found:
+        raise ValueError(f"not a memory quantity: {quantity!r}")
+    number, suffix = found.groups()
+    return int(float(number) * _SUFFIX.get(suffix or "", 1) // 2**20)
+
+
+def _model(product: str, known: Iterable[str]) -> str:
+    """The NVML name of GFD's product label, where a known model has that label value."""
+    for model in known:
+        try:
+            if product_label_value(model) == product:
+                return model
+        except ValueError:
+            continue
+    return product
+
+
+def hosts_from_nodes(
+    nodes: list[Mapping[str, Any]],
+    res: KubernetesResources,
+    memory: Mapping[str, int],
+    known_models: Iterable[str] = (),
+) -> list[dict[str, Any]]:
+    """The ``hosts`` of the static backend for the cluster's GPU nodes (the API's
+    ``NodeList`` items); nodes without GPUs are left out."""
+    known = list(known_models)
+    hosts = []
+    for node in sorted(nodes, key=lambda n: str(n.get("metadata", {}).get("name"))):
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        labels: Mapping[str, str] = meta.get("labels") or {}
+        allocatable: Mapping[str, str] = (node.get("status") or {}).get("allocatable") or {}
+        mig = Counter(
+            {
+                key[len(res.mig_prefix) :]: int(value)
+                for key, value in allocatable.items()
+                if key.startswith(res.mig_prefix) and int(value) > 0
+            }
+        )
+        replicas = max(1, int(labels.get(GPU_REPLICAS_LABEL, "1") or 1))
+        advertised = int(allocatable.get(res.gpu, 0) or 0) + int(
+            allocatable.get(res.shared_gpu, 0) or 0
+        )
+        count = int(labels.get(GPU_COUNT_LABEL, 0) or 0) or math.ceil(advertised / replicas)
+        if not count and not mig:
+            continue  # no GPUs
+        if labels.get(MIG_STRATEGY_LABEL) == "single":
+            raise ConfigError(
+                KEY,
+                f"node {name} uses the device plugin's 'single' MIG strategy: its MIG "
+                "instances look like whole GPUs; use the 'mixed' strategy "
+                "(nvidia.com/mig-<profile> resources)",
+            )
+        host_label = labels.get(res.host_label or "", name) if res.host_label else name
+        if host_label != name:
+            raise ConfigError(
+                KEY,
+                f"node {name}: its {res.host_label} label is {host_label!r}; servers are "
+                "pinned by that label to the ledger's host, which is the node's name",
+            )
+        product = labels.get(res.product_label or "", "") if res.product_label else ""
+        if not product:
+            raise ConfigError(
+                KEY,
+                f"node {name} has GPUs but no {res.product_label or 'GPU product'} label "
+                "(GPU feature discovery's): the ledger would not know their model",
+            )
+        model = _model(product, [*known, *memory])
+        mib = int(labels.get(GPU_MEMORY_LABEL, 0) or 0) or model_memory_mib(
+            model, memory, MEMORY_SETTING
+        )
+        gpus = pack_mig(mig, model, mib) if mig else []
+        whole = count - len(gpus)
+        if whole < 0:
+            raise ConfigError(
+                KEY,
+                f"node {name}: {count} GPU(s) ({GPU_COUNT_LABEL}) cannot hold its MIG "
+                f"instances ({', '.join(f'{n} of {p}' for p, n in sorted(mig.items()))})",
+            )
+        if whole:
+            gpus.insert(0, {"model": model, "memory_mib": mib, "count": whole})
+        hosts.append(
+            {
+                "name": name,
+                "cpu_milli": cpu_milli(allocatable.get("cpu", "0")),
+                "memory_mib": memory_mib(allocatable.get("memory", "0")),
+                "gpus": gpus,
+            }
+        )
+    return hosts
+
+
+def node_replicas(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
+    """Per node, how many time-slices each GPU is advertised as (GFD's replicas label)."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        out[str(meta.get("name"))] = max(1, int(labels.get(GPU_REPLICAS_LABEL, "1") or 1))
+    return out
+
+
+def is_gpuslices(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is one of gpuslice's own: a batch job's (:data:`JOB_LABEL`) or a
+    server's (the spawner's :data:`ALLOCATION_LABEL`)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(JOB_LABEL[0]) == JOB_LABEL[1] or ALLOCATION_LABEL in labels
+
+
+def pod_limits(pod: Mapping[str, Any]) -> Counter[str]:
+    """What a pod holds of each extended resource: its containers' sum, or the largest init
+    container's where that is more (the scheduler's rule for a pod's request)."""
+    spec = pod.get("spec") or {}
+
+    def limits(container: Mapping[str, Any]) -> Counter[str]:
+        found = (container.get("resources") or {}).get("limits") or {}
+        return Counter({k: int(v) for k, v in found.items() if str(v).isdigit()})
+
+    total: Counter[str] = Counter()
+    for container in spec.get("containers") or []:
+        total.update(limits(container))
+    for container in spec.get("initContainers") or []:
+        total |= limits(container)  # the larger of each
+    return total
+
+
+def held_by_pods(
+    pods: Iterable[Mapping[str, Any]], res: KubernetesResources, replicas: Mapping[str, int]
+) -> dict[str, Counter[str]]:
+    """Per node, what the pods that are not gpuslice's hold, in :data:`UNITS`."""
+    held: dict[str, Counter[str]] = {}
+    for pod in pods:
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or phase not in ("Pending", "Running") or is_gpuslices(pod):
+            continue
+        limits = pod_limits(pod)
+        units: Counter[str] = Counter()
+        for key, n in limits.items():
+            if key.startswith(res.mig_prefix):
+                units[f"{UNITS.gpu}:{key[len(res.mig_prefix) :]}"] += n
+        slices = replicas.get(node, 1)
+        if res.share_mode == "hami" and limits.get(res.hami_cores):
+            # a HAMi share: each device a percentage of a GPU
+            units[UNITS.share] += limits.get(res.gpu, 1) * min(100, limits[res.hami_cores]) * 10
+        elif limits.get(res.gpu):
+            if slices > 1:  # a time-sliced node: each is one slice of a GPU
+                units[UNITS.share] += math.ceil(limits[res.gpu] * 1000 / slices)
+            else:
+                units[UNITS.gpu] += limits[res.gpu]
+        if limits.get(res.shared_gpu):
+            units[UNITS.share] += math.ceil(limits[res.shared_gpu] * 1000 / slices)
+        if units:
+            held.setdefault(node, Counter()).update(units)
+    return held
+
+
+# -- the API --------------------------------------------------------------------------------
+
+
+async def read_nodes(configuration: Any) -> list[Any]:
+    return await list_all(configuration, "CoreV1Api", "list_node")
+
+
+async def read_held(configuration: Any, res: KubernetesResources) -> dict[str, Counter[str]]:
+    """What the cluster's other pods hold, per node: one list of nodes, one of pods."""
+    nodes, pods = await asyncio.gather(
+        read_nodes(configuration),
+        list_all(
+            configuration,
+            "CoreV1Api",
+            "list_pod_for_all_namespaces",
+            # bound to a node and not ended: what holds devices now
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        ),
+    )
+    return held_by_pods(pods, res, node_replicas(nodes))
+
+
+def read_cluster_hosts(
+    configuration: Any, res: KubernetesResources, memory: Mapping[str, int], known: Iterable[str]
+) -> list[dict[str, Any]]:
+    """The cluster's GPU nodes as hosts (at start)."""
+    try:
+        nodes = run_sync(read_nodes(configuration))
+    except Exception as e:  # unreachable, forbidden, ...
+        raise ConfigError(KEY, f"the Kubernetes nodes could not be read: {e}") from None
+    hosts = hosts_from_nodes(nodes, res, memory, known)
+    if not hosts:
+        raise ConfigError(KEY, "no Kubernetes node has GPUs (nvidia.com/gpu.count or MIG)")
+    return hosts
+
+
+async def run_kubernetes_sync(
+    ledger: Ledger,
+    interval: float,
+    read: Callable[[], Any],
+    log: logging.Logger,
+    on_synced: Callable[[], None] = lambda: None,
+) -> None:
+    """Keep the ledger's external holdings equal to what the cluster's other pods hold.
+    ``read``: a coroutine function returning :func:`read_held`'s answer. A holding is kept
+    once two reads agree on it; a failed read changes nothing."""
+    before: dict[str, Counter[str]] | None = None
+    reported: set[str] = set()
+    while True:
+        try:
+            now = dict(await read())
+            held = now if before is None else steady(before, now)
+            added, released, problems = await asyncio.to_thread(
+                ledger.sync_external, held, UNITS, engine=ENGINE, all_by_id=True
+            )
+            before = now
+            if added or released:
+                log.info(
+                    "Kubernetes: %d holding(s) outside gpuslice added, %d released",
+                    added,
+                    released,
+                )
+            on_synced()
+            for problem in problems:
+                if problem not in reported:  # once, not every few seconds
+                    log.warning("%s: check the nodes against the service's hosts", problem)
+            reported = set(problems)
+        except Exception as e:
+            log.warning("the Kubernetes pods could not be mirrored (%s); kept as they were", e)
+        await asyncio.sleep(interval)

@@ -1,0 +1,270 @@
+"""The ledger mirrors a Kubernetes cluster: ``gpu_backend = "kubernetes"`` reads the hosts
+from the nodes (allocatable resources and GPU feature discovery's labels), and the mirror
+holds what the cluster's other pods hold, so it is never offered.
+
+Units on nodes and pods in the API's shapes, labelled as GFD and the NVIDIA device plugin
+(mixed MIG strategy, time-slicing) label them, and the same through real HTTP against the
+stand-in API server (``tests/jobs/fake_kube_api.py``), paged as the API pages. No cluster
+runs here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuslice.gpu import discover
+from gpuslice_hub.errors import ConfigError, Refused
+from gpuslice_hub.kubecluster import (
+    cpu_milli,
+    held_by_pods,
+    hosts_from_nodes,
+    memory_mib,
+    read_held,
+    run_kubernetes_sync,
+)
+from gpuslice_hub.profiles import parse_profiles
+from gpuslice_spawner.launchers.kubernetes import KubernetesResources
+from tests.harness.engines import need_module
+from tests.jobs.fake_kube_api import FakeCluster, start_fake_api
+from tests.service.conftest import build_ledger
+
+A100 = "NVIDIA A100-SXM4-80GB"
+RES = KubernetesResources()
+
+
+def node(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict[str, Any]:
+    """A Node as the API returns it (the fields the inventory reads, and some it does not)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **labels},
+        },
+        "status": {
+            "capacity": dict(allocatable),
+            "allocatable": {"cpu": "63500m", "memory": "528273516Ki", "pods": "110", **allocatable},
+        },
+    }
+
+
+NODES = [
+    # eight A100s, two of them in MIG mode (mixed strategy): two 3g.40gb and seven 1g.10gb
+    node(
+        "gpu-a",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "81920",
+            "nvidia.com/mig.strategy": "mixed",
+        },
+        {"nvidia.com/gpu": "6", "nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "7"},
+    ),
+    # four time-sliced A100-40GB, four slices each (renameByDefault: gpu.shared)
+    node(
+        "gpu-b",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+            "nvidia.com/gpu.count": "4",
+            "nvidia.com/gpu.replicas": "4",
+            "nvidia.com/gpu.memory": "40960",
+        },
+        {"nvidia.com/gpu.shared": "16"},
+    ),
+    node("cpu-1", {}, {}),  # no GPUs: not a host of the ledger
+]
+
+
+def test_nodes_become_hosts_with_their_models_mig_instances_and_whole_gpus():
+    hosts = hosts_from_nodes(NODES, RES, {}, known_models=[A100])
+    assert [h["name"] for h in hosts] == ["gpu-a", "gpu-b"]
+    a100 = {"model": A100, "memory_mib": 81920}  # the profiles' NVML name for the label
+    assert hosts[0] == {
+        "name": "gpu-a",
+        "cpu_milli": 63500,
+        "memory_mib": 528273516 // 1024,
+        "gpus": [
+            {**a100, "count": 6},
+            {**a100, "mig": ["3g.40gb", "3g.40gb"]},
+            {**a100, "mig": ["1g.10gb"] * 7},
+        ],
+    }
+    # a model no profile names keeps GFD's spelling (the spawner selects with the same label)
+    assert hosts[1]["gpus"] == [{"model": "NVIDIA-A100-SXM4-40GB", "memory_mib": 40960, "count": 4}]
+    inventory = discover("static", hosts)  # what the static backend makes of it
+    instances = [m.profile for g in inventory.hosts[0].gpus for m in g.mig_instances]
+    assert sorted(instances) == ["1g.10gb"] * 7 + ["3g.40gb"] * 2
+    assert len(inventory.hosts[1].gpus) == 4
+
+
+def test_quantities_are_read_as_the_api_writes_them():
+    assert [cpu_milli(q) for q in ("64", "63500m", "1.5")] == [64000, 63500, 1500]
+    assert memory_mib("515Gi") == 515 * 1024
+    assert memory_mib("1048576Ki") == 1024
+    assert memory_mib("64G") == 64 * 10**9 // 2**20
+    assert memory_mib("1073741824") == 1024
+    with pytest.raises(ValueError, match="not a memory quantity"):
+        memory_mib("lots")
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"labels": {"nvidia.com/mig.strategy": "single"}}, "'single' MIG strategy"),
+        ({"drop": "nvidia.com/gpu.product"}, "no nvidia.com/gpu.product label"),
+        ({"labels": {"kubernetes.io/hostname": "other"}}, "its kubernetes.io/hostname label"),
+        ({"labels": {"nvidia.com/gpu.count": "1"}}, "cannot hold its MIG instances"),
+    ],
+)
+def test_nodes_the_ledger_could_not_describe_are_refused_naming_the_node(change, words):
+    bad = node(
+        "gpu-a", dict(NODES[0]["metadata"]["labels"]), dict(NODES[0]["status"]["allocatable"])
+    )
+    bad["metadata"]["labels"].update(change.get("labels", {}))
+    bad["metadata"]["labels"].pop(change.get("drop", ""), None)
+    with pytest.raises(ConfigError) as e:
+        hosts_from_nodes([bad], RES, {})
+    assert e.value.key == "gpu_backend" and "gpu-a" in str(e.value) and words in str(e.value)
+
+
+def test_a_models_memory_comes_from_its_label_its_name_or_the_setting():
+    labels = {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.count": "1"}
+    t4 = node("t4", labels, {"nvidia.com/gpu": "1"})
+    with pytest.raises(ConfigError, match=r"KubernetesClusterConfig\.gpu_memory_mib"):
+        hosts_from_nodes([t4], RES, {})
+    (host,) = hosts_from_nodes([t4], RES, {"Tesla-T4": 15360})
+    assert host["gpus"] == [{"model": "Tesla-T4", "memory_mib": 15360, "count": 1}]
+
+
+def pod(
+    name: str,
+    node_name: str,
+    limits: dict[str, str],
+    labels: dict[str, str] | None = None,
+    phase: str = "Running",
+    init: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeName": node_name,
+        "containers": [{"name": "c", "image": "i", "resources": {"limits": limits}}],
+    }
+    if init:
+        spec["initContainers"] = [{"name": "init", "image": "i", "resources": {"limits": init}}]
+    return {
+        "metadata": {"name": name, "namespace": "team", "labels": labels or {}},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def test_the_pods_that_are_not_gpuslices_hold_whole_gpus_instances_and_slices():
+    pods = [
+        pod("train", "gpu-a", {"nvidia.com/gpu": "2", "cpu": "8"}),
+        pod("eval", "gpu-a", {"nvidia.com/mig-1g.10gb": "1"}, init={"nvidia.com/mig-1g.10gb": "2"}),
+        pod("viz", "gpu-b", {"nvidia.com/gpu.shared": "1"}),  # one of four slices
+        pod("done", "gpu-a", {"nvidia.com/gpu": "1"}, phase="Succeeded"),
+        # gpuslice's own: a server (its allocation's label) and a batch job
+        pod("jupyter-ann", "gpu-a", {"nvidia.com/gpu": "1"}, {"gpuslice.dev/allocation-id": "3"}),
+        pod("job", "gpu-a", {"nvidia.com/gpu": "1"}, {"app.kubernetes.io/name": "gpuslice-job"}),
+    ]
+    held = held_by_pods(pods, RES, {"gpu-a": 1, "gpu-b": 4})
+    assert held == {
+        "gpu-a": Counter({"gpu": 2, "gpu:1g.10gb": 2}),  # an init container's larger ask
+        "gpu-b": Counter({"shard": 250}),  # milli-GPUs: a quarter of a GPU
+    }
+    hami = KubernetesResources(share_mode="hami")
+    share = pod("s", "gpu-a", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"})
+    assert held_by_pods([share], hami, {}) == {"gpu-a": Counter({"shard": 300})}
+
+
+@pytest.fixture
+def cluster() -> Iterator[FakeCluster]:
+    need_module("kubernetes_asyncio")
+    fake, stop = start_fake_api(FakeCluster(nodes=list(NODES)))
+    yield fake
+    stop()
+
+
+def test_a_foreign_pod_is_never_offered_and_its_gpu_comes_back_when_it_ends(tmp_path, cluster):
+    from gpuslice_hub.kubeapi import api_configuration
+
+    hosts = hosts_from_nodes(NODES, RES, {}, known_models=[A100])
+    profiles = [{"name": "mig-1g", "kind": "mig", "mig_profile": "1g.10gb"}]
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=profiles, hosts=hosts)
+    configuration = api_configuration(cluster.url)
+    # 600 pods of other teams (more than one page of the API's), one holding instances
+    for i in range(600):
+        cluster.foreign_pod("team", f"web-{i}", "cpu-1", {"cpu": "1"})
+    cluster.foreign_pod("team", "eval", "gpu-a", {"nvidia.com/mig-1g.10gb": "3"})
+    cluster.foreign_pod("team", "queued", "", {"nvidia.com/mig-1g.10gb": "1"}, phase="Pending")
+    before = len(cluster.requests)
+    held = asyncio.run(read_held(configuration, RES))
+    assert held == {"gpu-a": Counter({"gpu:1g.10gb": 3})}
+    pages = [r for r in cluster.requests[before:] if r["path"] == "/api/v1/pods"]
+    assert len(pages) == 2 and pages[0]["query"]["limit"] == "500"
+    assert pages[0]["query"]["fieldSelector"] == (
+        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    )
+
+    async def mirror() -> None:
+        task = asyncio.ensure_future(
+            run_kubernetes_sync(
+                ledger, 0.05, lambda: read_held(configuration, RES), logging.getLogger("t")
+            )
+        )
+        try:
+            # held once two reads agree: 7 instances, 3 held by the pod
+            await until(lambda: ledger.profile_capacity()["mig-1g"][0] == 4)
+            external = [a for a in ledger.allocations() if a["purpose"] == "external"]
+            assert [(a["profile"], a["host"]) for a in external] == [
+                ("kubernetes:gpu:1g.10gb", "gpu-a")
+            ] * 3
+            # no one can release it but the cluster
+            with pytest.raises(Refused, match="held by Kubernetes pods outside gpuslice"):
+                ledger.release(external[0]["id"], "admin", "tidy up")
+            del cluster.pods["eval"]  # the pod ended
+            await until(lambda: ledger.profile_capacity()["mig-1g"][0] == 7)
+        finally:
+            task.cancel()
+
+    asyncio.run(mirror())
+    events = [e for e in ledger.events() if str(e["profile"]).startswith("kubernetes:")]
+    assert {e["kind"] for e in events} == {"allocated", "released"}
+    assert all(e["actor"] == "kubernetes" for e in events)
+
+
+async def until(check: Any, timeout: float = 20) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, "not within the deadline"
+        await asyncio.sleep(0.05)
+
+
+def test_the_service_reads_its_hosts_from_the_cluster_and_refuses_hand_written_ones(cluster):
+    from traitlets.config import Config
+
+    from gpuslice_hub.app import GPUSliceService
+
+    config = Config()
+    config.GPUSliceService.gpu_backend = "kubernetes"
+    config.GPUSliceService.profiles = [
+        {"name": "whole", "kind": "gpu", "count": 1, "models": [A100]}
+    ]
+    config.KubernetesClusterConfig.api_url = cluster.url
+    service = GPUSliceService(config=config)
+    # read at start (load_settings); the NVML names of the models come from them
+    service.parsed_profiles = parse_profiles(config.GPUSliceService.profiles)
+    inventory = service.discover()
+    assert [h.name for h in inventory.hosts] == ["gpu-a", "gpu-b"]
+    assert {g.model for g in inventory.hosts[0].gpus} == {A100}
+    config.GPUSliceService.hosts = hosts_from_nodes(NODES, RES, {})
+    with pytest.raises(ConfigError) as e:
+        GPUSliceService(config=config).discover()
+    assert e.value.key == "hosts" and "read from the cluster" in str(e.value)
