@@ -48,6 +48,8 @@ class FakeCluster:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> pod (any namespace)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     priorities: dict[str, int] = field(default_factory=dict)  # PriorityClass -> value
+    # A full cluster: each new Job's pod waits, unschedulable with this message
+    full: str = ""
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     validate: Any = None  # manifest -> None, raising when the schema refuses it
@@ -247,6 +249,8 @@ class JobsHandler(_Base):
         }
         manifest["status"] = {}
         self.cluster.jobs[name] = manifest
+        if self.cluster.full and not manifest["spec"].get("suspend"):
+            self.cluster.unschedulable(name, self.cluster.full)
         self.reply(201, manifest)
 
     def get(self, namespace: str) -> None:

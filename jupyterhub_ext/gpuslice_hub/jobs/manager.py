@@ -551,9 +551,10 @@ class JobManager(LoggingConfigurable):
         Should it not do so within ``preempt_grace``, the service asks the job to checkpoint
         and stop."""
         engine = self.queueing.engine
+        unit = "pod" if engine == "Kubernetes" else "job"  # what a server is to the engine
         reason = (
             f"{profile.name} needed by the interactive server of {caller.user}: "
-            f"{engine} preempts it when that server starts"
+            f"{engine} preempts it when that server's {unit} starts"
         )
         with self.db.writing() as s:
             row = s.get(JobRow, job.id)
