@@ -6,10 +6,13 @@ scheduler's worker thread."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import json
 import os
-from collections.abc import Coroutine
+import threading
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -44,36 +47,95 @@ def api_configuration(url: str = "") -> Any:
     return configuration
 
 
-async def call_api(configuration: Any, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
+async def call(api_client: Any, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
     """One call of ``kubernetes_asyncio.client.<api>`` (``BatchV1Api``, ``CoreV1Api``)."""
     from kubernetes_asyncio import client
 
-    async with client.ApiClient(configuration) as api_client:
-        return await getattr(getattr(client, api)(api_client), method)(
-            *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
-        )
+    return await getattr(getattr(client, api)(api_client), method)(
+        *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
+    )
 
 
-async def list_all(configuration: Any, api: str, method: str, **kwargs: Any) -> list[Any]:
+async def list_items(api_client: Any, api: str, method: str, **kwargs: Any) -> list[Any]:
     """Every item of a list call, page by page, as the API's JSON (not the client's models:
-    thousands of pods parse faster, and the shapes are the API's own)."""
+    thousands of pods parse several times faster, and the shapes are the API's own)."""
     from kubernetes_asyncio import client
 
     items: list[Any] = []
     token = None
+    list_call = getattr(getattr(client, api)(api_client), method)
+    while True:
+        extra: dict[str, Any] = {"_continue": token} if token else {}
+        response = await list_call(
+            limit=PAGE,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+            **extra,
+            **kwargs,
+        )
+        page = json.loads(await response.read())
+        items += page.get("items") or []
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+
+
+async def list_all(configuration: Any, api: str, method: str, **kwargs: Any) -> list[Any]:
+    """:func:`list_items` with a client of its own (a periodic read on the service's loop)."""
+    from kubernetes_asyncio import client
+
     async with client.ApiClient(configuration) as api_client:
-        call = getattr(getattr(client, api)(api_client), method)
-        while True:
-            extra: dict[str, Any] = {"_continue": token} if token else {}
-            response = await call(
-                limit=PAGE,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-                **extra,
-                **kwargs,
-            )
-            page = json.loads(await response.read())
-            items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        return await list_items(api_client, api, method, **kwargs)
+
+
+class ApiSession:
+    """One event loop (in a thread of its own) and one API client for many synchronous
+    calls, e.g. the job scheduler's from its worker thread: a client made per call (an HTTP
+    session, its connection pool and TLS context) cost most of a Job's create."""
+
+    def __init__(self, configuration: Any) -> None:
+        self.configuration = configuration
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                name = "kubernetes-api"
+                threading.Thread(target=loop.run_forever, daemon=True, name=name).start()
+                self._loop = loop
+                atexit.register(self.close)
+            return self._loop
+
+    def close(self) -> None:
+        """Close the client's connections and stop the loop (at exit)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        if self._client is not None:
+            client, self._client = self._client, None
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(client.close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+
+    def run(self, use: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+        """``use(api_client)`` run to completion on the session's loop."""
+
+        async def with_client() -> T:
+            if self._client is None:
+                from kubernetes_asyncio import client
+
+                self._client = client.ApiClient(self.configuration)
+            return await use(self._client)
+
+        loop = self._running_loop()
+        return asyncio.run_coroutine_threadsafe(with_client(), loop).result()
+
+    def call(self, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.run(lambda c: call(c, api, method, *args, **kwargs))
+
+    def list(self, api: str, method: str, **kwargs: Any) -> list[Any]:
+        return self.run(lambda c: list_items(c, api, method, **kwargs))

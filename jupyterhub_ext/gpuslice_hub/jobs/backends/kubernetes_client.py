@@ -35,7 +35,7 @@ from typing import Any
 from gpuslice.vocab import EXIT_BY_STATUS
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources
 
-from ...kubeapi import call_api, list_all, run_sync
+from ...kubeapi import ApiSession, list_items
 from ...profiles import Profile
 from ..accounts import Account
 from .base import RunStatus, SubmitRefused, SubmitUnsure, profile_grant
@@ -75,7 +75,7 @@ class KubernetesBackend:
         grace_seconds: int = 60,
         kueue_queues: Mapping[str, str] | None = None,
     ) -> None:
-        self.configuration = configuration
+        self.session = ApiSession(configuration)
         self.namespace = namespace
         self.image = image
         self.claim_name = claim_name
@@ -83,8 +83,9 @@ class KubernetesBackend:
         self.grace_seconds = grace_seconds
         self.kueue_queues = dict(kueue_queues or {})
 
-    def _call(self, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return call_api(self.configuration, api, method, *args, **kwargs)
+    @property
+    def configuration(self) -> Any:
+        return self.session.configuration
 
     def submit(
         self,
@@ -133,7 +134,7 @@ class KubernetesBackend:
         except ValueError as e:  # a profile the cluster's resources cannot name
             raise SubmitRefused(str(e), permanent=True) from None
         try:
-            run_sync(self._call("BatchV1Api", "create_namespaced_job", self.namespace, manifest))
+            self.session.call("BatchV1Api", "create_namespaced_job", self.namespace, manifest)
         except ApiException as e:
             if e.status != 409:  # 409: this very Job exists (a create that seemed to fail)
                 message = f"{e.status} {e.reason}: {_api_message(e)}"
@@ -150,17 +151,12 @@ class KubernetesBackend:
             "user": account.name,
         }
 
-    def _list(self, api: str, method: str, selector: str) -> Any:
-        # the API's JSON, paged: thousands of Jobs and pods parse several times faster
-        # than as the client's models
-        return list_all(
-            self.configuration, api, method, namespace=self.namespace, label_selector=selector
-        )
-
     def find(self, job_id: int, account: Account) -> str:
         """An unfinished Job of ``job_id`` (by its label), or ""."""
         selector = f"{LABEL_SELECTOR},gpuslice.dev/job-id={job_id}"
-        listed = run_sync(self._list("BatchV1Api", "list_namespaced_job", selector))
+        listed = self.session.list(
+            "BatchV1Api", "list_namespaced_job", namespace=self.namespace, label_selector=selector
+        )
         names = [
             (_meta(item).get("creationTimestamp", ""), _meta(item)["name"])
             for item in listed
@@ -176,13 +172,16 @@ class KubernetesBackend:
         if not refs:
             return []
 
-        async def both() -> tuple[Any, Any]:
+        async def both(api_client: Any) -> tuple[Any, Any]:
+            # the API's JSON, paged: thousands of Jobs and pods parse several times faster
+            # than as the client's models
+            selected = {"namespace": self.namespace, "label_selector": LABEL_SELECTOR}
             return await asyncio.gather(
-                self._list("BatchV1Api", "list_namespaced_job", LABEL_SELECTOR),
-                self._list("CoreV1Api", "list_namespaced_pod", LABEL_SELECTOR),
+                list_items(api_client, "BatchV1Api", "list_namespaced_job", **selected),
+                list_items(api_client, "CoreV1Api", "list_namespaced_pod", **selected),
             )
 
-        job_items, pod_items = run_sync(both())
+        job_items, pod_items = self.session.run(both)
         jobs = {_meta(item)["name"]: item for item in job_items}
         pods: defaultdict[str, list[Any]] = defaultdict(list)
         for pod in pod_items:
@@ -199,10 +198,14 @@ class KubernetesBackend:
     def _status(
         self, ref: dict[str, Any], job: dict[str, Any] | None, pods: list[dict[str, Any]]
     ) -> RunStatus:
-        # a failed or gone Job: the runner's own record says how it ended
-        said = EXIT_BY_STATUS.get(_runner_status(str(ref.get("job_dir", ""))) or "")
+
+        def said() -> int | None:
+            # a failed or gone Job: the runner's own record says how it ended (read only
+            # then: a pass over thousands of waiting jobs opens no job folder)
+            return EXIT_BY_STATUS.get(_runner_status(str(ref.get("job_dir", ""))) or "")
+
         if job is None:
-            return RunStatus(False, said, state="gone")
+            return RunStatus(False, said(), state="gone")
         conditions = {
             c.get("type"): c
             for c in (job.get("status") or {}).get("conditions") or []
@@ -214,7 +217,8 @@ class KubernetesBackend:
             # the runner's word; else a FailJob rule (exit 1: a cell failed); else it
             # crashed (killed, out of memory): unknown, so gpuslice restarts it
             by_rule = 1 if conditions["Failed"].get("reason") == "PodFailurePolicy" else None
-            code = said if said is not None else by_rule
+            code = said()
+            code = code if code is not None else by_rule
             return RunStatus(False, code, state="Failed")
         deleting = bool(_meta(job).get("deletionTimestamp"))
         live = [p for p in pods if _phase(p) not in ("Succeeded", "Failed")]
@@ -256,15 +260,13 @@ class KubernetesBackend:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            run_sync(
-                self._call(
-                    "BatchV1Api",
-                    "delete_namespaced_job",
-                    ref["k8s_job"],
-                    ref.get("namespace", self.namespace),
-                    propagation_policy="Foreground",
-                    grace_period_seconds=grace,
-                )
+            self.session.call(
+                "BatchV1Api",
+                "delete_namespaced_job",
+                ref["k8s_job"],
+                ref.get("namespace", self.namespace),
+                propagation_policy="Foreground",
+                grace_period_seconds=grace,
             )
         except ApiException as e:
             if e.status != 404:  # already gone: nothing to stop
