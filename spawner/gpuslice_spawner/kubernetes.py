@@ -53,7 +53,8 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
         self.extra_resource_guarantees = {**guarantees, **settings.extra_resource_guarantees}
         self.node_selector = {**selector, **settings.node_selector}
         # the service's mirror of the cluster's pods knows this one by it: not foreign
-        self.extra_labels = {**self.extra_labels, ALLOCATION_LABEL: str(grant["id"])}
+        labels = self._kept("extra_labels", ALLOCATION_LABEL.__eq__)
+        self.extra_labels = {**labels, ALLOCATION_LABEL: str(grant["id"])}
 
     async def load_user_options(self) -> None:
         # KubeSpawner reads user_options["profile"] as a profile_list slug; here it names a

@@ -28,9 +28,9 @@ from gpuslice_hub.db.jobs_models import JobRow  # noqa: E402
 from gpuslice_hub.db.models import utcnow  # noqa: E402
 from gpuslice_hub.errors import Pending  # noqa: E402
 from gpuslice_hub.jobs.backends.kubernetes_client import KubernetesBackend  # noqa: E402
-from gpuslice_hub.kubeapi import api_configuration  # noqa: E402
 from gpuslice_hub.jobs.manager import JobManager  # noqa: E402
 from gpuslice_hub.jobs.scheduler import Scheduler  # noqa: E402
+from gpuslice_hub.kubeapi import api_configuration  # noqa: E402
 from gpuslice_hub.ledger import Caller, Ledger  # noqa: E402
 from tests.jobs.fake_kube_api import FakeCluster, start_fake_api  # noqa: E402
 from tests.jobs.full_cluster import insert_queued  # noqa: E402
