@@ -110,7 +110,9 @@ class AllocationHandler(BaseHandler):
         ident = self.identity()
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
         owner = None if ident.sees_all else ident.name
-        alloc, released = self.ledger.release(
+        # in a worker thread, as allocate: a release waits for the ledger's writer
+        alloc, released = await asyncio.to_thread(
+            self.ledger.release,
             self.db_id(alloc_id, "allocation"),
             ident.name,
             reason,
