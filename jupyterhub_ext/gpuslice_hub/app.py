@@ -58,7 +58,12 @@ from .idle import effective_policy
 from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
 from .kubeapi import api_configuration
-from .kubecluster import KubernetesClusterConfig, read_cluster_hosts, run_kubernetes_sync
+from .kubecluster import (
+    KubernetesClusterConfig,
+    check_cluster_config,
+    read_cluster_hosts,
+    run_kubernetes_sync,
+)
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
 from .metrics import make_registry
@@ -351,6 +356,13 @@ class GPUSliceService(Application):
                 "slurm_sync_interval",
                 "squeue is not on the service's PATH, so Slurm's holdings cannot be read",
             )
+        check_cluster_config(
+            KubernetesClusterConfig(parent=self),
+            next(
+                (k for k in ("gpu_backend", "job_backend") if getattr(self, k) == "kubernetes"),
+                "",
+            ),
+        )
         if self.history_retention_days != 0 and self.history_retention_days < MIN_RETENTION_DAYS:
             raise ConfigError(
                 "history_retention_days",

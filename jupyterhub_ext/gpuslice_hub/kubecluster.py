@@ -93,6 +93,27 @@ class KubernetesClusterConfig(Configurable):
     ).tag(config=True)
 
 
+def check_cluster_config(cluster: KubernetesClusterConfig, needed_by: str) -> None:
+    """Refuse at start what would fail later: a negative interval, or Kubernetes asked for
+    (``needed_by``: the setting that uses it, if any; or the mirror) without the client."""
+    key = "KubernetesClusterConfig.sync_interval"
+    if cluster.sync_interval < 0:
+        raise ConfigError(key, "must be >= 0 seconds (0: off)")
+    if needed_by or cluster.sync_interval > 0:
+        try:
+            import kubernetes_asyncio  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                needed_by or key,
+                "needs the Kubernetes client: pip install 'gpuslice[kubernetes]'",
+            ) from None
+    for model, mib in cluster.gpu_memory_mib.items():
+        if not isinstance(mib, int) or isinstance(mib, bool) or mib <= 0:
+            raise ConfigError(
+                "KubernetesClusterConfig.gpu_memory_mib", f"{model!r}: a positive MiB count"
+            )
+
+
 def cpu_milli(quantity: str) -> int:
     """A CPU quantity ("64", "63500m", "1.5") in milli-CPUs."""
     text = str(quantity).strip()

@@ -268,3 +268,28 @@ def test_the_service_reads_its_hosts_from_the_cluster_and_refuses_hand_written_o
     with pytest.raises(ConfigError) as e:
         GPUSliceService(config=config).discover()
     assert e.value.key == "hosts" and "read from the cluster" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"sync_interval": -1.0}, "KubernetesClusterConfig.sync_interval"),
+        ({"gpu_memory_mib": {"Tesla-T4": "16GB"}}, "KubernetesClusterConfig.gpu_memory_mib"),
+    ],
+)
+def test_cluster_settings_that_would_fail_later_are_refused_at_start(
+    settings, key, monkeypatch, tmp_path
+):
+    from traitlets.config import Config
+
+    from gpuslice_hub.app import GPUSliceService
+
+    config = Config()
+    config.GPUSliceService.profiles = [{"name": "whole", "kind": "gpu", "count": 1}]
+    for name, value in settings.items():
+        setattr(config.KubernetesClusterConfig, name, value)
+    monkeypatch.chdir(tmp_path)  # no gpuslice_config.py to read
+    service = GPUSliceService(config=config)
+    with pytest.raises(ConfigError) as e:
+        service.load_settings()
+    assert e.value.key == key
