@@ -547,7 +547,9 @@ class GPUSliceService(Application):
                     self.log,
                     self._slurm_synced,
                     # Slurm schedules the batch jobs: the job pass records those by id
-                    jobs.slurm_jobs_accounted if jobs is not None and jobs.delegated else None,
+                    jobs.jobs_accounted
+                    if jobs is not None and self.job_backend == "slurm"
+                    else None,
                 )
             )
         self._kubernetes_sync = self._start_kubernetes_sync()
@@ -596,11 +598,19 @@ class GPUSliceService(Application):
         assert self.ledger is not None
         configuration = api_configuration(cluster.api_url)
         res = KubernetesResourcesConfig(parent=self).value()
+        jobs = self.jobs
+
+        def accounted() -> set[str]:
+            # the batch jobs' pods the job pass records itself (Kubernetes schedules them)
+            if jobs is None or self.job_backend != "kubernetes":
+                return set()
+            return jobs.jobs_accounted("k8s_job")
+
         return asyncio.ensure_future(
             run_kubernetes_sync(
                 self.ledger,
                 cluster.sync_interval,
-                lambda: read_kubernetes_held(configuration, res),
+                lambda: read_kubernetes_held(configuration, res, accounted()),
                 self.log,
                 self._kubernetes_synced,
             )

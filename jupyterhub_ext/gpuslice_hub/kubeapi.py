@@ -73,7 +73,16 @@ async def list_items(api_client: Any, api: str, method: str, **kwargs: Any) -> l
             **extra,
             **kwargs,
         )
-        page = json.loads(await response.read())
+        body = await response.read()
+        if not 200 <= response.status < 300:
+            # (without the client's models, the client checks no status: an error's
+            # ``Status`` body has no items, and must never read as an empty list)
+            from kubernetes_asyncio.client.exceptions import ApiException
+
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = body.decode(errors="replace")
+            raise error
+        page = json.loads(body)
         items += page.get("items") or []
         token = (page.get("metadata") or {}).get("continue")
         if not token:

@@ -33,7 +33,7 @@ import logging
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from traitlets import Dict, Float, Unicode
@@ -240,11 +240,14 @@ def node_replicas(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
     return out
 
 
-def is_gpuslices(pod: Mapping[str, Any]) -> bool:
-    """Whether ``pod`` is one of gpuslice's own: a batch job's (:data:`JOB_LABEL`) or a
-    server's (the spawner's :data:`ALLOCATION_LABEL`)."""
+def is_recorded(pod: Mapping[str, Any], jobs: Collection[str]) -> bool:
+    """Whether the ledger records ``pod`` itself: a server's (the spawner's
+    :data:`ALLOCATION_LABEL`), or a batch job's whose Job is one of ``jobs`` (the pass
+    records those; the pod of an unrecorded job, or of one already over, is held here)."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get(JOB_LABEL[0]) == JOB_LABEL[1] or ALLOCATION_LABEL in labels
+    if ALLOCATION_LABEL in labels:
+        return True
+    return labels.get(JOB_LABEL[0]) == JOB_LABEL[1] and labels.get("job-name") in jobs
 
 
 def pod_limits(pod: Mapping[str, Any]) -> Counter[str]:
@@ -265,14 +268,18 @@ def pod_limits(pod: Mapping[str, Any]) -> Counter[str]:
 
 
 def held_by_pods(
-    pods: Iterable[Mapping[str, Any]], res: KubernetesResources, replicas: Mapping[str, int]
+    pods: Iterable[Mapping[str, Any]],
+    res: KubernetesResources,
+    replicas: Mapping[str, int],
+    jobs: Collection[str] = (),
 ) -> dict[str, Counter[str]]:
-    """Per node, what the pods that are not gpuslice's hold, in :data:`UNITS`."""
+    """Per node, what the pods the ledger does not record hold, in :data:`UNITS`
+    (``jobs``: the batch Jobs the job pass records, :func:`is_recorded`)."""
     held: dict[str, Counter[str]] = {}
     for pod in pods:
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         phase = (pod.get("status") or {}).get("phase")
-        if not node or phase not in ("Pending", "Running") or is_gpuslices(pod):
+        if not node or phase not in ("Pending", "Running") or is_recorded(pod, jobs):
             continue
         limits = pod_limits(pod)
         units: Counter[str] = Counter()
@@ -302,8 +309,11 @@ async def read_nodes(configuration: Any) -> list[Any]:
     return await list_all(configuration, "CoreV1Api", "list_node")
 
 
-async def read_held(configuration: Any, res: KubernetesResources) -> dict[str, Counter[str]]:
-    """What the cluster's other pods hold, per node: one list of nodes, one of pods."""
+async def read_held(
+    configuration: Any, res: KubernetesResources, jobs: Collection[str] = ()
+) -> dict[str, Counter[str]]:
+    """What the pods the ledger does not record hold, per node: one list of nodes, one of
+    pods (``jobs``: :func:`held_by_pods`)."""
     nodes, pods = await asyncio.gather(
         read_nodes(configuration),
         list_all(
@@ -314,7 +324,7 @@ async def read_held(configuration: Any, res: KubernetesResources) -> dict[str, C
             field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
         ),
     )
-    return held_by_pods(pods, res, node_replicas(nodes))
+    return held_by_pods(pods, res, node_replicas(nodes), jobs)
 
 
 def read_cluster_hosts(

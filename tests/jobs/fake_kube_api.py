@@ -50,6 +50,10 @@ class FakeCluster:
     priorities: dict[str, int] = field(default_factory=dict)  # PriorityClass -> value
     # A full cluster: each new Job's pod waits, unschedulable with this message
     full: str = ""
+    # The next requests that get an error answer: (method, path, status), each once
+    errors: list[tuple[str, str, int]] = field(default_factory=list)
+    # The next Job create is stored, then answered with this status (a 504 that happened)
+    stored_then: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     validate: Any = None  # manifest -> None, raising when the schema refuses it
@@ -135,9 +139,9 @@ class FakeCluster:
 
     def disrupt(self, job: str) -> str:
         """The scheduler preempts (or a drain evicts) the Job's running pod: it is being
-        deleted with the DisruptionTarget condition, and the Job controller (its
-        podFailurePolicy ignores disruptions) makes the next pod at once. Returns the
-        disrupted pod's name."""
+        deleted with the DisruptionTarget condition; the Job controller makes the next pod
+        once this one is terminal (with a podFailurePolicy, pods are replaced only then).
+        Returns the disrupted pod's name."""
         pod = self.current_pod(job)
         pod["metadata"]["deletionTimestamp"] = now()
         pod["status"].setdefault("conditions", []).append(
@@ -148,12 +152,25 @@ class FakeCluster:
                 "lastTransitionTime": now(),
             }
         )
-        self.make_pod(job)
         return pod["metadata"]["name"]
 
     def terminated(self, pod: str, code: int) -> None:
-        """The kubelet reports the pod's container ended with ``code``."""
-        self.pods[pod]["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        """The kubelet reports the pod's container ended with ``code``; a disrupted pod of
+        a Job that is not being deleted is replaced (the policy ignores the disruption)."""
+        found = self.pods[pod]
+        found["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        job = found["metadata"]["labels"].get("job-name")
+        disrupted = any(
+            c["type"] == "DisruptionTarget" for c in found["status"].get("conditions", [])
+        )
+        if disrupted and job in self.jobs and "deletionTimestamp" not in self.jobs[job]["metadata"]:
+            self.make_pod(job)
+
+    def pods_ended(self, job: str) -> None:
+        """A Job deleted in the foreground: its pods are terminal, but the Job stays until
+        the garbage collector removes their finalizers (``pod_gone``)."""
+        for pod in self.pods_of(job):
+            pod["status"]["phase"] = "Failed"
 
     def admit(self, job: str) -> None:
         """Kueue admits a suspended Job."""
@@ -193,6 +210,12 @@ class _Base(web.RequestHandler):
             }
         )
         self.body = body
+        for error in self.cluster.errors:
+            method, path, code = error
+            if method == self.request.method and path == self.request.path:
+                self.cluster.errors.remove(error)
+                self.status_reply(code, "Injected", f"the test answers {code}")
+                return
 
     def reply(self, status: int, obj: dict[str, Any]) -> None:
         self.set_status(status)
@@ -251,6 +274,10 @@ class JobsHandler(_Base):
         self.cluster.jobs[name] = manifest
         if self.cluster.full and not manifest["spec"].get("suspend"):
             self.cluster.unschedulable(name, self.cluster.full)
+        if self.cluster.stored_then:
+            code, self.cluster.stored_then = self.cluster.stored_then, 0
+            self.status_reply(code, "Timeout", "the request did not complete")
+            return
         self.reply(201, manifest)
 
     def get(self, namespace: str) -> None:
@@ -261,18 +288,23 @@ class JobsHandler(_Base):
             if job["metadata"]["namespace"] == namespace
             and matches(job["metadata"].get("labels", {}), selector)
         ]
-        self.reply(
-            200,
-            {
-                "kind": "JobList",
-                "apiVersion": "batch/v1",
-                "metadata": {"resourceVersion": "2"},
-                "items": items,
-            },
-        )
+        self.list_reply("JobList", "batch/v1", items)
 
 
 class PodsHandler(_Base):
+    def delete(self, namespace: str | None = None) -> None:
+        """deletecollection by label: the pods are gone at once (grace 0)."""
+        selector = self.get_query_argument("labelSelector", "")
+        gone = [
+            name
+            for name, pod in self.cluster.pods.items()
+            if pod["metadata"]["namespace"] == namespace
+            and matches(pod["metadata"].get("labels", {}), selector)
+        ]
+        for name in gone:
+            del self.cluster.pods[name]
+        self.list_reply("PodList", "v1", [])
+
     def get(self, namespace: str | None = None) -> None:
         selector = self.get_query_argument("labelSelector", "")
         fields = self.get_query_argument("fieldSelector", "")

@@ -83,7 +83,9 @@ def submit(
 
 
 def runner_says(ref: dict, status: str) -> None:
-    Path(ref["job_dir"], "state.json").write_text(json.dumps({"status": status}))
+    """The runner's record, as the runner of this submission writes it."""
+    said = {"status": status, "attempt_id": ref["attempt_id"]}
+    Path(ref["job_dir"], "state.json").write_text(json.dumps(said))
 
 
 def test_a_job_is_created_when_submitted_as_its_owner_asking_for_its_profile_anywhere(
@@ -197,10 +199,17 @@ def test_a_pod_the_cluster_preempts_is_a_new_run_elsewhere_not_the_end_of_the_jo
     cluster.bind(ref["k8s_job"], "gpu-node-1")
     first = b.poll(ref)
     old = cluster.disrupt(ref["k8s_job"])  # a higher-priority pod needs the GPU
-    # the old pod checkpoints on gpu-node-1 while the Job's next pod waits to be placed
+    # the old pod checkpoints on gpu-node-1: the same run, ending, its GPU still in use
     status = b.poll(ref)
-    assert status.alive and status.node == "" and status.run != first.run
-    cluster.terminated(old, 75)
+    assert (status.alive, status.node, status.run, status.completing) == (
+        True,
+        "gpu-node-1",
+        first.run,
+        True,
+    )
+    cluster.terminated(old, 75)  # then the Job controller makes the next pod
+    status = b.poll(ref)
+    assert status.alive and status.node == "" and "pending in Kubernetes" in status.waiting
     cluster.bind(ref["k8s_job"], "gpu-node-3")
     again = b.poll(ref)
     assert again.alive and again.node == "gpu-node-3" and again.run not in (first.run, None)
@@ -371,3 +380,79 @@ def test_the_service_runs_a_job_through_the_kubernetes_api_as_its_owner(
 
 
 RESULT = "print('RESULT', json.dumps({'w': w, 'first_step': first_step}))"
+
+
+def test_a_list_the_api_refuses_is_an_error_never_an_empty_list(
+    cluster: FakeCluster, tmp_path: Path
+):
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    b = backend(cluster)
+    ref = submit(b, tmp_path)
+    cluster.bind(ref["k8s_job"], "gpu-node-1")
+    # a service account without "list pods" (403), a busy API server (503): the pass must
+    # conclude nothing (an empty list would say the pod, or the Job, is gone)
+    for path, code in (("/api/v1/namespaces/gpuslice/pods", 403), (JOBS, 503)):
+        cluster.errors.append(("GET", path, code))
+        with pytest.raises(ApiException) as info:
+            b.poll(ref)
+        assert info.value.status == code
+    assert b.poll(ref).node == "gpu-node-1"
+
+
+JOBS = "/apis/batch/v1/namespaces/gpuslice/jobs"
+
+
+def test_a_create_that_may_have_been_stored_is_unsure_and_found_before_another(
+    cluster: FakeCluster, tmp_path: Path
+):
+    from gpuslice_hub.jobs.backends.base import SubmitUnsure
+
+    b = backend(cluster)
+    cluster.stored_then = 504  # stored, then "the request did not complete"
+    with pytest.raises(SubmitUnsure, match="504"):
+        submit(b, tmp_path, 7)
+    (stored,) = cluster.jobs
+    assert b.find(7, OWNER) == stored
+    cluster.errors.append(("POST", JOBS, 503))
+    with pytest.raises(SubmitUnsure, match="503"):
+        submit(b, tmp_path, 8)
+    for code, permanent in ((422, True), (404, False), (403, False), (429, False)):
+        cluster.errors.append(("POST", JOBS, code))
+        with pytest.raises(SubmitRefused) as info:
+            submit(b, tmp_path, 9)
+        assert info.value.permanent is permanent, code
+
+
+def test_a_stale_record_of_an_earlier_submission_says_nothing_of_this_one(
+    cluster: FakeCluster, tmp_path: Path
+):
+    b = backend(cluster)
+    ref = submit(b, tmp_path)
+    # the runner of an earlier submission checkpointed; this one crashed without a word
+    Path(ref["job_dir"], "state.json").write_text(
+        json.dumps({"status": "preempted", "attempt_id": "0000000000"})
+    )
+    cluster.finish(ref["k8s_job"], "Failed")
+    cluster.jobs[ref["k8s_job"]]["status"]["conditions"][0]["reason"] = "BackoffLimitExceeded"
+    assert b.poll(ref).exit_code is None  # a crash, not a preemption
+    Path(ref["job_dir"], "state.json").write_text(
+        json.dumps({"status": "preempted", "attempt_id": ref["attempt_id"]})
+    )
+    assert b.poll(ref).exit_code == 75
+
+
+def test_a_kill_ends_the_pods_at_once_not_after_their_grace(cluster: FakeCluster, tmp_path: Path):
+    b = backend(cluster, grace_seconds=600)
+    ref = submit(b, tmp_path)
+    cluster.bind(ref["k8s_job"], "gpu-node-1")
+    b.kill(ref)
+    job_delete, pods_delete = cluster.requests[-2:]
+    assert job_delete["query"]["gracePeriodSeconds"] == "0"
+    assert pods_delete["method"] == "DELETE"
+    assert pods_delete["path"] == "/api/v1/namespaces/gpuslice/pods"
+    assert pods_delete["query"] == {
+        "labelSelector": f"job-name={ref['k8s_job']}",
+        "gracePeriodSeconds": "0",
+    }
+    assert cluster.pods_of(ref["k8s_job"]) == []

@@ -131,11 +131,14 @@ def test_a_pod_the_cluster_preempts_gives_the_slice_back_and_the_job_runs_again_
 
     old = cluster.disrupt(name(jobs, a))  # a higher-priority pod needs n1's GPU
     scheduler.tick()
+    # it checkpoints on n1 meanwhile: its slice is still in use there
+    assert row(jobs, a).state == "starting" and batch_slices(ledger) == [(f"job-{a}", "n1")]
+    cluster.terminated(old, 75)  # the Job controller makes the next pod, still unplaced
+    scheduler.tick()
     job = row(jobs, a)
     assert job.state == "queued" and job.preemptions == 1 and batch_slices(ledger) == []
     assert any("Kubernetes requeued it" in t.reason for t in job.transitions)
 
-    cluster.terminated(old, 75)
     cluster.bind(name(jobs, a), "n2")
     scheduler.tick()
     job = row(jobs, a)
@@ -170,12 +173,21 @@ def test_an_interactive_spawn_takes_the_slice_and_the_cluster_preempts_the_job(t
     (delete,) = [r for r in cluster.requests if r["method"] == "DELETE"]
     assert delete["path"].endswith(name(jobs, a))
     assert delete["query"]["gracePeriodSeconds"] == str(round(jobs.backend.grace_seconds))
-    Path(row(jobs, a).job_dir, "state.json").write_text('{"status": "preempted"}')
+    attempt = row(jobs, a).backend_ref["attempt_id"]
+    said = f'{{"status": "preempted", "attempt_id": "{attempt}"}}'
+    Path(row(jobs, a).job_dir, "state.json").write_text(said)
+    # its pod ended, the Job is not gone yet (the garbage collector's finalizers): still
+    # the same run, accounted for once, when the Job is gone
+    cluster.pods_ended(name(jobs, a))
+    scheduler.tick()
+    assert row(jobs, a).state == "preempting"
     cluster.pod_gone(name(jobs, a))
     scheduler.tick()
-    assert row(jobs, a).state == "queued"
+    job = row(jobs, a)
+    assert job.state == "queued" and job.preemptions == 1 and job.restarts == 1
     scheduler.tick()  # its Job is gone: it is handed to the cluster again
     assert len(creates(cluster)) == 2
+    assert row(jobs, a).preemptions == 1 and row(jobs, a).restarts == 1
 
 
 def test_cancelling_a_waiting_job_deletes_its_kubernetes_job(tmp_path, cluster):
@@ -183,8 +195,9 @@ def test_cancelling_a_waiting_job_deletes_its_kubernetes_job(tmp_path, cluster):
     (a,) = add_jobs(jobs, ("gpu-1", "normal"))
     scheduler.tick()
     jobs.cancel(a, "alice")
-    (delete,) = [r for r in cluster.requests if r["method"] == "DELETE"]
-    assert delete["path"].endswith(name(jobs, a))
+    delete_job, delete_pods = [r for r in cluster.requests if r["method"] == "DELETE"]
+    assert delete_job["path"].endswith(name(jobs, a))
+    assert delete_pods["query"]["labelSelector"] == f"job-name={name(jobs, a)}"
     assert row(jobs, a).state == "cancelled"
 
 
@@ -211,3 +224,26 @@ def test_a_job_the_api_refuses_fails_with_its_message_and_an_unreachable_api_is_
     scheduler.tick(utcnow() + timedelta(hours=1))
     job = row(jobs, a)
     assert job.state == "failed" and "Kubernetes refused the job: 422" in str(job.error)
+
+
+def test_a_job_requeued_by_the_version_that_placed_jobs_is_submitted_afresh(tmp_path, cluster):
+    # that version kept the ended Job's name in a requeued job's ref, and accounted for its
+    # run itself: the pass must not account for it again
+    _, jobs, scheduler = setup(tmp_path, cluster)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    old = {"k8s_job": f"gpuslice-job-{a}-0", "namespace": cluster.namespace}
+    with jobs.db.writing() as s:
+        s.get(JobRow, a).backend_ref = {**old, "job_dir": row(jobs, a).job_dir}
+    cluster.jobs[old["k8s_job"]] = {
+        "metadata": {
+            "name": old["k8s_job"],
+            "namespace": cluster.namespace,
+            "labels": {"app.kubernetes.io/name": "gpuslice-job"},
+        },
+        "spec": {"template": {"spec": {}}},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "queued" and job.restarts == 0 and job.run_seconds == 0
+    assert job.backend_ref["k8s_job"] != old["k8s_job"] and len(creates(cluster)) == 1

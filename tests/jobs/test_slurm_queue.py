@@ -487,3 +487,13 @@ def test_a_requeued_job_cancelled_in_slurm_is_cancelled_not_taken_for_completed(
     job = row(jobs, a)
     assert job.state == "cancelled" and "cancelled in Slurm" in job.transitions[-1].reason
     assert len(slurm.scripts) == 1
+
+
+def test_sbatch_that_cannot_be_run_is_said_and_tried_again_not_a_traceback_per_pass(tmp_path):
+    _, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    slurm.sbatch_fails = FileNotFoundError(2, "No such file or directory", "sbatch")
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "queued" and job.not_before is not None
+    assert "Slurm refused the submission: sbatch could not be run" in str(job.waiting_reason)

@@ -36,6 +36,7 @@ from tests.service.conftest import build_ledger
 
 A100 = "NVIDIA A100-SXM4-80GB"
 RES = KubernetesResources()
+JOB = {"app.kubernetes.io/name": "gpuslice-job"}
 
 
 def node(name: str, labels: dict[str, str], allocatable: dict[str, str]) -> dict[str, Any]:
@@ -169,14 +170,17 @@ def test_the_pods_that_are_not_gpuslices_hold_whole_gpus_instances_and_slices():
         pod("eval", "gpu-a", {"nvidia.com/mig-1g.10gb": "1"}, init={"nvidia.com/mig-1g.10gb": "2"}),
         pod("viz", "gpu-b", {"nvidia.com/gpu.shared": "1"}),  # one of four slices
         pod("done", "gpu-a", {"nvidia.com/gpu": "1"}, phase="Succeeded"),
-        # gpuslice's own: a server (its allocation's label) and a batch job
+        # what the ledger records itself: a server (its allocation's label) and a batch job
+        # the job pass records (its Job is one of those)
         pod("jupyter-ann", "gpu-a", {"nvidia.com/gpu": "1"}, {"gpuslice.dev/allocation-id": "3"}),
-        pod("job", "gpu-a", {"nvidia.com/gpu": "1"}, {"app.kubernetes.io/name": "gpuslice-job"}),
+        pod("job", "gpu-a", {"nvidia.com/gpu": "1"}, {**JOB, "job-name": "gpuslice-job-1-ab"}),
+        # a batch job the ledger could not record (or one already over): held here
+        pod("lost", "gpu-b", {"nvidia.com/gpu.shared": "2"}, {**JOB, "job-name": "gpuslice-job-2"}),
     ]
-    held = held_by_pods(pods, RES, {"gpu-a": 1, "gpu-b": 4})
+    held = held_by_pods(pods, RES, {"gpu-a": 1, "gpu-b": 4}, jobs={"gpuslice-job-1-ab"})
     assert held == {
         "gpu-a": Counter({"gpu": 2, "gpu:1g.10gb": 2}),  # an init container's larger ask
-        "gpu-b": Counter({"shard": 250}),  # milli-GPUs: a quarter of a GPU
+        "gpu-b": Counter({"shard": 750}),  # milli-GPUs: three quarters of a GPU
     }
     hami = KubernetesResources(share_mode="hami")
     share = pod("s", "gpu-a", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"})

@@ -69,14 +69,20 @@ class DelegatedPass:
         """Whether ``ref`` names an engine's job the service has not accounted the end of."""
         return current_ref(ref, self.backend.ref_key)
 
+    def _queued_in_engine(self, ref: dict[str, Any] | None) -> bool:
+        """Whether a queued job's ``ref`` names its submission to the engine's queue. A
+        ref without a submission id was left by a version that placed jobs itself and
+        accounted for that run when it requeued the job: it names an ended run."""
+        return self._current(ref) and "attempt_id" in (ref or {})
+
     def tick(self, now: datetime) -> None:
         with self.jobs.db.reading() as s:
             active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
             # of the queue, what a pass reads (whole rows of thousands of jobs cost most
             # of it): the few that start or are submitted are read in full below
             queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
-        everyone: list[Any] = [*active, *queued]
-        known = [j for j in everyone if self._current(j.backend_ref)]
+        known: list[Any] = [j for j in active if self._current(j.backend_ref)]
+        known += [j for j in queued if self._queued_in_engine(j.backend_ref)]
         try:
             # one question to the engine for every job it knows of
             polled: list[RunStatus] | None = self.backend.poll_many([j.backend_ref for j in known])
@@ -99,7 +105,7 @@ class DelegatedPass:
         submit: list[int] = []
         for waits in queued:
             status = statuses.get(waits.id)
-            if self._current(waits.backend_ref) and status is None:
+            if self._queued_in_engine(waits.backend_ref) and status is None:
                 continue  # in the engine, state unknown this pass (the query failed)
             if status is not None and status.alive and status.node:
                 # not the run that ended (preempted), while the engine still tears it down
@@ -278,13 +284,19 @@ class DelegatedPass:
                 attempt=attempt,
             )
         except SubmitUnsure as e:
-            self._retry(job, {"attempt_id": attempt, "unsure": True}, str(e), now)
+            # what the ref would have said, so that a run found later is watched as one
+            maybe = {"attempt_id": attempt, "unsure": True, "job_dir": job.job_dir}
+            self._retry(job, {**maybe, "user": account.name}, str(e), now)
             return
         except SubmitRefused as e:
             if e.permanent:
                 self.scheduler._fail(job, f"{self.engine} refused the job: {e}", [])
             else:  # a limit (MaxSubmitJobs, a quota), the controller busy: try again later
                 self._retry(job, {}, f"{self.engine} refused the submission: {e}", now)
+            return
+        except Exception as e:  # (sbatch missing, ...): said, and tried again with backoff
+            self.log.warning("job %s: submitting it to %s failed: %s", job.id, self.engine, e)
+            self._retry(job, {}, f"submitting it to {self.engine} failed: {e}", now)
             return
         self._submitted(job, ref)
 

@@ -425,18 +425,18 @@ class JobManager(LoggingConfigurable):
         with self.db.reading() as s:
             return s.get(JobRow, job_id)
 
-    def slurm_jobs_accounted(self) -> set[str]:
-        """The Slurm ids of the jobs whose GPUs the job pass accounts for itself (Slurm
-        schedules them): every unfinished job's, but one the ledger could not record where
-        Slurm runs it. The mirror of Slurm's holdings leaves these out, so neither a job
-        Slurm has just started (before the pass records it) nor one whose slice went to a
-        server (while Slurm still runs it) is taken for a foreign job."""
+    def jobs_accounted(self, key: str = "slurm_job_id") -> set[str]:
+        """The engine's names (``backend_ref[key]``: Slurm ids, Kubernetes Job names) of the
+        jobs whose GPUs the job pass accounts for itself (the engine schedules them): every
+        unfinished job's, but one the ledger could not record where the engine runs it. The
+        mirror of the engine's holdings leaves these out, so neither a job the engine has
+        just started (before the pass records it) nor one whose slice went to a server
+        (while the engine still runs it) is taken for a foreign job; an unrecorded one, or
+        the run of a finished job still ending, is held by the mirror."""
         with self.db.reading() as s:
             refs = s.scalars(select(JobRow.backend_ref).where(JobRow.state.not_in(TERMINAL)))
             return {
-                str(ref["slurm_job_id"])
-                for ref in refs
-                if ref and ref.get("slurm_job_id") and not ref.get("unrecorded")
+                str(ref[key]) for ref in refs if ref and ref.get(key) and not ref.get("unrecorded")
             }
 
     # -- cancel and preempt --------------------------------------------------------------

@@ -46,13 +46,14 @@ from .kubernetes import (
     PRIORITY_VALUES,
     job_manifest,
 )
-from .local import _runner_status
+from .local import _state
 
 LABEL_SELECTOR = "=".join(JOB_LABEL)
 # The label the Job controller puts on its pods (the older name first, the newer second)
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
-# Answers to a create that trying again cannot mend (the API refused the manifest)
-PERMANENT_STATUS = {400, 404, 422}
+# Answers to a create that trying again cannot mend (the API refused the manifest); a
+# missing namespace (404) or a quota (403) can be mended by an admin: retried with backoff
+PERMANENT_STATUS = {400, 422}
 # PriorityClass name -> value (a Job's pod not created yet has no priority of its own)
 CLASS_VALUES = {name: PRIORITY_VALUES[cls] for cls, name in PRIORITY_CLASS_NAMES.items()}
 
@@ -136,13 +137,19 @@ class KubernetesBackend:
         try:
             self.session.call("BatchV1Api", "create_namespaced_job", self.namespace, manifest)
         except ApiException as e:
+            message = f"{e.status} {e.reason}: {_api_message(e)}"
+            if e.status >= 500:
+                # a 504 ("the request did not complete") or a failing server may have stored
+                # the Job: look for it before creating another
+                raise SubmitUnsure(f"creating the Kubernetes Job: {message}") from None
             if e.status != 409:  # 409: this very Job exists (a create that seemed to fail)
-                message = f"{e.status} {e.reason}: {_api_message(e)}"
                 raise SubmitRefused(message, e.status in PERMANENT_STATUS) from None
         except TimeoutError as e:  # (aiohttp's timeouts too)
             raise SubmitUnsure("creating the Kubernetes Job timed out") from e
-        except (OSError, aiohttp.ClientError) as e:  # the API server unreachable
+        except (OSError, aiohttp.ClientConnectorError) as e:  # never reached the API server
             raise SubmitRefused(f"the Kubernetes API cannot be reached: {e}", False) from e
+        except aiohttp.ClientError as e:  # the connection broke after the request was sent
+            raise SubmitUnsure(f"creating the Kubernetes Job: {e}") from e
         return {
             "k8s_job": name,
             "namespace": self.namespace,
@@ -201,8 +208,12 @@ class KubernetesBackend:
 
         def said() -> int | None:
             # a failed or gone Job: the runner's own record says how it ended (read only
-            # then: a pass over thousands of waiting jobs opens no job folder)
-            return EXIT_BY_STATUS.get(_runner_status(str(ref.get("job_dir", ""))) or "")
+            # then: a pass over thousands of waiting jobs opens no job folder), if it is
+            # this submission's (an earlier one's "preempted" says nothing of this one)
+            state = _state(str(ref.get("job_dir", "")))
+            if ref.get("attempt_id") and state.get("attempt_id") != ref["attempt_id"]:
+                return None
+            return EXIT_BY_STATUS.get(str(state.get("status") or ""))
 
         if job is None:
             return RunStatus(False, said(), state="gone")
@@ -239,7 +250,11 @@ class KubernetesBackend:
             pod = ending[-1]
             return RunStatus(True, node=_node(pod), run=_meta(pod)["name"], completing=True)
         if deleting:
-            return RunStatus(True, completing=True, state="Deleting")
+            # its pods ended but the Job is not gone yet: still the run the service recorded
+            # (a requeue now would account for its end twice)
+            return RunStatus(
+                True, node=str(ref.get("node") or ""), run=ref.get("run"), completing=True
+            )
         spec = job.get("spec") or {}
         # the pod's priority (its class's value), as the scheduler orders pending pods
         template = (spec.get("template") or {}).get("spec") or {}
@@ -277,6 +292,15 @@ class KubernetesBackend:
 
     def kill(self, ref: dict[str, Any]) -> None:
         self._delete(ref, 0)
+        # a Job's deletion ends its pods with their own grace period (preempt_grace): a
+        # kill (cancel, timeout) ends them now, so the GPU is free when the slice is
+        self.session.call(
+            "CoreV1Api",
+            "delete_collection_namespaced_pod",
+            ref.get("namespace", self.namespace),
+            label_selector=f"{JOB_NAME_LABELS[0]}={ref['k8s_job']}",
+            grace_period_seconds=0,
+        )
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
@@ -302,6 +326,7 @@ def _pending_reason(pods: list[dict[str, Any]]) -> str:
     """Why the Job's pod waits, as the scheduler says it ("0/200 nodes are available:
     200 Insufficient nvidia.com/mig-1g.10gb.")."""
     if not pods:
+        # (for long: the Job's events say why, e.g. a missing PriorityClass or a quota)
         return "pending in Kubernetes (its pod is not created yet)"
     for c in (pods[-1].get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":

@@ -228,11 +228,15 @@ class SlurmBackend:
     ) -> dict[str, Any]:
         """Hand the job to Slurm's queue; returns the reference stored in the job row."""
         account = account or Account.current()
+        try:
+            options = profile_sbatch_options(profile, slices, self.gres)
+        except ValueError as e:  # a profile its gres cannot name
+            raise SubmitRefused(str(e), permanent=True) from None
         script = batch_script(
             job_id,
             job_dir,
             self.python,
-            profile_sbatch_options(profile, slices, self.gres),
+            options,
             self.partitions.get(priority, self.partition),
             self.time_limit_minutes,
             env=env,
@@ -249,6 +253,8 @@ class SlurmBackend:
             message = str(e)
             permanent = any(word in message for word in PERMANENT)
             raise SubmitRefused(message, permanent) from e
+        except OSError as e:  # sbatch (or the prefix's runuser/sudo) not found: an admin mends it
+            raise SubmitRefused(f"sbatch could not be run: {e}", False) from e
         return {
             "slurm_job_id": slurm_id.strip().split(";")[0],
             "job_dir": job_dir,
