@@ -335,6 +335,20 @@ def _fields_match(pod: dict[str, Any], selector: str) -> bool:
     return True
 
 
+class PriorityClassesHandler(_Base):
+    def get(self) -> None:
+        items = [
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            }
+            for name, value in self.cluster.priorities.items()
+        ]
+        self.list_reply("PriorityClassList", "scheduling.k8s.io/v1", items)
+
+
 class NodesHandler(_Base):
     def get(self) -> None:
         self.list_reply("NodeList", "v1", self.cluster.nodes)
@@ -371,6 +385,7 @@ def start_fake_api(cluster: FakeCluster) -> tuple[FakeCluster, Any]:
                 (r"/api/v1/namespaces/([^/]+)/pods", PodsHandler),
                 (r"/api/v1/pods", PodsHandler),
                 (r"/api/v1/nodes", NodesHandler),
+                (r"/apis/scheduling.k8s.io/v1/priorityclasses", PriorityClassesHandler),
             ],
             cluster=cluster,
         )

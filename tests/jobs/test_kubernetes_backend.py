@@ -456,3 +456,10 @@ def test_a_kill_ends_the_pods_at_once_not_after_their_grace(cluster: FakeCluster
         "gracePeriodSeconds": "0",
     }
     assert cluster.pods_of(ref["k8s_job"]) == []
+
+
+def test_priority_classes_the_cluster_lacks_are_named(cluster: FakeCluster):
+    b = backend(cluster)
+    assert b.missing_priority_classes() == []
+    del cluster.priorities["gpuslice-normal"]
+    assert b.missing_priority_classes() == ["gpuslice-normal"]

@@ -90,7 +90,7 @@ def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
         configuration = api_configuration(KubernetesClusterConfig(parent=app).api_url)
     except Exception as e:  # no kubernetes_asyncio, no service account, no kubeconfig
         raise ConfigError("job_backend", f"the Kubernetes API cannot be reached: {e}") from None
-    return KubernetesBackend(
+    backend = KubernetesBackend(
         configuration,
         manager.kubernetes_namespace,
         manager.kubernetes_image,
@@ -99,6 +99,19 @@ def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
         grace_seconds=round(manager.preempt_grace),
         kueue_queues=manager.kubernetes_kueue_queues,
     )
+    try:
+        missing = backend.missing_priority_classes()
+    except Exception as e:  # not allowed to list them, say: the Jobs will tell
+        app.log.warning("the Kubernetes PriorityClasses could not be checked: %s", e)
+        missing = []
+    if missing:
+        # every Job would be created and none of its pods: jobs would wait without a word
+        raise ConfigError(
+            "job_backend",
+            f"the cluster has no PriorityClass {', '.join(missing)}: create them "
+            "(gpuslice_hub.jobs.backends.kubernetes.priority_classes() gives the manifests)",
+        )
+    return backend
 
 
 def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:

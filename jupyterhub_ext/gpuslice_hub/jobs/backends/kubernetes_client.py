@@ -158,6 +158,12 @@ class KubernetesBackend:
             "user": account.name,
         }
 
+    def missing_priority_classes(self) -> list[str]:
+        """The PriorityClasses the Jobs name that the cluster lacks (checked at start)."""
+        found = self.session.list("SchedulingV1Api", "list_priority_class")
+        names = {str(_meta(item).get("name")) for item in found}
+        return sorted(set(PRIORITY_CLASS_NAMES.values()) - names)
+
     def find(self, job_id: int, account: Account) -> str:
         """An unfinished Job of ``job_id`` (by its label), or ""."""
         selector = f"{LABEL_SELECTOR},gpuslice.dev/job-id={job_id}"
