@@ -397,6 +397,7 @@ def test_a_list_the_api_refuses_is_an_error_never_an_empty_list(
         with pytest.raises(ApiException) as info:
             b.poll(ref)
         assert info.value.status == code
+        assert cluster.errors == []  # answered to this poll, not to one still in flight
     assert b.poll(ref).node == "gpu-node-1"
 
 

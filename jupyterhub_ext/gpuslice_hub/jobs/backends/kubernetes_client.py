@@ -189,10 +189,17 @@ class KubernetesBackend:
             # the API's JSON, paged: thousands of Jobs and pods parse several times faster
             # than as the client's models
             selected = {"namespace": self.namespace, "label_selector": LABEL_SELECTOR}
-            return await asyncio.gather(
+            # both finish before the pass goes on, failed or not: a call left running
+            # after its sibling failed would outlive the pass that asked for it
+            found = await asyncio.gather(
                 list_items(api_client, "BatchV1Api", "list_namespaced_job", **selected),
                 list_items(api_client, "CoreV1Api", "list_namespaced_pod", **selected),
+                return_exceptions=True,
             )
+            for answer in found:
+                if isinstance(answer, BaseException):
+                    raise answer
+            return found[0], found[1]
 
         job_items, pod_items = self.session.run(both)
         jobs = {_meta(item)["name"]: item for item in job_items}
