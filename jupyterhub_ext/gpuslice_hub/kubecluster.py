@@ -14,7 +14,9 @@ label and advertise them):
 * the physical GPUs: ``nvidia.com/gpu.count``; MIG instances: the allocatable
   ``nvidia.com/mig-<profile>`` resources (the device plugin's *mixed* strategy; the *single*
   strategy is refused, its instances look like whole GPUs), packed onto GPUs of the model;
-  the other GPUs are whole (shares of them are time-slices of whole GPUs).
+  the other GPUs are whole (shares of them are time-slices of whole GPUs). Without the count
+  label, the whole GPUs are those the device plugin advertises (``nvidia.com/gpu`` and
+  ``nvidia.com/gpu.shared``, divided by ``nvidia.com/gpu.replicas``).
 
 Holdings, each pass one list of nodes and one of pods (all namespaces, bound, not ended, in
 pages): each pod's GPU resources (the larger of its containers' sum and any init container)
@@ -177,12 +179,13 @@ def hosts_from_nodes(
                 if key.startswith(res.mig_prefix) and int(value) > 0
             }
         )
-        replicas = max(1, int(labels.get(GPU_REPLICAS_LABEL, "1") or 1))
+        # GPUs not in MIG mode, as the device plugin advertises them (in time-slices)
         advertised = int(allocatable.get(res.gpu, 0) or 0) + int(
             allocatable.get(res.shared_gpu, 0) or 0
         )
-        count = int(labels.get(GPU_COUNT_LABEL, 0) or 0) or math.ceil(advertised / replicas)
-        if not count and not mig:
+        # every physical GPU, MIG ones included (GFD); without the label, what is advertised
+        count = int(labels.get(GPU_COUNT_LABEL, 0) or 0)
+        if not count and not advertised and not mig:
             continue  # no GPUs
         if labels.get(MIG_STRATEGY_LABEL) == "single":
             raise ConfigError(
@@ -210,7 +213,7 @@ def hosts_from_nodes(
             model, memory, MEMORY_SETTING
         )
         gpus = pack_mig(mig, model, mib) if mig else []
-        whole = count - len(gpus)
+        whole = count - len(gpus) if count else math.ceil(advertised / _replicas(labels))
         if whole < 0:
             raise ConfigError(
                 KEY,
@@ -236,8 +239,13 @@ def node_replicas(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
     for node in nodes:
         meta = node.get("metadata") or {}
         labels = meta.get("labels") or {}
-        out[str(meta.get("name"))] = max(1, int(labels.get(GPU_REPLICAS_LABEL, "1") or 1))
+        out[str(meta.get("name"))] = _replicas(labels)
     return out
+
+
+def _replicas(labels: Mapping[str, str]) -> int:
+    """How many time-slices each of a node's GPUs is advertised as (GFD's label)."""
+    return max(1, int(labels.get(GPU_REPLICAS_LABEL, "1") or 1))
 
 
 def is_recorded(pod: Mapping[str, Any], jobs: Collection[str]) -> bool:

@@ -297,3 +297,16 @@ def test_cluster_settings_that_would_fail_later_are_refused_at_start(
     with pytest.raises(ConfigError) as e:
         service.load_settings()
     assert e.value.key == key
+
+
+def test_without_gfds_count_label_the_whole_gpus_are_what_the_device_plugin_advertises():
+    # mixed strategy: nvidia.com/gpu counts only the GPUs not in MIG mode
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}
+    plain = node("gpu-c", labels, {"nvidia.com/gpu": "3", "nvidia.com/mig-3g.40gb": "2"})
+    sliced = node(
+        "gpu-d", {**labels, "nvidia.com/gpu.replicas": "4"}, {"nvidia.com/gpu.shared": "8"}
+    )
+    hosts = hosts_from_nodes([plain, sliced], RES, {}, known_models=[A100])
+    a100 = {"model": A100, "memory_mib": 81920}
+    assert hosts[0]["gpus"] == [{**a100, "count": 3}, {**a100, "mig": ["3g.40gb", "3g.40gb"]}]
+    assert hosts[1]["gpus"] == [{**a100, "count": 2}]  # eight slices of two GPUs
