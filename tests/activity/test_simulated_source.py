@@ -9,6 +9,12 @@ from .conftest import BUSY, wait_for
 IDLE = "import time; time.sleep(120)"
 
 
+# A busy loop reads well above the idle threshold (1 %) even when the test machine's
+# cores are shared with other tests' busy loops and browsers (two workers on two cores
+# left one under 50 % for 10 s in CI): busy is asserted against this, not against 100 %.
+BUSY_UTIL = 10.0
+
+
 def sampler(**kw):
     source = SimulatedActivitySource(server_pid=os.getpid(), device="GPU-sim-h-0", **kw)
     return ActivitySampler(source, Attributor(server_pid=os.getpid()))
@@ -23,9 +29,10 @@ def test_busy_kernel_looks_busy_and_idle_kernel_idle(spawn_plain):
         # The first tick after start-up still sees the interpreter's start-up CPU in the
         # idle process; poll until both have a per-tick figure that tells them apart.
         r = s.tick(kernels)
-        return r if r.kernels["busy"].util > 50 and r.kernels["idle"].util < 1 else None
+        busy_util, idle_util = r.kernels["busy"].util, r.kernels["idle"].util
+        return r if busy_util > BUSY_UTIL and idle_util < 1 else None
 
-    r = wait_for(settled)
+    r = wait_for(settled, timeout=30)
     assert r.simulated is True
     assert r.kernels["busy"].devices == ("GPU-sim-h-0",)
     assert r.kernels["idle"].memory_bytes == 0  # no fake memory configured
@@ -37,11 +44,12 @@ def test_busy_child_counts_for_its_kernel(spawn_kernel):
 
     def busy():
         r = s.tick({"k": kernel})
-        return r if r.kernels["k"].util > 50 else None
+        return r if r.kernels["k"].util > BUSY_UTIL else None
 
-    r = wait_for(busy)
+    r = wait_for(busy, timeout=30)
     assert child in r.kernels["k"].pids
-    assert r.server.util < 50  # the busy loop is the kernel's, not the server's
+    # the busy loop is the kernel's, not the server's (which only waits)
+    assert r.server.util < r.kernels["k"].util
 
 
 def test_fake_memory_is_held_after_being_busy(spawn_plain):
@@ -58,7 +66,7 @@ def test_fake_memory_is_held_after_being_busy(spawn_plain):
 def test_busy_process_outside_kernels_is_server_activity(spawn_plain):
     spawn_plain(BUSY)  # e.g. a script started from a terminal
     s = sampler()
-    wait_for(lambda: s.tick({}).server.util > 50)
+    wait_for(lambda: s.tick({}).server.util > BUSY_UTIL, timeout=30)
 
 
 def test_make_source_rejects_unknown_kind():
