@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from gpuslice.idle_policy import IdlePolicy, PolicyConfig
 
+from . import clock
 from .profiles import Profile
 
 
@@ -41,3 +43,33 @@ def announced(policy: IdlePolicy) -> dict[str, Any]:
         "exempt": policy.exempt,
         "exempt_reason": policy.exempt_reason or None,
     }
+
+
+def allocation_age(alloc: Mapping[str, Any]) -> float:
+    """Seconds since an allocation (as the API serves it) was made: an upper bound of any
+    idle time reported about it."""
+    # serialize.iso writes every timestamp as UTC with a "Z"
+    created = datetime.fromisoformat(str(alloc["created_at"]).replace("Z", "+00:00"))
+    return max(0.0, (clock.now() - created).total_seconds())
+
+
+def reclaim_record(
+    alloc: Mapping[str, Any], idle_seconds: float, voluntary: bool
+) -> tuple[str, dict[str, Any]]:
+    """The event (kind, detail) recording that a server's slice is given back: culled for
+    idleness after ``idle_seconds`` (bounded by the slice's age), or released by its owner
+    (``voluntary``: nothing reclaimed). The admin panel's reclaimed GPU-hours add up the
+    details' ``reclaimed_gpu_hours``."""
+    idle = min(float(idle_seconds), allocation_age(alloc))
+    gpu_hours = 0.0 if voluntary else alloc["gpu_milli"] / 1000 * idle / 3600
+    detail = {
+        "allocation_id": alloc["id"],
+        "profile": alloc["profile"],
+        "server_name": alloc["server_name"],
+        "scope": "server",
+        "idle_seconds": idle,
+        "gpu_milli": alloc["gpu_milli"],
+        # The GPU share times the idle time that ended with the cull.
+        "reclaimed_gpu_hours": gpu_hours,
+    }
+    return ("release-requested" if voluntary else "idle-culled"), detail

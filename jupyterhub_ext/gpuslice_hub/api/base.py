@@ -7,7 +7,6 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyterhub.services.auth import HubOAuthenticated
@@ -233,14 +232,6 @@ class NotFoundHandler(BaseHandler):
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 MAX_DB_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
-
-
-def allocation_age(alloc: dict[str, Any]) -> float:
-    """Seconds since an allocation (as the API serves it) was made: an upper bound of any
-    idle time reported about it."""
-    # serialize.iso writes every timestamp as UTC with a "Z"
-    created = datetime.fromisoformat(str(alloc["created_at"]).replace("Z", "+00:00"))
-    return max(0.0, (datetime.now(UTC) - created).total_seconds())
 
 
 def dumps(data: Any) -> str:

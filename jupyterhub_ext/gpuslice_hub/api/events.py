@@ -12,7 +12,8 @@ from typing import Any
 
 from gpuslice.vocab import IDLE_EVENT_KINDS
 
-from .base import BaseHandler, RequestError, allocation_age, api_authenticated, int_arg
+from ..idle import allocation_age
+from .base import BaseHandler, RequestError, api_authenticated, int_arg
 
 # The kinds a server extension reports (gpuslice.extension.decisions.SERVICE_KIND).
 EVENT_KINDS = tuple(IDLE_EVENT_KINDS.values())

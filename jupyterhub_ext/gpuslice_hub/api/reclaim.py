@@ -7,8 +7,8 @@ from typing import Any
 
 from gpuslice.jsonclient import JSONError
 
-from ..idle import effective_policy
-from .base import BaseHandler, Identity, RequestError, allocation_age, api_authenticated
+from ..idle import effective_policy, reclaim_record
+from .base import BaseHandler, Identity, RequestError, api_authenticated
 
 
 class IdlePolicyHandler(BaseHandler):
@@ -69,19 +69,7 @@ class ReclaimHandler(BaseHandler):
             raise RequestError(503, "the service has no hub API access to stop servers")
         # The server says how long it sat idle; it cannot have been idle for longer than the
         # slice has existed, and what the service counts is bounded by that.
-        idle = min(float(idle), allocation_age(alloc))
-        gpu_hours = 0.0 if voluntary else alloc["gpu_milli"] / 1000 * idle / 3600
-        detail = {
-            "allocation_id": alloc["id"],
-            "profile": alloc["profile"],
-            "server_name": alloc["server_name"],
-            "scope": "server",
-            "idle_seconds": idle,
-            "gpu_milli": alloc["gpu_milli"],
-            # The GPU share times the idle time that ended with the cull.
-            "reclaimed_gpu_hours": gpu_hours,
-        }
-        kind = "release-requested" if voluntary else "idle-culled"
+        kind, detail = reclaim_record(alloc, idle, voluntary)
         event = self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
         # Answer before stopping: the caller is usually the very server being stopped, and
         # its own reply to the browser must get out before the hub takes it down.

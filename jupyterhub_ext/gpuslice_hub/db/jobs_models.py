@@ -45,8 +45,10 @@ class JobRow(Base):
     preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime())
     waiting_reason: Mapped[str | None] = mapped_column(String(1024))
     error: Mapped[str | None] = mapped_column(Text)
+    # Loaded when read (a page of jobs loads them with ``selectinload``): the scheduler's
+    # pass reads and writes hundreds of rows and never needs their history.
     transitions: Mapped[list[JobTransitionRow]] = relationship(
-        back_populates="job", order_by="JobTransitionRow.id", lazy="selectin"
+        back_populates="job", order_by="JobTransitionRow.id", lazy="select"
     )
 
 

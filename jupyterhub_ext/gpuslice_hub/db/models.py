@@ -19,9 +19,12 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from .. import clock
+
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """Now, from the service's clock (``gpuslice_hub.clock``: a simulator moves it)."""
+    return clock.now()
 
 
 class UTCDateTime(TypeDecorator[datetime]):

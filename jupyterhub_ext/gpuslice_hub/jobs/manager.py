@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import selectinload
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
@@ -372,7 +373,13 @@ class JobManager(LoggingConfigurable):
         with self.db.reading() as s:
             total = int(s.scalar(select(func.count(JobRow.id)).where(*where)) or 0)
             if order == "newest":
-                q = select(JobRow).where(*where).order_by(JobRow.id.desc()).limit(limit + 1)
+                q = (
+                    select(JobRow)
+                    .options(selectinload(JobRow.transitions))
+                    .where(*where)
+                    .order_by(JobRow.id.desc())
+                    .limit(limit + 1)
+                )
                 if cursor is not None:
                     q = q.where(JobRow.id < cursor)
                 found = list(s.scalars(q))
@@ -397,7 +404,8 @@ class JobManager(LoggingConfigurable):
             ordered = holding + queued + done
             start = cursor or 0
             ids = [r.id for r in ordered[start : start + limit]]
-            full = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
+            page_rows = select(JobRow).options(selectinload(JobRow.transitions))
+            full = {j.id: j for j in s.scalars(page_rows.where(JobRow.id.in_(ids)))}
             page = []
             for i in ids:
                 item = job_json(full[i])
@@ -422,8 +430,9 @@ class JobManager(LoggingConfigurable):
         return jd.read(path.name, max_bytes)
 
     def row(self, job_id: int) -> JobRow | None:
+        """The job's row, its history loaded (it is read after the session closes)."""
         with self.db.reading() as s:
-            return s.get(JobRow, job_id)
+            return s.get(JobRow, job_id, options=[selectinload(JobRow.transitions)])
 
     def jobs_accounted(self, key: str = "slurm_job_id") -> set[str]:
         """The engine's names (``backend_ref[key]``: Slurm ids, Kubernetes Job names) of the

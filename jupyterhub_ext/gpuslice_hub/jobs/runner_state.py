@@ -9,8 +9,9 @@ scheduler pass, nor store a non-finite or absurd figure, nor say more than its o
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
+
+from .. import clock
 
 # The variable naming one start of a job (one submission, on Slurm): the runner writes it
 # into its state, so a state.json left by an earlier attempt is never taken for this one's.
@@ -36,7 +37,7 @@ def _count(value: Any) -> int | None:
 
 def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """The checked subset of a runner's state (same keys as the runner writes)."""
-    now = time.time() if now is None else now
+    now = clock.timestamp() if now is None else now
     out: dict[str, Any] = {}
     status = state.get("status")
     if isinstance(status, str) and status in STATUSES:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,6 +19,7 @@ from sqlalchemy import Table, bindparam, func, select, update
 from gpuslice.run.jobdir import JobDir
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
+from .. import clock
 from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import EventRow, utcnow
 from ..errors import Refused
@@ -156,6 +156,15 @@ class Scheduler:
     def _progress(self, job: JobRow, runner: dict[str, Any], now: datetime) -> None:
         over_time = self._runtime(job, now) > job.max_runtime
         deadline = job.preempt_deadline
+        if (
+            not _progress_changed(job, runner)
+            and not (job.state == "starting" and self._this_attempt(job, runner, "running"))
+            and not (over_time and job.state in ("running", "preempting"))
+        ):
+            # Nothing to write: a pass over 1 000 running jobs made 1 000 write
+            # transactions (each reading the row and its history again) to change nothing.
+            self._grace_over(job, now, deadline)
+            return
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != job.state:
@@ -173,6 +182,10 @@ class Scheduler:
             self.jobs.backend.kill(job.backend_ref or {})
             self.jobs.release(allocs, f"job {job.id} timed out")
             return
+        self._grace_over(job, now, deadline)
+
+    def _grace_over(self, job: JobRow, now: datetime, deadline: datetime | None) -> None:
+        """A preempted job still running after its grace period is killed."""
         if job.state == "preempting" and deadline is not None and now >= deadline:
             if (job.backend_ref or {}).get("preempted_by") and self.jobs.delegated:
                 self._engine_did_not_preempt(job, now)
@@ -535,15 +548,23 @@ def _devices(grant: dict[str, Any]) -> str:
     return ",".join(a.get("mig_uuid") or a["gpu_uuid"] for a in grant.get("assignments", []))
 
 
-def _copy_progress(row: JobRow, runner: dict[str, Any]) -> None:
-    if "cells_done" in runner:
-        row.cells_done = runner["cells_done"]
-    if "cells_total" in runner:
-        row.cells_total = runner["cells_total"]
+def _progress_fields(row: JobRow, runner: dict[str, Any]) -> dict[str, Any]:
+    """What the runner says of the job's progress, in the row's columns."""
+    out: dict[str, Any] = {k: runner[k] for k in ("cells_done", "cells_total") if k in runner}
     # both come from the job's folder: never later than now
     saved = min(
         max(runner.get("last_checkpoint_at", 0.0), JobDir(Path(row.job_dir)).last_save_time()),
-        time.time(),
+        clock.timestamp(),
     )
     if saved:
-        row.last_checkpoint_at = datetime.fromtimestamp(saved, tz=utcnow().tzinfo)
+        out["last_checkpoint_at"] = datetime.fromtimestamp(saved, tz=UTC)
+    return out
+
+
+def _progress_changed(row: JobRow, runner: dict[str, Any]) -> bool:
+    return any(getattr(row, k) != v for k, v in _progress_fields(row, runner).items())
+
+
+def _copy_progress(row: JobRow, runner: dict[str, Any]) -> None:
+    for key, value in _progress_fields(row, runner).items():
+        setattr(row, key, value)

@@ -7,6 +7,7 @@ backoff) from starting, running or preempting.
 
 from __future__ import annotations
 
+from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
 from gpuslice.vocab import ACTIVE_JOB_STATES as ACTIVE
@@ -38,7 +39,11 @@ def transition(s: Session, job: JobRow, state: str, reason: str) -> None:
     now = utcnow()
     if state in TERMINAL:
         job.finished_at = now
-    job.transitions.append(
-        JobTransitionRow(from_state=old, state=state, at=now, reason=reason[:1024])
-    )
+    row = JobTransitionRow(from_state=old, state=state, at=now, reason=reason[:1024])
+    if "transitions" in inspect(job).unloaded:
+        # not read in this session: add the row without loading the job's whole history
+        row.job_id = job.id
+        s.add(row)
+    else:
+        job.transitions.append(row)
     s.flush()

@@ -1,0 +1,138 @@
+"""``gpuslice-sim``: compare policies on one workload (``run``), or ask what-if of a site's
+own history (``replay --from-ledger``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .engine import Settings, Simulation
+from .interactive import ParameterError, generate, load_parameters
+from .openb import batch_jobs
+from .policies import POLICIES, PROFILE_MILLI, Policy
+from .report import table, write
+from .workload import Workload
+
+
+def _policies(names: str, vary: list[str]) -> list[Policy]:
+    out = []
+    for name in names.split(","):
+        if name not in POLICIES:
+            raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+        out.append(POLICIES[name])
+    # policy 5: the last policy named, with one admin setting changed per value
+    for item in vary:
+        key, _, values = item.partition("=")
+        for raw in values.split(","):
+            value: Any = raw
+            if key in ("idle_timeout", "warning_lead"):
+                value = float(raw)
+            elif key == "slices":
+                value = raw.lower() in ("1", "true", "yes")
+            try:
+                out.append(out[-1].vary(key, value))
+            except ValueError as e:
+                raise SystemExit(f"--vary {item}: {e}") from None
+    return out
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(n_hosts=args.hosts, mig_hosts=args.mig_hosts)
+
+
+def _generated(args: argparse.Namespace) -> Workload:
+    try:
+        params = load_parameters(args.interactive)
+    except (ParameterError, OSError) as e:
+        raise SystemExit(str(e)) from None
+    if args.users is not None:
+        params["population"]["users"] = args.users
+    users, groups = params["population"]["users"], params["population"]["groups"]
+    sessions = generate(params, args.days, args.seed, PROFILE_MILLI)
+    jobs = batch_jobs(
+        args.days,
+        8 * args.hosts,
+        args.batch_load,
+        args.seed,
+        args.batch_busy,
+        args.checkpoint_interval,
+        users,
+        groups,
+        trace=args.trace,
+    )
+    sources = [
+        f"interactive: generator ({args.interactive or 'benchmarks/sim/interactive.toml'}), "
+        f"{users} users, seed {args.seed}",
+        f"batch: openb {args.trace} trace, offered {args.batch_load:g} x capacity, jobs keep "
+        f"{args.batch_busy:.0%} of their request busy, checkpoint every "
+        f"{args.checkpoint_interval:g} s",
+    ]
+    return Workload(args.days, sessions, jobs, sources)
+
+
+def _run(workload: Workload, policies: list[Policy], args: argparse.Namespace) -> None:
+    results = []
+    for policy in policies:
+        sim = Simulation(workload, policy, _settings(args), seed=args.seed)
+        result = sim.run()
+        print(f"policy {policy.name}: {result.wall_seconds:.0f} s of simulation", file=sys.stderr)
+        results.append(result)
+    context = {
+        "cluster": f"{args.hosts} hosts x 8 A100-80GB ({args.mig_hosts} in MIG mode where "
+        "the policy offers slices)",
+        "days": workload.days,
+        "sessions": len(workload.sessions),
+        "batch jobs": len(workload.jobs),
+        **{f"source {i + 1}": s for i, s in enumerate(workload.sources)},
+    }
+    if args.out:
+        rows = write(results, Path(args.out), context)
+    else:
+        from .measure import summary
+
+        rows = [summary(r) for r in results]
+    print(table(rows))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", type=int, default=25, help="hosts of 8 A100s (default 25: 200 GPUs)")
+    p.add_argument("--mig-hosts", type=int, default=2, help="of them in MIG mode (default 2)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--policies", default="1,2,3,4", help="policies to compare (default 1,2,3,4)")
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="policy 5: the last policy with one setting changed (idle_timeout, "
+        "warning_lead, placement, slices), once per value; may be repeated",
+    )
+    p.add_argument("--out", help="folder for report.md, summary.json and the plots")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gpuslice-sim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="compare policies on a generated + openb workload")
+    _common(run)
+    run.add_argument("--days", type=float, default=30.0)
+    run.add_argument("--interactive", type=Path, help="interactive parameters (TOML)")
+    run.add_argument("--users", type=int, help="override the population's users")
+    run.add_argument("--trace", default="default", help="openb trace (default, gpushare40, ...)")
+    run.add_argument("--batch-load", type=float, default=0.6, help="batch work offered, x capacity")
+    run.add_argument("--batch-busy", type=float, default=0.8, help="share of a job's GPU busy")
+    run.add_argument("--checkpoint-interval", type=float, default=600.0)
+    run.add_argument("--workload", type=Path, help="replay this saved workload instead")
+    run.add_argument("--save-workload", type=Path, help="save the workload (JSON)")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        workload = Workload.load(args.workload) if args.workload else _generated(args)
+        if args.save_workload:
+            workload.save(args.save_workload)
+        _run(workload, _policies(args.policies, args.vary), args)

@@ -1,0 +1,441 @@
+"""The simulation: one policy, one workload, one virtual clock.
+
+Events (arrivals, the end of a session, a cull, a run's exit) are taken in time order; at
+each one the clock is set to its time and the service's own code decides: the ledger
+allocates and releases (placement, quotas, preemption of batch jobs for a spawn), the job
+scheduler makes its pass (``Scheduler.tick``) whenever the batch side may have changed,
+and the server extension's idle tracker and reclaimer decide each session's cull.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from gpuslice.activity.idle import IdleTracker
+from gpuslice.extension.decisions import CULLED, WARNING
+from gpuslice.extension.reclaim import Reclaimer
+from gpuslice.gpu import discover
+from gpuslice.idle_policy import PolicyConfig
+from gpuslice_hub import clock
+from gpuslice_hub.admin.pool import read_pool, totals
+from gpuslice_hub.db.engine import open_database
+from gpuslice_hub.db.schema import ensure_schema
+from gpuslice_hub.errors import Pending, Refused
+from gpuslice_hub.idle import effective_policy, reclaim_record
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.ledger import Caller, Ledger
+from gpuslice_hub.placement import get_policy
+from gpuslice_hub.profiles import parse_profiles
+from gpuslice_hub.quotas import parse_quotas
+
+from .backend import SimBackend
+from .policies import PROFILES, Policy, hosts
+from .workload import BatchJob, Session, Workload
+
+# A Monday: the generator's weekdays start here.
+EPOCH = datetime(2026, 1, 5, tzinfo=UTC)
+NOTEBOOK = {
+    "nbformat": 4,
+    "nbformat_minor": 5,
+    "metadata": {},
+    "cells": [
+        {
+            "cell_type": "code",
+            "id": "c1",
+            "metadata": {},
+            "source": "train()",
+            "outputs": [],
+            "execution_count": None,
+        }
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How people and the runner behave, the same under every policy."""
+
+    n_hosts: int = 25
+    mig_hosts: int = 2  # hosts in MIG mode, where the policy offers slices
+    spawn_timeout: float = 300.0  # how long a spawn waits for a slice being freed
+    retry_after_refusal: float = 300.0  # a refused person tries again this much later
+    give_up_after: float = 3600.0  # ... and gives up after asking for this long
+    keep_alive_share: float = 0.2  # a warned person clicks "keep working" this often
+    window: float = 30.0  # the idle tracker's window (server extension's default)
+    culler_every: float = 1800.0  # jupyterhub-idle-culler's check, half its timeout
+    preempt_grace: float = 60.0
+    exit_delay: float = 10.0  # a preempted job exits this long after the signal
+    sample_every: float = 1800.0  # the time series' step
+    batch_users_max_jobs: int = 100000  # no per-user job cap in the way of the trace
+
+
+@dataclass
+class Request:
+    """One time a session asked for a slice (its first spawn, or again after a cull)."""
+
+    session: int
+    asked: float
+    granted: float | None = None
+    refusals: int = 0
+    gave_up: bool = False
+
+
+@dataclass
+class Live:
+    session: Session
+    profile: str
+    stretch: int  # the stretch it plays from when granted
+    request: Request
+    alloc: dict[str, Any] | None = None
+    since: float = 0.0  # when the current grant began (playing stretch ``stretch``)
+
+
+@dataclass
+class Result:
+    policy: Policy
+    horizon: float
+    capacity_milli: int
+    requests: list[Request] = field(default_factory=list)
+    interactive_useful: float = 0.0  # milli-GPU-seconds of work done in sessions
+    interactive_lost: float = 0.0  # ... killed by a cull before it finished
+    batch_useful: float = 0.0
+    batch_lost: float = 0.0
+    batch_jobs: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # seconds of work each stopped run lost
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    allocated_milli_seconds: float = 0.0
+    reclaimed_gpu_hours: float = 0.0
+    culls: int = 0
+    warnings: int = 0
+    keep_alives: int = 0
+    wall_seconds: float = 0.0
+
+
+class Simulation:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        settings: Settings | None = None,
+        seed: int = 0,
+        folder: Path | None = None,
+        database: str | None = None,
+    ) -> None:
+        self.workload = workload
+        self.policy = policy
+        self.settings = settings or Settings()
+        self.rng = random.Random(seed)
+        self.folder = folder or Path(tempfile.mkdtemp(prefix="gpuslice-sim-"))
+        self.horizon = workload.days * 86400.0
+        self.clock = clock.ManualClock(EPOCH)
+        self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        self.t = 0.0
+        self._ticks: set[float] = set()
+        self.database = database or f"sqlite:///{self.folder}/ledger.sqlite"
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        s, p = self.settings, self.policy
+        db = open_database(self.database)
+        ensure_schema(db, "gpuslice-sim")
+        profiles = [{**pr, "idle_timeout": int(p.idle_timeout)} for pr in PROFILES]
+        self.ledger = Ledger(
+            db, parse_profiles(profiles), parse_quotas({}), get_policy(p.placement)
+        )
+        mig = s.mig_hosts if p.slices else 0
+        self.ledger.sync_inventory(discover("simulated", hosts(s.n_hosts, mig)))
+        self.capacity_milli = 1000 * 8 * s.n_hosts
+        self.jobs_by_id: dict[int, BatchJob] = {}
+        self.backend = SimBackend(
+            self.jobs_by_id, self.now, self._tick_at, EPOCH.timestamp(), s.exit_delay
+        )
+        manager = JobManager(self.ledger, db, self.backend, self.folder / "jobs")  # type: ignore[arg-type]
+        manager.run_jobs_as_service_user = True  # the simulated users have no accounts
+        manager.preempt_grace = s.preempt_grace
+        manager.max_jobs_per_user = s.batch_users_max_jobs
+        manager.max_runtime_limit = 7 * 86400.0
+        manager.log.setLevel(logging.ERROR)
+        self.manager = manager
+        self.ledger.preempt_hook = manager.preempt_for_interactive
+        self.scheduler = Scheduler(manager)
+        self.idle_config = PolicyConfig.parse(
+            {"action": "server", "idle_timeout": p.idle_timeout, "warning_lead": p.warning_lead}
+        )
+
+    # -- the event loop --------------------------------------------------------------------
+
+    def _at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        # in whole microseconds, the clock's resolution: what the service reads as now is
+        # then exactly the event's time
+        self._seq += 1
+        heapq.heappush(self._events, (round(t, 6), self._seq, fn, args))
+
+    def _tick_at(self, t: float) -> None:
+        """A scheduler pass at ``t`` (one per instant, after that instant's other events)."""
+        t = round(t, 6)
+        if t not in self._ticks and t < self.horizon:
+            self._ticks.add(t)
+            self._at(t, self._tick)
+
+    def now(self) -> float:
+        """The simulation's time: seconds since it started."""
+        return self.t
+
+    def run(self) -> Result:
+        import time
+
+        started = time.perf_counter()
+        with clock.installed(self.clock):
+            self._build()
+            self.result = Result(self.policy, self.horizon, self.capacity_milli)
+            self.live: dict[int, Live] = {}
+            for session in self.workload.sessions:
+                if session.arrival < self.horizon:
+                    req = Request(session.id, session.arrival)
+                    live = Live(session, self.policy.profile(session.profile), 0, req)
+                    self._at(session.arrival, self._spawn, live)
+            for job in self.workload.jobs:
+                if job.arrival < self.horizon:
+                    self._at(job.arrival, self._submit, job)
+            t = 0.0
+            while t < self.horizon:
+                self._at(t, self._sample)
+                t += self.settings.sample_every
+            while self._events:
+                t, _, fn, args = heapq.heappop(self._events)
+                if t >= self.horizon:
+                    break
+                self.t = t
+                self.clock.set(EPOCH + timedelta(seconds=t))
+                fn(*args)
+            self.t = self.horizon
+            self.clock.set(EPOCH + timedelta(seconds=self.horizon))
+            self._finish()
+            self.ledger.db.dispose()
+        self.result.wall_seconds = time.perf_counter() - started
+        return self.result
+
+    def _tick(self) -> None:
+        t = self.now()
+        self._ticks.discard(t)
+        self.backend.settle(t)
+        self.scheduler.tick(self.clock.now())
+        due = self.scheduler._next_due
+        if due is not None:
+            self._tick_at((due - EPOCH).total_seconds())
+
+    # -- batch -------------------------------------------------------------------------------
+
+    def _submit(self, job: BatchJob) -> None:
+        caller = Caller(job.user, (job.group,), job.user)
+        body = {
+            "name": f"job{job.id}",
+            "notebook": NOTEBOOK,
+            "profile": self.policy.profile(job.profile),
+            "slices": job.slices,
+            "priority": self.policy.batch,
+            "checkpoint_interval": job.checkpoint_interval,
+            "max_runtime": 7 * 86400.0,
+        }
+        out = self.manager.submit(caller, body)
+        self.jobs_by_id[int(out["id"])] = job
+        self._tick_at(self.now())
+
+    # -- interactive sessions ----------------------------------------------------------------
+
+    def _spawn(self, live: Live) -> None:
+        s, now = live.session, self.now()
+        caller = Caller(s.user, (s.group,), s.user)
+        try:
+            alloc, _ = self.ledger.allocate(
+                caller, live.profile, f"s{s.id}", wait_seconds=self.settings.spawn_timeout
+            )
+        except Pending as e:
+            # a batch job checkpoints to free the slice: the spawner asks again soon
+            self._tick_at(now)
+            retry = float(e.detail.get("retry_after", 1) or 1)  # type: ignore[arg-type]
+            self._at(now + retry, self._spawn, live)
+            return
+        except Refused as e:
+            if e.code not in ("no_capacity", "over_quota"):
+                raise
+            live.request.refusals += 1
+            again = now + self.settings.retry_after_refusal
+            if again - live.request.asked > self.settings.give_up_after:
+                live.request.gave_up = True
+                self.result.requests.append(live.request)
+                return
+            self._at(again, self._spawn, live)
+            return
+        live.alloc, live.since = alloc, now
+        live.request.granted = now
+        self.result.requests.append(live.request)
+        self.live[s.id] = live
+        cull = self._cull_time(live)
+        end = now + sum(st.seconds for st in s.stretches[live.stretch :])
+        if cull is not None and cull[0] < end:
+            self._at(cull[0], self._cull, live, cull[1])
+        else:
+            self._at(end, self._stop, live)
+
+    def _played(self, live: Live, until: float) -> tuple[float, float, int, float]:
+        """(useful, lost) milli-GPU-seconds of the stretches played from the grant to
+        ``until``, the stretch playing at ``until``, and when that stretch began."""
+        t, useful = live.since, 0.0
+        stretches = live.session.stretches
+        for k in range(live.stretch, len(stretches)):
+            st = stretches[k]
+            if t + st.seconds > until:
+                # cut here: the part of an active stretch played so far did not finish
+                lost = st.busy_milli * (min(until, self.horizon) - t) if st.active else 0.0
+                return useful, max(lost, 0.0), k, t
+            useful += st.busy_milli * max(0.0, min(t + st.seconds, self.horizon) - t)
+            t += st.seconds
+        return useful, 0.0, len(stretches), t
+
+    def _stop(self, live: Live) -> None:
+        """The person stops their server: the spawner releases the slice."""
+        useful, _, _, _ = self._played(live, self.now())
+        self.result.interactive_useful += useful
+        self._release(live, "server stopped")
+
+    def _release(self, live: Live, reason: str) -> None:
+        assert live.alloc is not None
+        self.ledger.release(live.alloc["id"], live.session.user, reason, server_stopped=True)
+        live.alloc = None
+        self.live.pop(live.session.id, None)
+        self._tick_at(self.now())
+
+    def _cull(self, live: Live, idle_seconds: float) -> None:
+        now = self.now()
+        assert live.alloc is not None
+        useful, lost, k, began = self._played(live, now)
+        self.result.interactive_useful += useful
+        self.result.interactive_lost += lost
+        self.result.culls += 1
+        # as the reclaim API records it, then the hub stops the server and its spawner
+        # releases the slice
+        kind, detail = reclaim_record(live.alloc, idle_seconds, voluntary=False)
+        self.ledger.record_event(kind, live.session.user, live.session.user, "idle", detail)
+        self._release(live, "server stopped")
+        # The person comes back for the next active stretch and asks again.
+        stretches = live.session.stretches
+        t = began + stretches[k].seconds
+        for j in range(k + 1, len(stretches)):
+            if stretches[j].active:
+                again = Live(live.session, live.profile, j, Request(live.session.id, t))
+                if t < self.horizon:
+                    self._at(t, self._spawn, again)
+                return
+            t += stretches[j].seconds
+
+    def _cull_time(self, live: Live) -> tuple[float, float] | None:
+        """When this grant's server is culled, and after how long idle, or None."""
+        if self.policy.reclaim == "gpu":
+            return self._gpu_reclaim(live)
+        if self.policy.reclaim == "inactivity":
+            return self._inactivity_cull(live)
+        return None
+
+    def _gpu_reclaim(self, live: Live) -> tuple[float, float] | None:
+        """The server extension's own tracker and reclaimer, fed each window with the
+        session's utilization (the sampler's reading) over its stretches."""
+        s = live.session
+        policy = effective_policy(
+            self.idle_config, self.ledger.profiles, s.user, (s.group,), live.profile, None
+        )
+        tracker = IdleTracker(self.settings.window)
+        reclaimer = Reclaimer(policy)
+        t0 = EPOCH.timestamp()
+        t = live.since
+        window = self.settings.window
+        for st in s.stretches[live.stretch :]:
+            end = t + st.seconds
+            if st.active:
+                util = 100.0 * st.busy_milli / 1000
+                for at in (t, end - 1e-3):
+                    state = tracker.observe(t0 + at, util, memory_bytes=1)
+                    reclaimer.observe(t0 + at, {"k": state}, {"k": True})
+            else:
+                at = t
+                while at < end:
+                    state = tracker.observe(t0 + at, 0.0, memory_bytes=1)
+                    for d in reclaimer.observe(t0 + at, {"k": state}, {"k": False}):
+                        if d.action == WARNING:
+                            self.result.warnings += 1
+                            if self.rng.random() < self.settings.keep_alive_share:
+                                self.result.keep_alives += 1
+                                reclaimer.extend(["k"], None, t0 + at)
+                        elif d.action == CULLED:
+                            return at, d.idle_seconds
+                    at += window
+            t = end
+        return None
+
+    def _inactivity_cull(self, live: Live) -> tuple[float, float] | None:
+        """jupyterhub-idle-culler: a server whose last activity (a kernel executing, the
+        person in the page) is older than the timeout at one of its checks is stopped. GPU
+        work outside the kernel is no activity to it."""
+        every, timeout = self.settings.culler_every, self.policy.idle_timeout
+        last = t = live.since
+        for st in live.session.stretches[live.stretch :]:
+            end = t + st.seconds
+            if st.active and st.visible:
+                last = end
+            else:
+                # the first check after ``last + timeout`` inside this stretch culls
+                due = last + timeout
+                check = live.since + every * max(0, -(-(due - live.since) // every))
+                if check < end and check >= t:
+                    return check, check - last
+            t = end
+        return None
+
+    # -- measurements ------------------------------------------------------------------------
+
+    def _busy_now(self, at: float) -> int:
+        busy = 0
+        for live in self.live.values():
+            t = live.since
+            for st in live.session.stretches[live.stretch :]:
+                if t + st.seconds > at:
+                    busy += st.busy_milli
+                    break
+                t += st.seconds
+        runs = self.backend.progress(at)
+        for job_id in runs:
+            job = self.jobs_by_id[job_id]
+            busy += job.busy_milli * job.slices
+        return busy
+
+    def _sample(self) -> None:
+        now = self.now()
+        figures = totals(read_pool(self.ledger), self.clock.now())
+        self.result.samples.append(
+            {
+                "t": now,
+                "allocated": figures["allocated_milli"],
+                "interactive": figures["interactive_milli"],
+                "batch": figures["batch_milli"],
+                "fragmented": figures["fragmented_milli"],
+                "queued_jobs": figures["queued_jobs"],
+                "running_jobs": figures["running_jobs"],
+                "busy": self._busy_now(now),
+            }
+        )
+
+    def _finish(self) -> None:
+        from .measure import finish
+
+        finish(self)

@@ -1,0 +1,136 @@
+"""What a simulation reports, read the way the admin panel reads it where the panel has
+the figure (allocated GPU-hours, reclaimed GPU-hours, fragmentation, the job records),
+and from the simulation's own truth where only it knows (work done, work lost).
+
+- allocation rate: the allocated milli-GPU-seconds of every allocation inside the horizon
+  (the admin panel's GPU-hours: each allocation's life times its GPU share) over capacity;
+- effective utilization: useful GPU work (busy milli-GPU-seconds of session stretches that
+  were played, batch work that was kept; work a cull or a preemption threw away is not
+  useful) over capacity x time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from gpuslice_hub.admin.accounting import reclaimed
+from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
+from gpuslice_hub.db.models import AllocationRow
+
+if TYPE_CHECKING:
+    from .engine import Result, Simulation
+
+
+def finish(sim: Simulation) -> None:
+    r, end = sim.result, sim.horizon
+    epoch = sim.clock.now().timestamp() - end
+    # sessions still holding a slice at the end: the work played so far
+    for live in list(sim.live.values()):
+        useful, _, _, _ = sim._played(live, end)
+        r.interactive_useful += useful
+    # batch: what the runs kept, and what the running ones have done so far
+    sim.backend.settle(end)
+    for job_id, kept in sim.backend.kept.items():
+        job = sim.jobs_by_id[job_id]
+        r.batch_useful += kept * job.busy_milli * job.slices
+    r.losses = list(sim.backend.losses)
+    for job_id, lost in sim.backend.lost.items():
+        job = sim.jobs_by_id[job_id]
+        r.batch_lost += lost * job.busy_milli * job.slices
+    for job_id, done in sim.backend.progress(end).items():
+        job = sim.jobs_by_id[job_id]
+        r.batch_useful += done * job.busy_milli * job.slices
+    with sim.ledger.db.reading() as s:
+        allocs = s.execute(
+            select(AllocationRow.gpu_milli, AllocationRow.created_at, AllocationRow.released_at)
+        ).all()
+        jobs = list(s.scalars(select(JobRow)))
+        starts = dict(
+            s.execute(
+                select(JobTransitionRow.job_id, JobTransitionRow.at)
+                .where(JobTransitionRow.state == "starting")
+                .order_by(JobTransitionRow.id)  # the dict keeps the latest start
+            ).all()
+        )
+    for milli, created, released in allocs:
+        a = created.timestamp() - epoch
+        b = end if released is None else released.timestamp() - epoch
+        r.allocated_milli_seconds += milli * max(0.0, min(b, end) - a)
+    r.reclaimed_gpu_hours = reclaimed(sim.ledger, sim.clock.now())["total"]
+
+    def since(at: datetime | None) -> float | None:
+        return None if at is None else at.timestamp() - epoch
+
+    for row in jobs:
+        spec = sim.jobs_by_id.get(row.id)
+        r.batch_jobs.append(
+            {
+                "arrival": since(row.submitted_at),
+                "first_start": since(row.started_at),
+                "last_start": since(starts.get(row.id)),
+                "ended": since(row.finished_at),
+                "state": row.state,
+                "preemptions": row.preemptions,
+                "lost": row.lost_work_seconds,
+                "work": spec.work if spec else 0.0,
+                "milli": (spec.busy_milli * spec.slices) if spec else 0,
+            }
+        )
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+def summary(r: Result) -> dict[str, Any]:
+    """The figures of one run, as the report's table shows them."""
+    cap = r.capacity_milli * r.horizon
+    got = [q for q in r.requests if q.granted is not None]
+    waits = [q.granted - q.asked for q in got if q.granted is not None]
+    refused_first = sum(1 for q in r.requests if q.refusals)
+    done = [j for j in r.batch_jobs if j["state"] == "completed" and j["ended"] is not None]
+    started = [j for j in r.batch_jobs if j["first_start"] is not None]
+    queue = [j["first_start"] - j["arrival"] for j in started]
+    preempted = sum(j["preemptions"] for j in r.batch_jobs)
+    frag = [s["fragmented"] for s in r.samples]
+    return {
+        "policy": r.policy.name,
+        "title": r.policy.title,
+        "allocation_rate": r.allocated_milli_seconds / cap,
+        "effective_utilization": (r.interactive_useful + r.batch_useful) / cap,
+        "interactive_utilization": r.interactive_useful / cap,
+        "batch_utilization": r.batch_useful / cap,
+        "requests": len(r.requests),
+        "wait_p50": _pct(waits, 50),
+        "wait_p95": _pct(waits, 95),
+        "refused_share": refused_first / len(r.requests) if r.requests else 0.0,
+        "gave_up": sum(1 for q in r.requests if q.gave_up),
+        "culls": r.culls,
+        "warnings": r.warnings,
+        "keep_alives": r.keep_alives,
+        "interactive_lost_gpu_hours": r.interactive_lost / 1000 / 3600,
+        "reclaimed_gpu_hours": r.reclaimed_gpu_hours,
+        "jobs_submitted": len(r.batch_jobs),
+        "jobs_completed": len(done),
+        "queue_p50_h": _h(_pct(queue, 50)),
+        "queue_p95_h": _h(_pct(queue, 95)),
+        "completion_p50_h": _h(_pct([j["ended"] - j["arrival"] for j in done], 50)),
+        "preemptions_per_job": preempted / len(started) if started else 0.0,
+        "lost_per_stop_mean_s": statistics.fmean(r.losses) if r.losses else 0.0,
+        "lost_per_stop_max_s": max(r.losses, default=0.0),
+        "batch_lost_gpu_hours": r.batch_lost / 1000 / 3600,
+        "fragmented_share": (statistics.fmean(frag) / r.capacity_milli) if frag else 0.0,
+        "wall_seconds": r.wall_seconds,
+    }
+
+
+def _h(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds / 3600

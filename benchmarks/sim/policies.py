@@ -1,0 +1,100 @@
+"""The policies a simulation compares, and the cluster and profiles they run on.
+
+A policy is a choice a site makes, never new decision code: which profiles researchers may
+ask for, how idle sessions are reclaimed (none; jupyterhub-idle-culler's inactivity rule;
+gpuslice's GPU-aware reclaim with its warning), and whether batch jobs are preemptible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+GPU = {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
+
+# The slice profiles (what a gpuslice site offers); whole-GPU policies map every request
+# to ``gpu-N``. MIG profiles only fit the hosts whose GPUs are in MIG mode.
+PROFILES: list[dict[str, Any]] = [
+    {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb"},
+    {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+    {"name": "share-500", "kind": "share", "gpu_milli": 500, "gpu_memory_mib": 40960},
+    {"name": "gpu-1", "kind": "gpu", "count": 1},
+    {"name": "gpu-2", "kind": "gpu", "count": 2},
+    {"name": "gpu-4", "kind": "gpu", "count": 4},
+    {"name": "gpu-8", "kind": "gpu", "count": 8},
+]
+# one GPU's share each profile holds (a 1g.10gb instance is 1/7 of an A100)
+PROFILE_MILLI = {"mig-1g.10gb": 142, "share-250": 250, "share-500": 500, "gpu-1": 1000}
+PROFILE_MILLI.update({f"gpu-{n}": 1000 * n for n in (2, 4, 8)})
+
+RECLAIMS = ("none", "inactivity", "gpu")
+BATCH_CLASSES = ("normal", "preemptible")
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    title: str
+    slices: bool  # sessions and jobs get the slice they ask for; else whole GPUs
+    reclaim: str  # "none", "inactivity" (jupyterhub-idle-culler), "gpu" (gpuslice)
+    batch: str  # the priority class batch jobs are submitted with
+    idle_timeout: float = 3600.0
+    warning_lead: float = 300.0
+    placement: str = "default"
+    # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
+    changed: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.reclaim not in RECLAIMS:
+            raise ValueError(f"reclaim must be one of {RECLAIMS}, got {self.reclaim!r}")
+        if self.batch not in BATCH_CLASSES:
+            raise ValueError(f"batch must be one of {BATCH_CLASSES}, got {self.batch!r}")
+        if self.reclaim != "none" and not 0 < self.warning_lead < self.idle_timeout:
+            raise ValueError("need 0 < warning_lead < idle_timeout")
+
+    def profile(self, asked: str) -> str:
+        """What a request for ``asked`` gets under this policy."""
+        if self.slices or asked.startswith("gpu-"):
+            return asked
+        return "gpu-1"
+
+    def vary(self, key: str, value: Any) -> Policy:
+        """Policy 5: this policy with one admin setting changed."""
+        if key not in ("idle_timeout", "warning_lead", "placement", "slices"):
+            raise ValueError(
+                f"cannot vary {key!r}: one of idle_timeout, warning_lead, placement, slices"
+            )
+        name = f"{self.name}[{key}={value}]"
+        return replace(self, name=name, **{key: value}, changed=(*self.changed, (key, value)))
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy("1", "whole GPU per server, nothing reclaimed", False, "none", "normal"),
+        Policy(
+            "2",
+            "whole GPU + jupyterhub-idle-culler (1 h inactivity)",
+            False,
+            "inactivity",
+            "normal",
+        ),
+        Policy("3", "gpuslice slices + GPU-aware reclaim with warning", True, "gpu", "normal"),
+        Policy("4", "3 + preemptible batch backfill with checkpoints", True, "gpu", "preemptible"),
+    )
+}
+
+
+def hosts(n_hosts: int, mig_hosts: int) -> list[dict[str, Any]]:
+    """``n_hosts`` x 8 A100-80GB; the first ``mig_hosts`` have every GPU in MIG mode
+    (seven 1g.10gb instances each)."""
+    out = []
+    for i in range(n_hosts):
+        if i < mig_hosts:
+            gpus = [{**GPU, "mig": ["1g.10gb"] * 7} for _ in range(8)]
+        else:
+            gpus = [{**GPU, "count": 8}]
+        out.append(
+            {"name": f"gpu{i:03d}", "cpu_milli": 256000, "memory_mib": 2048000, "gpus": gpus}
+        )
+    return out

@@ -1,0 +1,72 @@
+"""The report of a comparison: a table (Markdown), the figures (JSON) and plots (SVG)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .engine import Result
+from .measure import summary
+from .svg import line_chart
+
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("allocation_rate", "allocated", "{:.1%}"),
+    ("effective_utilization", "effective util.", "{:.1%}"),
+    ("wait_p50", "wait p50 (s)", "{:.0f}"),
+    ("wait_p95", "wait p95 (s)", "{:.0f}"),
+    ("refused_share", "refused", "{:.1%}"),
+    ("gave_up", "gave up", "{}"),
+    ("queue_p50_h", "batch queue p50 (h)", "{:.2f}"),
+    ("completion_p50_h", "batch completion p50 (h)", "{:.2f}"),
+    ("jobs_completed", "jobs done", "{}"),
+    ("preemptions_per_job", "preemptions/job", "{:.2f}"),
+    ("lost_per_stop_max_s", "lost/preemption max (s)", "{:.0f}"),
+    ("batch_lost_gpu_hours", "batch lost (GPU-h)", "{:.1f}"),
+    ("interactive_lost_gpu_hours", "session work lost (GPU-h)", "{:.1f}"),
+    ("reclaimed_gpu_hours", "reclaimed (GPU-h)", "{:.0f}"),
+    ("fragmented_share", "fragmented", "{:.1%}"),
+)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    rule = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in COLUMNS) + "|"
+    lines = [head, rule]
+    for row in rows:
+        cells = ["-" if row.get(k) is None else fmt.format(row[k]) for k, _, fmt in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    legend = "\n".join(f"- **{r['policy']}**: {r['title']}" for r in rows)
+    return "\n".join(lines) + "\n\n" + legend + "\n"
+
+
+def write(results: list[Result], out: Path, context: dict[str, Any]) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [summary(r) for r in results]
+    (out / "summary.json").write_text(json.dumps({"context": context, "policies": rows}, indent=1))
+    (out / "report.md").write_text(
+        "# gpuslice-sim\n\n"
+        + "".join(f"- {k}: {v}\n" for k, v in context.items())
+        + "\n"
+        + table(rows)
+    )
+    day = 86400.0
+
+    def series(key: str) -> dict[str, list[tuple[float, float]]]:
+        return {
+            r.policy.name: [(s["t"] / day, s[key] / r.capacity_milli) for s in r.samples]
+            for r in results
+        }
+
+    (out / "utilization.svg").write_text(
+        line_chart("GPU work done (busy GPUs / capacity)", series("busy"), "day", "share", 1.0)
+    )
+    (out / "allocation.svg").write_text(
+        line_chart("Allocated (GPUs held / capacity)", series("allocated"), "day", "share", 1.0)
+    )
+    queued = {
+        r.policy.name: [(s["t"] / day, float(s["queued_jobs"])) for s in r.samples] for r in results
+    }
+    (out / "queue.svg").write_text(line_chart("Batch jobs waiting", queued, "day", "jobs"))
+    return rows
