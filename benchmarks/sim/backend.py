@@ -139,7 +139,7 @@ class SimBackend:
         at = run.ends
         done = min(run.job.work, run.saved + (at - run.started))
         saved = run.job.work if run.code == EXIT_COMPLETED else run.checkpointed(at)
-        lost = done - saved
+        lost = max(0.0, done - saved)  # (not -1e-12 of float rounding)
         self.saved[job_id] = saved
         self.kept[job_id] = self.kept.get(job_id, 0.0) + (saved - run.saved)
         self.lost[job_id] = self.lost.get(job_id, 0.0) + lost

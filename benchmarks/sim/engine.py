@@ -71,7 +71,8 @@ class Settings:
     give_up_after: float = 3600.0  # ... and gives up after asking for this long
     keep_alive_share: float = 0.2  # a warned person clicks "keep working" this often
     window: float = 30.0  # the idle tracker's window (server extension's default)
-    culler_every: float = 1800.0  # jupyterhub-idle-culler's check, half its timeout
+    # jupyterhub-idle-culler's check interval (None: its default, half its timeout)
+    culler_every: float | None = None
     preempt_grace: float = 60.0
     exit_delay: float = 10.0  # a preempted job exits this long after the signal
     sample_every: float = 1800.0  # the time series' step
@@ -202,7 +203,7 @@ class Simulation:
             self.live: dict[int, Live] = {}
             for session in self.workload.sessions:
                 if session.arrival < self.horizon:
-                    req = Request(session.id, session.arrival)
+                    req = Request(session.id, round(session.arrival, 6))
                     live = Live(session, self.policy.profile(session.profile), 0, req)
                     self._at(session.arrival, self._spawn, live)
             for job in self.workload.jobs:
@@ -387,16 +388,18 @@ class Simulation:
         """jupyterhub-idle-culler: a server whose last activity (a kernel executing, the
         person in the page) is older than the timeout at one of its checks is stopped. GPU
         work outside the kernel is no activity to it."""
-        every, timeout = self.settings.culler_every, self.policy.idle_timeout
+        timeout = self.policy.idle_timeout
+        every = self.settings.culler_every or timeout // 2
         last = t = live.since
         for st in live.session.stretches[live.stretch :]:
             end = t + st.seconds
             if st.active and st.visible:
                 last = end
             else:
-                # the first check after ``last + timeout`` inside this stretch culls
+                # the culler checks every ``every`` seconds from its own start (the
+                # simulation's): the first check at or after ``last + timeout`` culls
                 due = last + timeout
-                check = live.since + every * max(0, -(-(due - live.since) // every))
+                check = every * -(-due // every)
                 if check < end and check >= t:
                     return check, check - last
             t = end

@@ -24,12 +24,10 @@ import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import select
 
-from gpuslice.run.jobdir import JobDir
 from gpuslice.vocab import EXIT_BY_STATUS, EXIT_PREEMPTED
 
 from ..db.jobs_models import JobRow
@@ -43,7 +41,7 @@ from .backends.base import (
     SubmitUnsure,
     current_ref,
 )
-from .runner_state import ATTEMPT_ID, runner_claims
+from .runner_state import ATTEMPT_ID
 from .states import ACTIVE, PRIORITY_CLASSES, transition
 
 if TYPE_CHECKING:
@@ -81,6 +79,7 @@ class DelegatedPass:
             # of the queue, what a pass reads (whole rows of thousands of jobs cost most
             # of it): the few that start or are submitted are read in full below
             queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
+        self.scheduler.runner_files.keep({j.job_dir for j in active})
         known: list[Any] = [j for j in active if self._current(j.backend_ref)]
         known += [j for j in queued if self._queued_in_engine(j.backend_ref)]
         try:
@@ -137,7 +136,7 @@ class DelegatedPass:
             self.log.exception("job %s: %s failed; will retry", job_id, what)
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
-        runner = runner_claims(JobDir(Path(job.job_dir)).state())
+        runner = self.scheduler.runner_files.claims(job.job_dir)
         if not status.alive:
             # its engine's job is over: as with any backend; back in the queue, it is handed
             # to the engine afresh
@@ -174,7 +173,7 @@ class DelegatedPass:
         the service was down, or the engine or an admin ended it): account for that run
         once, from its runner's own record and the engine's exit code."""
         ref = job.backend_ref or {}
-        runner = runner_claims(JobDir(Path(job.job_dir)).state())
+        runner = self.scheduler.runner_files.claims(job.job_dir)
         # what this submission's runner said last (Slurm's exit code of a cancelled job
         # says nothing): completed, failed, preempted by an earlier run, or nothing
         said = runner.get("status") if runner.get("attempt_id") == ref.get("attempt_id") else None

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, select, update
 
-from gpuslice.run.jobdir import JobDir
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
 from .. import clock
@@ -30,7 +28,8 @@ from .backends.base import PlacedBackend, RunStatus
 from .delegated import DelegatedPass
 from .manager import JobManager
 from .ordering import queue_order
-from .runner_state import ATTEMPT_ID, runner_claims
+from .runner_files import RunnerFiles
+from .runner_state import ATTEMPT_ID
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
@@ -45,6 +44,7 @@ QUEUED_COLUMNS = (
     JobRow.not_before,
     JobRow.waiting_reason,
 )
+JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
 FULL_PASS_SECONDS = 60.0
 NEWEST_EVENT = select(func.max(EventRow.id))
@@ -68,6 +68,7 @@ class Scheduler:
         self._marker: tuple[Any, ...] | None = None
         self._full_at: datetime | None = None
         self._next_due: datetime | None = None
+        self.runner_files = RunnerFiles()
 
     async def run_forever(self) -> None:
         while True:
@@ -87,7 +88,10 @@ class Scheduler:
             self._delegated.tick(now)
             return
         with self.jobs.db.reading() as s:
-            active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
+            # Rows, not ORM objects (loading hundreds of those cost more than the rest of
+            # a pass): the pass only reads them; its writes get the row again.
+            rows = s.connection().execute(select(JOBS).where(JOBS.c.state.in_(ACTIVE)))
+            active = cast(list[JobRow], list(rows))
         try:
             # one question to the backend for all of them (Slurm: one squeue, not a fork each)
             statuses = self.jobs.backend.poll_many([job.backend_ref or {} for job in active])
@@ -96,6 +100,7 @@ class Scheduler:
                 "the %s backend could not be asked about its runs", self.jobs.backend.name
             )
             statuses = []
+        self.runner_files.keep({job.job_dir for job in active})
         for job, status in zip(active, statuses, strict=False):
             try:
                 self._watch(job, now, status)
@@ -134,7 +139,7 @@ class Scheduler:
     # -- running jobs ---------------------------------------------------------------------
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
-        runner = runner_claims(JobDir(Path(job.job_dir)).state())
+        runner = self.runner_files.claims(job.job_dir)
         if status.alive:
             self._progress(job, runner, now)
             self._report_usage(job, runner)
@@ -301,11 +306,8 @@ class Scheduler:
 
     def _unsaved(self, row: JobRow, runner: dict[str, Any], now: datetime) -> float:
         started = row.attempt_started_at or now
-        safe = max(
-            started.timestamp(),
-            float(runner.get("last_checkpoint_at") or 0),
-            JobDir(Path(row.job_dir)).last_save_time(),
-        )
+        # (the runner's claims include the checkpoint library's last save: RunnerFiles)
+        safe = max(started.timestamp(), float(runner.get("last_checkpoint_at") or 0))
         return max(0.0, now.timestamp() - safe)
 
     def _attempt_seconds(self, job: JobRow, now: datetime) -> float:
@@ -551,11 +553,9 @@ def _devices(grant: dict[str, Any]) -> str:
 def _progress_fields(row: JobRow, runner: dict[str, Any]) -> dict[str, Any]:
     """What the runner says of the job's progress, in the row's columns."""
     out: dict[str, Any] = {k: runner[k] for k in ("cells_done", "cells_total") if k in runner}
-    # both come from the job's folder: never later than now
-    saved = min(
-        max(runner.get("last_checkpoint_at", 0.0), JobDir(Path(row.job_dir)).last_save_time()),
-        clock.timestamp(),
-    )
+    # from the job's folder (the runner's and the checkpoint library's, RunnerFiles):
+    # never later than now
+    saved = min(runner.get("last_checkpoint_at", 0.0), clock.timestamp())
     if saved:
         out["last_checkpoint_at"] = datetime.fromtimestamp(saved, tz=UTC)
     return out
