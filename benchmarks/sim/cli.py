@@ -80,9 +80,14 @@ def _run(workload: Workload, policies: list[Policy], args: argparse.Namespace) -
         result = sim.run()
         print(f"policy {policy.name}: {result.wall_seconds:.0f} s of simulation", file=sys.stderr)
         results.append(result)
+    cluster = (
+        f"{len(workload.hosts)} hosts of the site's inventory"
+        if workload.hosts is not None
+        else f"{args.hosts} hosts x 8 A100-80GB ({args.mig_hosts} in MIG mode where the "
+        "policy offers slices)"
+    )
     context = {
-        "cluster": f"{args.hosts} hosts x 8 A100-80GB ({args.mig_hosts} in MIG mode where "
-        "the policy offers slices)",
+        "cluster": cluster,
         "days": workload.days,
         "sessions": len(workload.sessions),
         "batch jobs": len(workload.jobs),
@@ -130,9 +135,52 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--checkpoint-interval", type=float, default=600.0)
     run.add_argument("--workload", type=Path, help="replay this saved workload instead")
     run.add_argument("--save-workload", type=Path, help="save the workload (JSON)")
+    replay = sub.add_parser(
+        "replay", help="what-if on a site's own history: its ledger's last days, each policy"
+    )
+    _common(replay)
+    _history(replay)
+    export = sub.add_parser("export", help="save a site's history as a workload (JSON)")
+    _history(export)
+    export.add_argument("--seed", type=int, default=1)
+    export.add_argument("--to", type=Path, required=True, help="the workload file to write")
     args = parser.parse_args(argv)
     if args.command == "run":
         workload = Workload.load(args.workload) if args.workload else _generated(args)
         if args.save_workload:
             workload.save(args.save_workload)
         _run(workload, _policies(args.policies, args.vary), args)
+    elif args.command == "replay":
+        _run(_exported(args), _policies(args.policies, args.vary), args)
+    else:
+        workload = _exported(args)
+        workload.save(args.to)
+        print(f"{args.to}: {len(workload.sessions)} sessions, {len(workload.jobs)} jobs")
+
+
+def _history(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--from-ledger",
+        required=True,
+        metavar="DB_URL",
+        help="the service's database (GPUSliceService.db_url), read only",
+    )
+    p.add_argument("--days", type=float, default=30.0, help="the last days of it (default 30)")
+    p.add_argument(
+        "--interactive",
+        type=Path,
+        help="interactive parameters (TOML): use and idleness inside the sessions",
+    )
+    p.add_argument("--batch-busy", type=float, default=0.8, help="share of a job's GPU busy")
+
+
+def _exported(args: argparse.Namespace) -> Workload:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .replay import export
+
+    try:
+        params = load_parameters(args.interactive)
+        return export(args.from_ledger, args.days, params, args.seed, args.batch_busy)
+    except (ParameterError, OSError, SQLAlchemyError) as e:
+        raise SystemExit(f"cannot read the history: {e}") from None

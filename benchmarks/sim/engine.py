@@ -38,7 +38,7 @@ from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import parse_quotas
 
 from .backend import SimBackend
-from .policies import PROFILES, Policy, hosts
+from .policies import PROFILES, Policy, hosts, whole_gpus
 from .workload import BatchJob, Session, Workload
 
 # A Monday: the generator's weekdays start here.
@@ -154,9 +154,13 @@ class Simulation:
         self.ledger = Ledger(
             db, parse_profiles(profiles), parse_quotas({}), get_policy(p.placement)
         )
-        mig = s.mig_hosts if p.slices else 0
-        self.ledger.sync_inventory(discover("simulated", hosts(s.n_hosts, mig)))
-        self.capacity_milli = 1000 * 8 * s.n_hosts
+        if self.workload.hosts is not None:
+            cluster = whole_gpus(self.workload.hosts) if not p.slices else self.workload.hosts
+        else:
+            cluster = hosts(s.n_hosts, s.mig_hosts if p.slices else 0)
+        inventory = discover("simulated", cluster)
+        self.ledger.sync_inventory(inventory)
+        self.capacity_milli = 1000 * sum(len(h.gpus) for h in inventory.hosts)
         self.jobs_by_id: dict[int, BatchJob] = {}
         self.backend = SimBackend(
             self.jobs_by_id, self.now, self._tick_at, EPOCH.timestamp(), s.exit_delay

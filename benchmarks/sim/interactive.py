@@ -99,7 +99,7 @@ def generate(
                         group=f"group{user % pop['groups']:02d}",
                         arrival=start + rng.random() * 3600.0,
                         profile=profile,
-                        stretches=_stretches(rng, ses, st, profile_milli[profile]),
+                        stretches=draw_stretches(rng, ses, st, profile_milli[profile]),
                     )
                 )
     sessions.sort(key=lambda s: (s.arrival, s.id))
@@ -110,7 +110,7 @@ def _fields(s: Session) -> tuple[Any, ...]:
     return (s.user, s.group, s.arrival, s.profile, s.stretches)
 
 
-def _stretches(
+def draw_stretches(
     rng: random.Random, ses: dict[str, Any], st: dict[str, Any], milli: int
 ) -> tuple[Stretch, ...]:
     length = min(

@@ -98,3 +98,13 @@ def hosts(n_hosts: int, mig_hosts: int) -> list[dict[str, Any]]:
             {"name": f"gpu{i:03d}", "cpu_milli": 256000, "memory_mib": 2048000, "gpus": gpus}
         )
     return out
+
+
+def whole_gpus(cluster: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same hosts with every MIG-mode GPU whole: a site handing out whole GPUs does not
+    partition them."""
+    out = []
+    for host in cluster:
+        gpus = [{k: v for k, v in g.items() if k != "mig"} for g in host["gpus"]]
+        out.append({**host, "gpus": gpus})
+    return out

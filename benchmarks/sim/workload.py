@@ -67,12 +67,15 @@ class BatchJob:
 
 @dataclass
 class Workload:
-    """``days`` of sessions and jobs, and where they came from (said in the report)."""
+    """``days`` of sessions and jobs, and where they came from (said in the report);
+    ``hosts``: the cluster they ran on (a site's inventory, in the simulated discovery's
+    format), or None for the simulation's own."""
 
     days: float
     sessions: list[Session] = field(default_factory=list)
     jobs: list[BatchJob] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    hosts: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +87,8 @@ class Workload:
             for s in data.get("sessions", [])
         ]
         jobs = [BatchJob(**j) for j in data.get("jobs", [])]
-        return cls(float(data["days"]), sessions, jobs, list(data.get("sources", [])))
+        sources = list(data.get("sources", []))
+        return cls(float(data["days"]), sessions, jobs, sources, data.get("hosts"))
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json()))
