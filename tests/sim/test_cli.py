@@ -1,0 +1,57 @@
+"""gpuslice-sim run: a generated workload through several policies, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.sim.cli import main
+from benchmarks.sim.interactive import generate, load_parameters
+from benchmarks.sim.policies import PROFILE_MILLI
+
+
+def test_a_run_reports_every_policy_and_variant_on_one_workload(tmp_path: Path, capsys):
+    out = tmp_path / "report"
+    args = ["run", "--days", "0.25", "--hosts", "1", "--mig-hosts", "0", "--users", "6"]
+    args += ["--batch-load", "0.5", "--policies", "1,4", "--vary", "idle_timeout=1800"]
+    main([*args, "--out", str(out), "--save-workload", str(tmp_path / "w.json")])
+    summary = json.loads((out / "summary.json").read_text())
+    names = [p["policy"] for p in summary["policies"]]
+    assert names == ["1", "4", "4[idle_timeout=1800.0]"]
+    for p in summary["policies"]:
+        assert 0 <= p["effective_utilization"] <= p["allocation_rate"] <= 1
+    # the saved workload replays to the same figures
+    again = tmp_path / "again"
+    main(
+        ["run", "--workload", str(tmp_path / "w.json"), "--hosts", "1", "--mig-hosts", "0"]
+        + ["--policies", "1,4", "--vary", "idle_timeout=1800", "--out", str(again)]
+    )
+    replayed = json.loads((again / "summary.json").read_text())["policies"]
+    strip = [{k: v for k, v in p.items() if k != "wall_seconds"} for p in summary["policies"]]
+    assert [{k: v for k, v in p.items() if k != "wall_seconds"} for p in replayed] == strip
+
+
+def test_the_generator_is_the_same_for_the_same_seed_and_file():
+    params = load_parameters()
+    a = generate(params, 2, 7, PROFILE_MILLI)
+    assert a == generate(params, 2, 7, PROFILE_MILLI)
+    assert a != generate(params, 2, 8, PROFILE_MILLI)
+    # weekday arrivals follow office hours: most sessions start between 8:00 and 18:00
+    hours = [(s.arrival % 86400) // 3600 for s in a]
+    assert sum(8 <= h < 18 for h in hours) > 0.6 * len(hours)
+
+
+def test_a_parameter_file_with_an_unknown_key_is_refused(tmp_path: Path):
+    bad = tmp_path / "p.toml"
+    bad.write_text("[stretches]\nidle_median_minute = 3\n")
+    with pytest.raises(SystemExit, match=r"unknown key stretches\.idle_median_minute"):
+        main(["run", "--days", "0.1", "--interactive", str(bad)])
+
+
+def test_an_unknown_policy_or_setting_is_refused():
+    with pytest.raises(SystemExit, match="unknown policy '7'"):
+        main(["run", "--days", "0.1", "--policies", "7"])
+    with pytest.raises(SystemExit, match="cannot vary 'quota'"):
+        main(["run", "--days", "0.1", "--policies", "4", "--vary", "quota=1"])
