@@ -24,10 +24,8 @@ def test_a_run_reports_every_policy_and_variant_on_one_workload(tmp_path: Path, 
         assert 0 <= p["effective_utilization"] <= p["allocation_rate"] <= 1
     # the saved workload replays to the same figures
     again = tmp_path / "again"
-    main(
-        ["run", "--workload", str(tmp_path / "w.json"), "--hosts", "1", "--mig-hosts", "0"]
-        + ["--policies", "1,4", "--vary", "idle_timeout=1800", "--out", str(again)]
-    )
+    rerun = ["run", "--workload", str(tmp_path / "w.json"), "--hosts", "1", "--mig-hosts", "0"]
+    main([*rerun, "--policies", "1,4", "--vary", "idle_timeout=1800", "--out", str(again)])
     replayed = json.loads((again / "summary.json").read_text())["policies"]
     strip = [{k: v for k, v in p.items() if k != "wall_seconds"} for p in summary["policies"]]
     assert [{k: v for k, v in p.items() if k != "wall_seconds"} for p in replayed] == strip
