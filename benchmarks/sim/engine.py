@@ -339,7 +339,8 @@ class Simulation:
         t = began + stretches[k].seconds
         for j in range(k + 1, len(stretches)):
             if stretches[j].active:
-                again = Live(live.session, live.profile, j, Request(live.session.id, t))
+                request = Request(live.session.id, round(t, 6))
+                again = Live(live.session, live.profile, j, request)
                 if t < self.horizon:
                     self._at(t, self._spawn, again)
                 return

@@ -28,10 +28,11 @@ if TYPE_CHECKING:
 def finish(sim: Simulation) -> None:
     r, end = sim.result, sim.horizon
     epoch = sim.clock.now().timestamp() - end
-    # sessions still holding a slice at the end: the work played so far
+    # sessions still holding a slice at the end: the work played so far (a stretch still
+    # going has lost nothing: what ``_played`` calls cut short counts)
     for live in list(sim.live.values()):
-        useful, _, _, _ = sim._played(live, end)
-        r.interactive_useful += useful
+        useful, going, _, _ = sim._played(live, end)
+        r.interactive_useful += useful + going
     # batch: what the runs kept, and what the running ones have done so far
     sim.backend.settle(end)
     for job_id, kept in sim.backend.kept.items():
