@@ -129,7 +129,11 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--days", type=float, default=30.0)
     run.add_argument("--interactive", type=Path, help="interactive parameters (TOML)")
     run.add_argument("--users", type=int, help="override the population's users")
-    run.add_argument("--trace", default="default", help="openb trace (default, gpushare40, ...)")
+    run.add_argument(
+        "--trace",
+        default="default",
+        help="openb trace (default, gpushare40, ...) or a CSV file in its format",
+    )
     run.add_argument("--batch-load", type=float, default=0.6, help="batch work offered, x capacity")
     run.add_argument("--batch-busy", type=float, default=0.8, help="share of a job's GPU busy")
     run.add_argument("--checkpoint-interval", type=float, default=600.0)

@@ -38,7 +38,8 @@ class Task:
 
 
 def read_tasks(trace: str = "default", data: Path = DATA, min_work: float = MIN_WORK) -> list[Task]:
-    path = data / f"openb_pod_list_{trace}.csv"
+    # a trace's name, or the path of a file in the same format
+    path = Path(trace) if trace.endswith(".csv") else data / f"openb_pod_list_{trace}.csv"
     if not path.exists():
         raise FileNotFoundError(f"no openb trace {trace!r} ({path} is missing)")
     tasks = []

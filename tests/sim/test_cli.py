@@ -11,11 +11,23 @@ from benchmarks.sim.cli import main
 from benchmarks.sim.interactive import generate, load_parameters
 from benchmarks.sim.policies import PROFILE_MILLI
 
+# A trace in openb's format: a share, a whole GPU and a 2-GPU task, over a day.
+HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+TRACE = f"""{HEADER}creation_time,deletion_time,scheduled_time
+p0,4000,8192,1,250,,BE,Running,0,7200,0
+p1,8000,16384,1,1000,,LS,Running,3600,18000,3600
+p2,8000,16384,2,1000,,BE,Running,7200,50000,7200
+p3,2000,4096,1,500,,BE,Running,86400,90000,86400
+"""
+
 
 def test_a_run_reports_every_policy_and_variant_on_one_workload(tmp_path: Path, capsys):
     out = tmp_path / "report"
-    args = ["run", "--days", "0.25", "--hosts", "1", "--mig-hosts", "0", "--users", "6"]
-    args += ["--batch-load", "0.5", "--policies", "1,4", "--vary", "idle_timeout=1800"]
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
+    args = ["run", "--days", "1", "--hosts", "1", "--mig-hosts", "0", "--users", "6"]
+    args += ["--batch-load", "0.5", "--trace", str(trace)]
+    args += ["--policies", "1,4", "--vary", "idle_timeout=1800"]
     main([*args, "--out", str(out), "--save-workload", str(tmp_path / "w.json")])
     summary = json.loads((out / "summary.json").read_text())
     names = [p["policy"] for p in summary["policies"]]
@@ -27,6 +39,7 @@ def test_a_run_reports_every_policy_and_variant_on_one_workload(tmp_path: Path, 
     rerun = ["run", "--workload", str(tmp_path / "w.json"), "--hosts", "1", "--mig-hosts", "0"]
     main([*rerun, "--policies", "1,4", "--vary", "idle_timeout=1800", "--out", str(again)])
     replayed = json.loads((again / "summary.json").read_text())["policies"]
+    assert summary["policies"][0]["jobs_submitted"] > 0
     strip = [{k: v for k, v in p.items() if k != "wall_seconds"} for p in summary["policies"]]
     assert [{k: v for k, v in p.items() if k != "wall_seconds"} for p in replayed] == strip
 
