@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from gpuslice_hub.db.jobs_models import JobRow
+from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.jobs.backends.base import RunStatus
 from gpuslice_hub.jobs.manager import JobManager
@@ -74,8 +74,8 @@ def full_cluster(folder: Path, n_hosts: int, policy: str = "best-fit") -> tuple[
 def insert_queued(
     db: Any, folder: Path, specs: list[tuple[str, str, str]], backend: str = "local"
 ) -> list[int]:
-    """Queued jobs of (user, profile, priority class), as a submission leaves them, in one
-    statement; returns their ids."""
+    """Queued jobs of (user, profile, priority class), as a submission leaves them (each
+    with its "queued" transition), in two statements; returns their ids."""
     now = utcnow()
     with db.reading() as s:
         first = int(s.scalar(select(func.max(JobRow.id))) or 0)
@@ -100,9 +100,15 @@ def insert_queued(
         }
         for i, (user, profile, priority) in enumerate(specs)
     ]
+    ids = list(range(first + 1, first + 1 + len(rows)))
+    history = [
+        {"job_id": i, "from_state": None, "state": "queued", "at": now, "reason": "submitted"}
+        for i in ids
+    ]
     with db.writing() as s:
         s.connection().execute(insert(JobRow.__table__), rows)  # type: ignore[arg-type]
-    return list(range(first + 1, first + 1 + len(rows)))
+        s.connection().execute(insert(JobTransitionRow.__table__), history)  # type: ignore[arg-type]
+    return ids
 
 
 def queue(ledger: Ledger, folder: Path, n: int, priority: str, users: int = 500) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import Table, bindparam, func, select, update
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
 from .. import clock
-from ..db.jobs_models import JobRow, JobTransitionRow
+from ..db.jobs_models import JobRow
 from ..db.models import EventRow, utcnow
 from ..errors import Refused
 from ..ledger import Caller
@@ -28,27 +28,16 @@ from .backends.base import PlacedBackend, RunStatus
 from .delegated import DelegatedPass
 from .manager import JobManager
 from .ordering import queue_order
+from .queue_cache import NEWEST_TRANSITION, QueueCache
 from .runner_files import RunnerFiles
 from .runner_state import ATTEMPT_ID
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 
-QUEUED_COLUMNS = (
-    JobRow.id,
-    JobRow.user,
-    JobRow.groups,
-    JobRow.profile,
-    JobRow.slices,
-    JobRow.priority_class,
-    JobRow.submitted_at,
-    JobRow.not_before,
-    JobRow.waiting_reason,
-)
 JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
 FULL_PASS_SECONDS = 60.0
 NEWEST_EVENT = select(func.max(EventRow.id))
-NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
 # Waiting reasons written per transaction: short enough that a spawn waiting for the
 # ledger lock meanwhile is not held up noticeably.
 WAITING_BATCH = 500
@@ -69,6 +58,7 @@ class Scheduler:
         self._full_at: datetime | None = None
         self._next_due: datetime | None = None
         self.runner_files = RunnerFiles()
+        self.queue = QueueCache()
 
     async def run_forever(self) -> None:
         while True:
@@ -350,9 +340,9 @@ class Scheduler:
         where they changed.
         """
         with self.jobs.db.reading() as s:
-            # the columns a decision needs: whole rows of thousands of queued jobs cost
-            # most of a pass (the row is read in full for the few that start)
-            queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
+            # the columns a decision needs, read again only for the jobs that changed
+            # (QueueCache); the row is read in full for the few that start
+            queued = self.queue.read(s, now)
         ready = [j for j in queued if (j.not_before or now) <= now]
         later = [j.not_before for j in queued if j.not_before is not None and j.not_before > now]
         self._next_due = min(later, default=None)
@@ -451,7 +441,7 @@ class Scheduler:
     def _waiting(self, had: dict[int, str | None], reasons: dict[int, str]) -> None:
         """Record why each job still waits, where that changed, in batches (a first pass
         over a queue of thousands is a few transactions, not one per job)."""
-        changed = [
+        changed: list[dict[str, Any]] = [
             {"job_id": i, "reason": r[:1024]} for i, r in reasons.items() if had.get(i) != r[:1024]
         ]
         table = cast(Table, JobRow.__table__)
@@ -464,6 +454,8 @@ class Scheduler:
             # waiting reasons change no slice: no need to queue behind allocations
             with self.jobs.db.writing(lock=False) as s:
                 s.connection().execute(stmt, changed[start : start + WAITING_BATCH])
+            batch = changed[start : start + WAITING_BATCH]
+            self.queue.reasons_written({c["job_id"]: c["reason"] for c in batch})
 
     def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:
         try:

@@ -1,0 +1,129 @@
+"""The queue as the scheduler's pass reads it, kept between passes.
+
+With thousands of jobs queued, reading every queued job's decision columns (its groups as
+JSON, its timestamps) cost most of a pass, and a pass comes after every change. But every
+change to those columns writes a job transition in the same transaction (a submission, a
+start, a cancel, a requeue with its backoff), except the waiting reason, which only the
+pass itself writes. So a pass reads again only the jobs that have transitions it has not
+seen.
+
+Transition ids are taken when a row is inserted and become visible when its transaction
+commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
+looks back ``LOOKBACK`` ids for transitions it has not applied, and the whole queue is read
+again every ``FULL_READ_SECONDS`` whatever happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ..db.jobs_models import JobRow, JobTransitionRow
+
+QUEUED_COLUMNS = (
+    JobRow.id,
+    JobRow.user,
+    JobRow.groups,
+    JobRow.profile,
+    JobRow.slices,
+    JobRow.priority_class,
+    JobRow.submitted_at,
+    JobRow.not_before,
+    JobRow.waiting_reason,
+)
+LOOKBACK = 200
+FULL_READ_SECONDS = 60.0
+NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
+
+
+@dataclass
+class QueuedJob:
+    """What a pass decides a queued job with (``queue_order``'s ``Queued`` too)."""
+
+    id: int
+    user: str
+    groups: tuple[str, ...]
+    profile: str
+    slices: int
+    priority_class: str
+    submitted_at: datetime
+    not_before: datetime | None
+    waiting_reason: str | None
+
+    @classmethod
+    def of(cls, row: Any) -> QueuedJob:
+        groups = tuple(row.groups or ())
+        return cls(
+            row.id,
+            row.user,
+            groups,
+            row.profile,
+            row.slices,
+            row.priority_class,
+            row.submitted_at,
+            row.not_before,
+            row.waiting_reason,
+        )
+
+
+class QueueCache:
+    def __init__(self) -> None:
+        self.jobs: dict[int, QueuedJob] = {}
+        self._newest: int | None = None  # the newest transition id read
+        self._applied: set[int] = set()  # transition ids within the look-back, applied
+        self._full_at: datetime | None = None
+
+    def read(self, s: Session, now: datetime) -> list[QueuedJob]:
+        """The queued jobs, as of this transaction."""
+        conn = s.connection()
+        if (
+            self._newest is None
+            or self._full_at is None
+            or (now - self._full_at).total_seconds() >= FULL_READ_SECONDS
+        ):
+            # what was applied is read before the rows: a transition committed in between
+            # is not in it, and the next pass reads its job again
+            newest = conn.execute(NEWEST_TRANSITION).scalar() or 0
+            self._remember(s, newest)
+            rows = conn.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued"))
+            self.jobs = {r.id: QueuedJob.of(r) for r in rows}
+            self._full_at = now
+            return list(self.jobs.values())
+        window = self._newest - LOOKBACK
+        seen = conn.execute(
+            select(JobTransitionRow.id, JobTransitionRow.job_id).where(JobTransitionRow.id > window)
+        ).all()
+        changed = {job_id for tid, job_id in seen if tid not in self._applied}
+        if changed:
+            rows = conn.execute(select(*QUEUED_COLUMNS, JobRow.state).where(JobRow.id.in_(changed)))
+            found = set()
+            for r in rows:
+                found.add(r.id)
+                if r.state == "queued":
+                    self.jobs[r.id] = QueuedJob.of(r)
+                else:
+                    self.jobs.pop(r.id, None)
+            for gone in changed - found:  # deleted (history pruning)
+                self.jobs.pop(gone, None)
+        newest = max((tid for tid, _ in seen), default=self._newest)
+        self._newest = newest
+        self._applied = {tid for tid, _ in seen if tid > newest - LOOKBACK}
+        return list(self.jobs.values())
+
+    def _remember(self, s: Session, newest: int) -> None:
+        self._newest = newest
+        rows = s.connection().execute(
+            select(JobTransitionRow.id).where(JobTransitionRow.id > newest - LOOKBACK)
+        )
+        self._applied = {tid for (tid,) in rows}
+
+    def reasons_written(self, reasons: dict[int, str]) -> None:
+        """The pass wrote these waiting reasons (the one write without a transition)."""
+        for job_id, reason in reasons.items():
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.waiting_reason = reason

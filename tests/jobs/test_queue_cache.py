@@ -1,0 +1,95 @@
+"""The scheduler's queue, kept between passes (QueueCache), reads the same as the database
+after every kind of change, including a transition committed out of id order."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import insert, select, update
+
+from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
+from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.jobs.queue_cache import FULL_READ_SECONDS, QUEUED_COLUMNS, QueueCache
+from tests.jobs.full_cluster import full_cluster, insert_queued
+
+
+def fresh(db) -> dict[int, tuple]:
+    with db.reading() as s:
+        rows = s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued"))
+        return {r.id: (r.waiting_reason, r.not_before, tuple(r.groups or ())) for r in rows}
+
+
+def cached(cache: QueueCache, db, now) -> dict[int, tuple]:
+    with db.reading() as s:
+        jobs = cache.read(s, now)
+    return {j.id: (j.waiting_reason, j.not_before, j.groups) for j in jobs}
+
+
+def test_the_kept_queue_follows_submissions_starts_cancels_and_reasons(tmp_path: Path):
+    ledger, scheduler = full_cluster(tmp_path, 1)  # every GPU held: nothing starts
+    db = scheduler.jobs.db
+    try:
+        now = utcnow()
+        ids = insert_queued(db, tmp_path, [(f"u{i}", "gpu-1", "normal") for i in range(5)])
+        scheduler.tick()  # writes each job's waiting reason
+        cache = QueueCache()
+        assert cached(cache, db, now) == fresh(db)
+        assert all(reason for reason, _, _ in cached(cache, db, now).values())
+        scheduler.jobs.cancel(ids[1], "admin")
+        more = insert_queued(db, tmp_path, [("late", "share-250", "preemptible")])
+        assert cached(cache, db, now) == fresh(db)
+        assert ids[1] not in cached(cache, db, now) and more[0] in cached(cache, db, now)
+        scheduler.tick()
+        assert cached(scheduler.queue, db, now) == fresh(db)
+    finally:
+        ledger.db.dispose()
+
+
+def test_a_transition_committed_out_of_id_order_is_not_missed(tmp_path: Path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    db = scheduler.jobs.db
+    try:
+        now = utcnow()
+        a, b = insert_queued(db, tmp_path, [("a", "gpu-1", "normal"), ("b", "gpu-1", "normal")])
+        with db.reading() as s:
+            newest = s.scalar(select(JobTransitionRow.id).order_by(JobTransitionRow.id.desc()))
+        newest = newest or 0
+        # job a's transition takes id newest+10 and commits first
+        with db.writing() as s:
+            s.execute(
+                insert(JobTransitionRow).values(
+                    id=newest + 10, job_id=a, state="queued", at=now, reason="x"
+                )
+            )
+        cache = QueueCache()
+        assert set(cached(cache, db, now)) == {a, b}
+        # b's, with the lower id newest+5, commits later: b was cancelled
+        with db.writing() as s:
+            s.execute(update(JobRow).where(JobRow.id == b).values(state="cancelled"))
+            s.execute(
+                insert(JobTransitionRow).values(
+                    id=newest + 5, job_id=b, state="cancelled", at=now, reason="y"
+                )
+            )
+        assert set(cached(cache, db, now)) == {a}
+    finally:
+        ledger.db.dispose()
+
+
+def test_the_whole_queue_is_read_again_after_a_while(tmp_path: Path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    db = scheduler.jobs.db
+    try:
+        now = utcnow()
+        (a,) = insert_queued(db, tmp_path, [("a", "gpu-1", "normal")])
+        cache = QueueCache()
+        cached(cache, db, now)
+        later = now + timedelta(hours=1)
+        # a change with no transition (none is written so; this shows the safety net)
+        with db.writing() as s:
+            s.execute(update(JobRow).where(JobRow.id == a).values(not_before=later))
+        assert cached(cache, db, now)[a][1] is None
+        assert cached(cache, db, now + timedelta(seconds=FULL_READ_SECONDS))[a][1] == later
+    finally:
+        ledger.db.dispose()
