@@ -205,6 +205,7 @@ class Simulation:
             self._build()
             self.result = Result(self.policy, self.horizon, self.capacity_milli)
             self.live: dict[int, Live] = {}
+            self.asking: dict[int, Request] = {}  # requests not granted nor given up yet
             for session in self.workload.sessions:
                 if session.arrival < self.horizon:
                     req = Request(session.id, round(session.arrival, 6))
@@ -261,6 +262,7 @@ class Simulation:
 
     def _spawn(self, live: Live) -> None:
         s, now = live.session, self.now()
+        self.asking[id(live.request)] = live.request
         caller = Caller(s.user, (s.group,), s.user)
         try:
             alloc, _ = self.ledger.allocate(
@@ -280,12 +282,14 @@ class Simulation:
             if again - live.request.asked > self.settings.give_up_after:
                 live.request.gave_up = True
                 self.result.requests.append(live.request)
+                self.asking.pop(id(live.request), None)
                 return
             self._at(again, self._spawn, live)
             return
         live.alloc, live.since = alloc, now
         live.request.granted = now
         self.result.requests.append(live.request)
+        self.asking.pop(id(live.request), None)
         self.live[s.id] = live
         cull = self._cull_time(live)
         end = now + sum(st.seconds for st in s.stretches[live.stretch :])

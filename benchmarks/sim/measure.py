@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 def finish(sim: Simulation) -> None:
     r, end = sim.result, sim.horizon
     epoch = sim.clock.now().timestamp() - end
+    # requests still waiting at the end: counted, neither granted nor given up
+    r.requests.extend(sim.asking.values())
     # sessions still holding a slice at the end: the work played so far (a stretch still
     # going has lost nothing: what ``_played`` calls cut short counts)
     for live in list(sim.live.values()):
@@ -114,6 +116,7 @@ def summary(r: Result) -> dict[str, Any]:
         "wait_p95": _pct(waits, 95),
         "refused_share": refused_first / len(r.requests) if r.requests else 0.0,
         "gave_up": sum(1 for q in r.requests if q.gave_up),
+        "waiting_at_end": sum(1 for q in r.requests if q.granted is None and not q.gave_up),
         "culls": r.culls,
         "warnings": r.warnings,
         "keep_alives": r.keep_alives,
