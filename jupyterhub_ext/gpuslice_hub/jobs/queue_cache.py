@@ -10,7 +10,8 @@ seen.
 Transition ids are taken when a row is inserted and become visible when its transaction
 commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
 looks back ``LOOKBACK`` ids for transitions it has not applied, and the whole queue is read
-again every ``FULL_READ_SECONDS`` whatever happened.
+again every ``FULL_READ_PASSES`` passes whatever happened (counted in passes, not seconds:
+the service passes at least every second, a simulation minutes of its time apart).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ QUEUED_COLUMNS = (
     JobRow.waiting_reason,
 )
 LOOKBACK = 200
-FULL_READ_SECONDS = 60.0
+FULL_READ_PASSES = 100
 NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
 
 
@@ -75,23 +76,20 @@ class QueueCache:
         self.jobs: dict[int, QueuedJob] = {}
         self._newest: int | None = None  # the newest transition id read
         self._applied: set[int] = set()  # transition ids within the look-back, applied
-        self._full_at: datetime | None = None
+        self._passes = 0  # since the last full read
 
-    def read(self, s: Session, now: datetime) -> list[QueuedJob]:
+    def read(self, s: Session) -> list[QueuedJob]:
         """The queued jobs, as of this transaction."""
         conn = s.connection()
-        if (
-            self._newest is None
-            or self._full_at is None
-            or (now - self._full_at).total_seconds() >= FULL_READ_SECONDS
-        ):
+        self._passes += 1
+        if self._newest is None or self._passes > FULL_READ_PASSES:
             # what was applied is read before the rows: a transition committed in between
             # is not in it, and the next pass reads its job again
             newest = conn.execute(NEWEST_TRANSITION).scalar() or 0
             self._remember(s, newest)
             rows = conn.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued"))
             self.jobs = {r.id: QueuedJob.of(r) for r in rows}
-            self._full_at = now
+            self._passes = 1
             return list(self.jobs.values())
         window = self._newest - LOOKBACK
         seen = conn.execute(

@@ -342,7 +342,7 @@ class Scheduler:
         with self.jobs.db.reading() as s:
             # the columns a decision needs, read again only for the jobs that changed
             # (QueueCache); the row is read in full for the few that start
-            queued = self.queue.read(s, now)
+            queued = self.queue.read(s)
         ready = [j for j in queued if (j.not_before or now) <= now]
         later = [j.not_before for j in queued if j.not_before is not None and j.not_before > now]
         self._next_due = min(later, default=None)
