@@ -383,9 +383,11 @@ class Simulation:
                     state = tracker.observe(t0 + at, 0.0, memory_bytes=1)
                     for d in reclaimer.observe(t0 + at, {"k": state}, {"k": False}):
                         if d.action == WARNING:
-                            self.result.warnings += 1
+                            # (decided ahead: counted only if it happens in the simulation)
+                            seen = at < self.horizon
+                            self.result.warnings += seen
                             if self.rng.random() < self.settings.keep_alive_share:
-                                self.result.keep_alives += 1
+                                self.result.keep_alives += seen
                                 reclaimer.extend(["k"], None, t0 + at)
                         elif d.action == CULLED:
                             return at, d.idle_seconds
