@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuslice.activity.idle import IdleTracker
 from gpuslice.extension.decisions import CULLED, WARNING
-from gpuslice.extension.reclaim import Reclaimer
+from gpuslice.extension.reclaim import ExtensionRefused, Reclaimer
 from gpuslice.gpu import discover
 from gpuslice.idle_policy import PolicyConfig
 from gpuslice_hub import clock
@@ -387,8 +387,11 @@ class Simulation:
                             seen = at < self.horizon
                             self.result.warnings += seen
                             if self.rng.random() < self.settings.keep_alive_share:
-                                self.result.keep_alives += seen
-                                reclaimer.extend(["k"], None, t0 + at)
+                                try:
+                                    reclaimer.extend(["k"], None, t0 + at)
+                                    self.result.keep_alives += seen
+                                except ExtensionRefused:
+                                    pass  # the admin's maximum is used up: the lab says so
                         elif d.action == CULLED:
                             return at, d.idle_seconds
                     at += window

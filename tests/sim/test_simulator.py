@@ -129,3 +129,18 @@ def test_policies_see_the_same_arrivals(tmp_path: Path):
 
     assert firsts(a) == firsts(b) == [(s.id, s.arrival) for s in sessions]
     assert [j["arrival"] for j in a.batch_jobs] == [j["arrival"] for j in b.batch_jobs]
+
+
+def test_keep_alive_beyond_the_admins_maximum_is_refused_and_the_server_culled(tmp_path):
+    # Left idle for two days, warned again and again: a person who always clicks "keep
+    # working" gets at most max_extension (4 h) added, then the server is culled.
+    from dataclasses import replace
+
+    always = replace(ONE_HOST, keep_alive_share=1.0)
+    w = Workload(2, [session(0, 0, Stretch(600, 500), Stretch(2 * DAY))])
+    r = run(w, "3", tmp_path, always)
+    # each click adds one idle timeout (1 h) until 4 h are used: 4 clicks, then the cull
+    # at 600 s + 1 h + 4 h
+    assert r.keep_alives == 4 and r.culls == 1
+    s = summary(r)
+    assert s["allocation_rate"] == pytest.approx(1000 * (600 + 5 * 3600) / (8000 * 2 * DAY))
