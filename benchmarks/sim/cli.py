@@ -24,6 +24,7 @@ def _policies(names: str, vary: list[str]) -> list[Policy]:
             raise SystemExit(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
         out.append(POLICIES[name])
     # policy 5: the last policy named, with one admin setting changed per value
+    base = out[-1]
     for item in vary:
         key, _, values = item.partition("=")
         for raw in values.split(","):
@@ -33,7 +34,7 @@ def _policies(names: str, vary: list[str]) -> list[Policy]:
             elif key == "slices":
                 value = raw.lower() in ("1", "true", "yes")
             try:
-                out.append(out[-1].vary(key, value))
+                out.append(base.vary(key, value))
             except ValueError as e:
                 raise SystemExit(f"--vary {item}: {e}") from None
     return out

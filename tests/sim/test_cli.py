@@ -27,17 +27,17 @@ def test_a_run_reports_every_policy_and_variant_on_one_workload(tmp_path: Path, 
     trace.write_text(TRACE)
     args = ["run", "--days", "1", "--hosts", "1", "--mig-hosts", "0", "--users", "6"]
     args += ["--batch-load", "0.5", "--trace", str(trace)]
-    args += ["--policies", "1,4", "--vary", "idle_timeout=1800"]
+    args += ["--policies", "1,4", "--vary", "idle_timeout=1800,7200"]
     main([*args, "--out", str(out), "--save-workload", str(tmp_path / "w.json")])
     summary = json.loads((out / "summary.json").read_text())
     names = [p["policy"] for p in summary["policies"]]
-    assert names == ["1", "4", "4[idle_timeout=1800.0]"]
+    assert names == ["1", "4", "4[idle_timeout=1800.0]", "4[idle_timeout=7200.0]"]
     for p in summary["policies"]:
         assert 0 <= p["effective_utilization"] <= p["allocation_rate"] <= 1
     # the saved workload replays to the same figures
     again = tmp_path / "again"
     rerun = ["run", "--workload", str(tmp_path / "w.json"), "--hosts", "1", "--mig-hosts", "0"]
-    main([*rerun, "--policies", "1,4", "--vary", "idle_timeout=1800", "--out", str(again)])
+    main([*rerun, "--policies", "1,4", "--vary", "idle_timeout=1800,7200", "--out", str(again)])
     replayed = json.loads((again / "summary.json").read_text())["policies"]
     assert summary["policies"][0]["jobs_submitted"] > 0
     strip = [{k: v for k, v in p.items() if k != "wall_seconds"} for p in summary["policies"]]
