@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.models import utcnow
@@ -91,5 +91,36 @@ def test_the_whole_queue_is_read_again_after_a_while(tmp_path: Path):
         for _ in range(FULL_READ_PASSES - 1):
             assert cached(cache, db)[a][1] is None
         assert cached(cache, db)[a][1] == later
+    finally:
+        ledger.db.dispose()
+
+
+def test_ids_that_went_back_after_pruning_make_a_full_read(tmp_path: Path):
+    # SQLite reuses the highest ids once they are deleted: a new job's transition may get
+    # an id the cache has already seen
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    db = scheduler.jobs.db
+    try:
+        (a,) = insert_queued(db, tmp_path, [("a", "gpu-1", "normal")])
+        cache = QueueCache()
+        assert set(cached(cache, db)) == {a}
+        scheduler.jobs.cancel(a, "admin")
+        assert cached(cache, db) == {}
+        with db.writing() as s:  # history pruning deletes every transition of the past
+            s.execute(delete(JobTransitionRow))
+        (b,) = insert_queued(db, tmp_path, [("b", "gpu-1", "normal")])
+        assert set(cached(cache, db)) == {b}
+    finally:
+        ledger.db.dispose()
+
+
+def test_many_changed_jobs_are_read_in_chunks(tmp_path: Path):
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    db = scheduler.jobs.db
+    try:
+        cache = QueueCache()
+        cached(cache, db)
+        ids = insert_queued(db, tmp_path, [(f"u{i}", "gpu-1", "normal") for i in range(1200)])
+        assert set(cached(cache, db)) == set(ids)
     finally:
         ledger.db.dispose()

@@ -51,3 +51,44 @@ def test_a_link_in_place_of_the_state_is_refused_every_time(tmp_path):
     os.unlink(jd.state_path)
     jd.write_state(status="running")
     assert files.claims(str(jd.root))["status"] == "running"
+
+
+def test_a_linked_checkpoints_folder_is_never_walked_nor_cached(tmp_path):
+    from gpuslice_hub.jobs.runner_files import _key
+
+    jd = JobDir(tmp_path / "job")
+    jd.root.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".last-save").write_text("5000")
+    os.symlink(elsewhere, jd.checkpoints)
+    # stat'ed without walking the owner's link: no key, so never cached
+    assert _key(str(jd.checkpoints), ".last-save") is None
+    jd.write_state(status="running", last_checkpoint_at=1000.0)
+    files = RunnerFiles()
+    assert files.claims(str(jd.root))["last_checkpoint_at"] == 1000.0  # the link is refused
+    assert str(jd.root) not in files._seen
+
+
+def test_a_file_that_failed_to_read_is_read_again(tmp_path, monkeypatch):
+    jd = folder(tmp_path)
+    jd.write_state(status="failed", error="CUDA out of memory in cell 7")
+    files = RunnerFiles()
+    original = JobDir.state
+    monkeypatch.setattr(JobDir, "state", lambda self: {})  # an EIO, a full descriptor table
+    assert files.claims(str(jd.root)) == {}
+    monkeypatch.setattr(JobDir, "state", original)
+    assert files.claims(str(jd.root))["error"] == "CUDA out of memory in cell 7"
+
+
+def test_a_run_that_ended_is_read_afresh(tmp_path, monkeypatch):
+    jd = folder(tmp_path)
+    jd.write_state(status="running")
+    files = RunnerFiles()
+    files.claims(str(jd.root))
+    reads = []
+    original = JobDir.state
+    monkeypatch.setattr(JobDir, "state", lambda self: reads.append(1) or original(self))
+    files.claims(str(jd.root))
+    files.claims(str(jd.root), fresh=True)
+    assert len(reads) == 1

@@ -136,7 +136,7 @@ class DelegatedPass:
             self.log.exception("job %s: %s failed; will retry", job_id, what)
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
-        runner = self.scheduler.runner_files.claims(job.job_dir)
+        runner = self.scheduler.runner_files.claims(job.job_dir, fresh=not status.alive)
         if not status.alive:
             # its engine's job is over: as with any backend; back in the queue, it is handed
             # to the engine afresh
@@ -173,7 +173,7 @@ class DelegatedPass:
         the service was down, or the engine or an admin ended it): account for that run
         once, from its runner's own record and the engine's exit code."""
         ref = job.backend_ref or {}
-        runner = self.scheduler.runner_files.claims(job.job_dir)
+        runner = self.scheduler.runner_files.claims(job.job_dir, fresh=True)
         # what this submission's runner said last (Slurm's exit code of a cancelled job
         # says nothing): completed, failed, preempted by an earlier run, or nothing
         said = runner.get("status") if runner.get("attempt_id") == ref.get("attempt_id") else None

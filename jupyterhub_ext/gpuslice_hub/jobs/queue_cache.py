@@ -9,8 +9,10 @@ seen.
 
 Transition ids are taken when a row is inserted and become visible when its transaction
 commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
-looks back ``LOOKBACK`` ids for transitions it has not applied, and the whole queue is read
-again every ``FULL_READ_PASSES`` passes whatever happened (counted in passes, not seconds:
+looks back ``LOOKBACK`` ids for transitions it has not applied (every transition is written
+under the ledger lock, so ids commit in order today: this is a safety net), reads the whole
+queue again when ids went back (SQLite reuses the highest ids after history pruning) and
+every ``FULL_READ_PASSES`` passes whatever happened (counted in passes, not seconds:
 the service passes at least every second, a simulation minutes of its time apart).
 """
 
@@ -38,6 +40,7 @@ QUEUED_COLUMNS = (
 )
 LOOKBACK = 200
 FULL_READ_PASSES = 100
+CHUNK = 500  # job ids per statement (old SQLite takes at most 999 parameters)
 NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
 
 
@@ -75,14 +78,20 @@ class QueueCache:
     def __init__(self) -> None:
         self.jobs: dict[int, QueuedJob] = {}
         self._newest: int | None = None  # the newest transition id read
-        self._applied: set[int] = set()  # transition ids within the look-back, applied
+        # (transition id, job id) within the look-back, applied: with the job, an id SQLite
+        # handed out again after pruning is still told apart
+        self._applied: set[tuple[int, int]] = set()
         self._passes = 0  # since the last full read
 
     def read(self, s: Session) -> list[QueuedJob]:
         """The queued jobs, as of this transaction."""
         conn = s.connection()
         self._passes += 1
-        if self._newest is None or self._passes > FULL_READ_PASSES:
+        newest_now = conn.execute(NEWEST_TRANSITION).scalar() or 0
+        # Ids that went back (SQLite reuses the highest ids once history pruning deleted
+        # them): what is new can no longer be told by id, read everything.
+        went_back = self._newest is not None and newest_now < self._newest
+        if self._newest is None or self._passes > FULL_READ_PASSES or went_back:
             # what was applied is read before the rows: a transition committed in between
             # is not in it, and the next pass reads its job again
             newest = conn.execute(NEWEST_TRANSITION).scalar() or 0
@@ -95,11 +104,16 @@ class QueueCache:
         seen = conn.execute(
             select(JobTransitionRow.id, JobTransitionRow.job_id).where(JobTransitionRow.id > window)
         ).all()
-        changed = {job_id for tid, job_id in seen if tid not in self._applied}
+        changed = {job_id for tid, job_id in seen if (tid, job_id) not in self._applied}
         if changed:
-            rows = conn.execute(select(*QUEUED_COLUMNS, JobRow.state).where(JobRow.id.in_(changed)))
+            ids = sorted(changed)
+            # in chunks: a database takes a bounded number of parameters per statement
+            changed_rows: list[Any] = []
+            for at in range(0, len(ids), CHUNK):
+                chunk = JobRow.id.in_(ids[at : at + CHUNK])
+                changed_rows += conn.execute(select(*QUEUED_COLUMNS, JobRow.state).where(chunk))
             found = set()
-            for r in rows:
+            for r in changed_rows:
                 found.add(r.id)
                 if r.state == "queued":
                     self.jobs[r.id] = QueuedJob.of(r)
@@ -109,15 +123,17 @@ class QueueCache:
                 self.jobs.pop(gone, None)
         newest = max((tid for tid, _ in seen), default=self._newest)
         self._newest = newest
-        self._applied = {tid for tid, _ in seen if tid > newest - LOOKBACK}
+        self._applied = {(tid, job_id) for tid, job_id in seen if tid > newest - LOOKBACK}
         return list(self.jobs.values())
 
     def _remember(self, s: Session, newest: int) -> None:
         self._newest = newest
         rows = s.connection().execute(
-            select(JobTransitionRow.id).where(JobTransitionRow.id > newest - LOOKBACK)
+            select(JobTransitionRow.id, JobTransitionRow.job_id).where(
+                JobTransitionRow.id > newest - LOOKBACK
+            )
         )
-        self._applied = {tid for (tid,) in rows}
+        self._applied = {(tid, job_id) for tid, job_id in rows}
 
     def reasons_written(self, reasons: dict[int, str]) -> None:
         """The pass wrote these waiting reasons (the one write without a transition)."""

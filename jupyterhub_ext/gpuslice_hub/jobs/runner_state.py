@@ -35,6 +35,10 @@ def _count(value: Any) -> int | None:
     return value if 0 <= value <= MAX_CELLS else None
 
 
+# How far in the future a runner's checkpoint time may be (clock skew between hosts).
+CHECKPOINT_SKEW = 60.0
+
+
 def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """The checked subset of a runner's state (same keys as the runner writes)."""
     now = clock.timestamp() if now is None else now
@@ -51,7 +55,7 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
     numbers = {
         "lost_work_seconds": (0.0, MAX_SECONDS),
         # a checkpoint cannot be from the future (a minute's clock skew allowed)
-        "last_checkpoint_at": (0.0, now + 60),
+        "last_checkpoint_at": (0.0, now + CHECKPOINT_SKEW),
         "utilization": (0.0, 100.0),
         "memory_mib": (0.0, 1e9),
         "utilization_interval": (0.0, 1e7),

@@ -129,7 +129,8 @@ class Scheduler:
     # -- running jobs ---------------------------------------------------------------------
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
-        runner = self.runner_files.claims(job.job_dir)
+        # a run that ended is read afresh: its runner's last words decide how it ends
+        runner = self.runner_files.claims(job.job_dir, fresh=not status.alive)
         if status.alive:
             self._progress(job, runner, now)
             self._report_usage(job, runner)
