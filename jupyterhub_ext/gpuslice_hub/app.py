@@ -36,10 +36,17 @@ from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig
 from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from . import __version__
+from .admin.capacity_check import CapacityCheckCache
 from .admin.history import MIN_RETENTION_DAYS, run_pruner
+from .admin.quota_suggestions import SuggestionSettings
 from .admin.sampler import start_sampler
 from .api.admin import admin_handlers
-from .api.admin_views import AdminOverviewHandler, AdminUsageHandler
+from .api.admin_views import (
+    AdminCapacityHandler,
+    AdminOverviewHandler,
+    AdminUsageHandler,
+    QuotaSuggestionsHandler,
+)
 from .api.allocations import AllocationHandler, AllocationsHandler
 from .api.base import NotFoundHandler
 from .api.events import EventsHandler
@@ -256,6 +263,31 @@ class GPUSliceService(Application):
         panel's longest window.""",
     ).tag(config=True)
 
+    quota_suggestion_days = Float(
+        30.0,
+        help="""Days of history the admin panel's quota suggestions look at: the most each
+        user and group held at once over this many days. At most 90, and at most
+        ``history_retention_days`` when that is set (older allocations are deleted).""",
+    ).tag(config=True)
+
+    quota_suggestion_factor = Float(
+        1.2,
+        help="A suggested quota is the most held at once times this factor, plus the buffers "
+        "(``quota_suggestion_buffer_slices``, ``quota_suggestion_buffer_milli``). From 0.1 to 10.",
+    ).tag(config=True)
+
+    quota_suggestion_buffer_slices = Float(
+        1.0,
+        help="Slices added to a suggested quota's max_slices after the factor (>= 0); the sum "
+        "is rounded up to whole slices.",
+    ).tag(config=True)
+
+    quota_suggestion_buffer_milli = Integer(
+        250,
+        help="Milli-GPU added to a suggested quota's max_milli after the factor (>= 0); the "
+        "sum is rounded up to a multiple of 50 (a twentieth of a GPU).",
+    ).tag(config=True)
+
     ip = Unicode(help="Address to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(
         config=True
     )
@@ -273,6 +305,8 @@ class GPUSliceService(Application):
 
     ledger = Instance(Ledger, allow_none=True)
     admin_settings: AdminSettings | None = None
+    capacity: CapacityCheckCache | None = None
+    suggestion_settings: SuggestionSettings
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
     jobs: JobManager | None = None
@@ -369,6 +403,7 @@ class GPUSliceService(Application):
                 f"must be 0 (keep everything) or at least {MIN_RETENTION_DAYS:g} days, the "
                 "admin panel's longest window",
             )
+        self.suggestion_settings = self._parse_suggestion_settings()
         for key in ("max_body_bytes", "max_notebook_bytes"):
             if not 1024 <= getattr(self, key) <= 1024**3:
                 raise ConfigError(key, "must be from 1 KiB to 1 GiB")
@@ -376,6 +411,29 @@ class GPUSliceService(Application):
             self.policy = get_policy(self.placement_policy)
         except ValueError as e:
             raise ConfigError("placement_policy", str(e)) from None
+
+    def _parse_suggestion_settings(self) -> SuggestionSettings:
+        days = self.quota_suggestion_days
+        if not 0 < days <= 90:
+            raise ConfigError("quota_suggestion_days", "must be > 0 and at most 90 days")
+        if 0 < self.history_retention_days < days:
+            raise ConfigError(
+                "quota_suggestion_days",
+                f"is longer than history_retention_days ({self.history_retention_days:g}): "
+                "the allocations the suggestions would count are deleted before then",
+            )
+        if not 0.1 <= self.quota_suggestion_factor <= 10:
+            raise ConfigError("quota_suggestion_factor", "must be from 0.1 to 10")
+        if self.quota_suggestion_buffer_slices < 0:
+            raise ConfigError("quota_suggestion_buffer_slices", "must be >= 0")
+        if self.quota_suggestion_buffer_milli < 0:
+            raise ConfigError("quota_suggestion_buffer_milli", "must be >= 0 milli-GPU")
+        return SuggestionSettings(
+            days,
+            self.quota_suggestion_factor,
+            self.quota_suggestion_buffer_slices,
+            self.quota_suggestion_buffer_milli,
+        )
 
     def _parse_idle_policy(self) -> PolicyConfig:
         try:
@@ -456,6 +514,8 @@ class GPUSliceService(Application):
             *admin_handlers(api),
             (url_path_join(api, "admin/overview"), AdminOverviewHandler),
             (url_path_join(api, "admin/usage"), AdminUsageHandler),
+            (url_path_join(api, "admin/capacity"), AdminCapacityHandler),
+            (url_path_join(api, "admin/quota-suggestions"), QuotaSuggestionsHandler),
             (url_path_join(prefix, "admin"), AdminPageHandler),
             (url_path_join(prefix, "metrics"), MetricsHandler),
             *job_handlers(api),
@@ -501,7 +561,9 @@ class GPUSliceService(Application):
         self.inventory = self.discover()
         self.open_ledger()
         assert self.ledger is not None
-        self.registry, self.refusals = make_registry(self.ledger)
+        # the check reads the usage samples: it cannot change faster than they are taken
+        self.capacity = CapacityCheckCache(self.ledger, self.usage_sample_interval or 300.0)
+        self.registry, self.refusals = make_registry(self.ledger, self.capacity)
         self.ledger.sync_inventory(self.inventory)
         self.started_at = utcnow()
         label = " (SIMULATED GPUs — not real hardware)" if self.inventory.simulated else ""

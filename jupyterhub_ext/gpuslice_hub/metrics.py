@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import select
 
+from .admin.capacity_check import CapacityCheckCache
 from .admin.history import IDLE_KINDS, IdleTotals, pruned_through, pruned_totals
 from .admin.pool import read_pool
 from .admin.reports import is_fresh, used_milli
@@ -233,9 +234,49 @@ class PoolCollector(Collector):
             yield family
 
 
-def make_registry(ledger: Ledger) -> tuple[CollectorRegistry, PromCounter]:
+class CapacityCheckCollector(Collector):
+    """The capacity check's figures over 7 and 30 days (read from its cache, which recomputes
+    at most once per sampling interval: a scrape never rescans the history itself)."""
+
+    FIGURES = (
+        (
+            "gpuslice_capacity_allocation_ratio",
+            "allocation_rate",
+            "Allocated over in-service GPU capacity, averaged over the window's usage samples",
+        ),
+        (
+            "gpuslice_capacity_effective_utilization_ratio",
+            "effective_utilization",
+            "GPU capacity kept busy over in-service capacity, over the window's usage samples "
+            "whose use is known",
+        ),
+        (
+            "gpuslice_capacity_queue_to_run_ratio",
+            "queue_to_run",
+            "Median batch queue time over median run time of the window's jobs",
+        ),
+    )
+
+    def __init__(self, cache: CapacityCheckCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        check = self.cache.get(utcnow())
+        for name, key, help_text in self.FIGURES:
+            family = GaugeMetricFamily(name, help_text, labels=["window"])
+            for w in check["windows"]:
+                if w[key] is not None:  # unknown is not 0: no sample says nothing
+                    family.add_metric([f"{w['days']}d"], w[key])
+            yield family
+
+
+def make_registry(
+    ledger: Ledger, capacity: CapacityCheckCache | None = None
+) -> tuple[CollectorRegistry, PromCounter]:
     registry = CollectorRegistry()
     registry.register(LedgerCollector(ledger))
+    if capacity is not None:
+        registry.register(CapacityCheckCollector(capacity))
     registry.register(PoolCollector(ledger))
     registry.register(IdleReclaimCollector(ledger))
     refusals = PromCounter(

@@ -177,6 +177,32 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         r = hub.allocate("ann", "share-250", "x")
         assert r.status_code == 429, r.text
 
+        # The capacity check reads the samples taken so far and says what they mean.
+        page.locator("#gs-verdicts li").first.wait_for()
+        check = hub.api("GET", "/api/admin/capacity", admin).json()
+        verdicts = page.locator("#gs-verdicts").inner_text()
+        assert check["verdicts"][0]["code"] in ("own", "rent", "between"), check
+        assert check["verdicts"][0]["text"].split(":")[0] in verdicts, verdicts
+        assert page.locator("#gs-capacity-table tbody tr").count() == 7
+
+        # Apply bob's suggested quota (from what he has held) in one click and a confirm.
+        suggestions = hub.api("GET", "/api/admin/quota-suggestions", admin).json()
+        bob_row = next(r for r in suggestions["suggestions"] if r["name"] == "bob")
+        assert bob_row["subject"] == "user" and bob_row["peak_slices"] == 1.0, bob_row
+        row = page.locator("#gs-suggestions-table tr[data-subject=user][data-name=bob]")
+        row.get_by_role("button", name="Apply").click()
+        dialog.wait_for(state="visible")
+        assert "suggested from history" in page.input_value("#gs-confirm-reason")
+        dialog.get_by_role("button", name="Confirm").click()
+        dialog.wait_for(state="hidden")
+        row.wait_for(state="detached")  # the quota in force is now the suggestion
+        overrides = hub.api("GET", "/api/admin/quotas", admin).json()["overrides"]
+        bob_quota = next(o for o in overrides if o["name"] == "bob")
+        assert (bob_quota["max_slices"], bob_quota["max_milli"]) == (
+            bob_row["suggested"]["max_slices"],
+            bob_row["suggested"]["max_milli"],
+        )
+
         # Exempt bob from idle culling.
         ex = page.locator("#gs-exempt-form")
         ex.locator("input[name=user]").fill("bob")
@@ -194,6 +220,7 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         for kind, reason in [
             ("job-preempt-requested", "make room for the workshop"),
             ("quota-set", "fair share during the workshop"),
+            ("quota-set", "suggested from history"),
             ("idle-exempted", "overnight debugging"),
         ]:
             assert kind in text and reason in text, (kind, text)

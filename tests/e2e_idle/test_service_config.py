@@ -92,3 +92,43 @@ def test_the_log_level_setting_takes_effect():
     config.GPUSliceService.log_level = "DEBUG"
     assert GPUSliceService(config=config).log_level == 10
     assert GPUSliceService().log_level == 20  # INFO unless asked
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "needle"),
+    [
+        ({"quota_suggestion_days": 0.0}, "quota_suggestion_days", "at most 90"),
+        ({"quota_suggestion_days": 91.0}, "quota_suggestion_days", "at most 90"),
+        # a window longer than the history kept would count less than it says
+        (
+            {"quota_suggestion_days": 60.0, "history_retention_days": 45.0},
+            "quota_suggestion_days",
+            "history_retention_days (45)",
+        ),
+        ({"quota_suggestion_factor": 0.0}, "quota_suggestion_factor", "0.1 to 10"),
+        ({"quota_suggestion_factor": 11.0}, "quota_suggestion_factor", "0.1 to 10"),
+        ({"quota_suggestion_buffer_slices": -1.0}, "quota_suggestion_buffer_slices", ">= 0"),
+        ({"quota_suggestion_buffer_milli": -50}, "quota_suggestion_buffer_milli", ">= 0"),
+    ],
+)
+def test_bad_quota_suggestion_settings_are_refused_naming_the_key(settings, key, needle):
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    for name, value in settings.items():
+        setattr(config.GPUSliceService, name, value)
+    with pytest.raises(ConfigError) as e:
+        GPUSliceService(config=config).load_settings()
+    assert e.value.key == key and needle in str(e.value), str(e.value)
+
+
+def test_quota_suggestion_settings_are_read():
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.quota_suggestion_days = 14.0
+    config.GPUSliceService.quota_suggestion_factor = 1.5
+    config.GPUSliceService.quota_suggestion_buffer_milli = 0
+    config.GPUSliceService.history_retention_days = 30.0
+    app = GPUSliceService(config=config)
+    app.load_settings()
+    s = app.suggestion_settings
+    assert (s.days, s.factor, s.buffer_slices, s.buffer_milli) == (14.0, 1.5, 1.0, 0)

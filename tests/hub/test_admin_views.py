@@ -81,3 +81,19 @@ def test_admins_read_the_pool_and_its_history_and_users_may_not(hub_factory: Any
     assert 0 < group["interactive_gpu_hours_30d"] < 0.142 * 300 / 3600
     assert group["batch_gpu_hours_30d"] == 0
     assert "usage sample failed" not in hub.log()
+
+    # the capacity check over the same samples, and ann's quota suggestion from her slice
+    capacity = check(
+        spec, "/api/admin/capacity", "get", hub.api("GET", "/api/admin/capacity", admin)
+    )
+    week = capacity["windows"][0]
+    assert week["samples"] >= 1 and 0 < week["allocation_rate"] < 1
+    assert capacity["verdicts"][0]["code"] in ("rent", "between")
+    r = hub.api("GET", "/api/admin/quota-suggestions", admin)
+    suggestions = check(spec, "/api/admin/quota-suggestions", "get", r)["suggestions"]
+    (row,) = suggestions
+    assert (row["subject"], row["name"]) == ("user", "ann")
+    assert (row["peak_slices"], row["peak_milli"]) == (1.0, 142)
+    # 1 * 1.2 + 1 -> 3 slices; 142 * 1.2 + 250 = 420.4 -> 450 milli
+    assert row["suggested"] == {"max_slices": 3, "max_milli": 450}
+    assert row["current"] is None and not row["matches"]

@@ -150,6 +150,8 @@ TABLE: dict[tuple[str, str], tuple[dict[str, str], frozenset[int]]] = {
     ("POST", "/api/jobs/{job_id}/preempt"): (ADMIN_SCOPE, frozenset({409})),
     ("GET", "/api/admin/overview"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/usage"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/capacity"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/quota-suggestions"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/metrics"): (ADMIN_SCOPE, frozenset()),
 }
 
@@ -978,6 +980,8 @@ def test_the_admin_read_side_is_still_healthy(world: World):
     for path in (
         "/api/admin/overview",
         "/api/admin/usage",
+        "/api/admin/capacity",
+        "/api/admin/quota-suggestions",
         "/api/admin/quotas",
         "/api/admin/actions",
         "/api/events?limit=5000",

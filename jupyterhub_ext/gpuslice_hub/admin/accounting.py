@@ -19,6 +19,15 @@ NO_GROUP = "(no group)"
 ALLOCATIONS = cast(Table, AllocationRow.__table__)
 
 
+def counted_group() -> Any:
+    """Whom an allocation counts for, as a SQL expression: the group its quota was charged
+    to, else the user's first group (the ledger stores them sorted, so this is stable),
+    else NO_GROUP. The database works it out: parsing 10,000s of JSON lists in Python took
+    most of the time of the views that need it."""
+    cols = ALLOCATIONS.c
+    return func.coalesce(cols.charged_group, cols.groups[0].as_string(), NO_GROUP)
+
+
 def reclaimed(ledger: Ledger, now: datetime) -> dict[str, float]:
     """GPU-hours given back by idle culls: all time (pruned history included, through its
     totals), and over the last 7 and 30 days."""
@@ -47,11 +56,7 @@ def group_usage(ledger: Ledger, now: datetime) -> list[dict[str, Any]]:
     since_month = now - MONTH
     end, week, month = now.timestamp(), (now - WEEK).timestamp(), since_month.timestamp()
     cols = ALLOCATIONS.c
-    # Whom an allocation counts for: the group its quota was charged to, else the user's
-    # first group (the ledger stores them sorted, so this is stable). The database works
-    # out the group and the times: parsing 10,000s of JSON lists and timestamps in Python
-    # took most of the time.
-    group = func.coalesce(cols.charged_group, cols.groups[0].as_string(), NO_GROUP)
+    group = counted_group()
     with ledger.db.reading() as s:
         allocs = s.execute(
             select(

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from ..admin.accounting import group_usage
 from ..admin.overview import overview
+from ..admin.quota_suggestions import quota_suggestions
 from ..admin.usage import series
 from ..db.models import utcnow
 from ..serialize import iso
@@ -57,3 +58,32 @@ class AdminUsageHandler(AdminBase):
                 "groups": groups,
             }
         )
+
+
+class AdminCapacityHandler(AdminBase):
+    """``GET api/admin/capacity``: the capacity check (allocation against effective
+    utilization and queue against run time over 7 and 30 days, and what they mean)."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        self.admin("the capacity check")
+        cache = self.service.capacity
+        assert cache is not None, "the service makes it with the ledger"
+        self.write_json(await asyncio.to_thread(cache.get, utcnow()))
+
+
+class QuotaSuggestionsHandler(AdminBase):
+    """``GET api/admin/quota-suggestions``: per user and group, the most held at once over
+    ``quota_suggestion_days``, the quota that would suggest, and the one in force."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        self.admin("quota suggestions")
+        settings = self.service.suggestion_settings
+
+        def compute() -> dict:
+            with self.ledger.db.reading() as s:
+                effective = self.ledger.effective_quotas(s)
+            return quota_suggestions(self.ledger, effective, settings, utcnow())
+
+        self.write_json(await asyncio.to_thread(compute))

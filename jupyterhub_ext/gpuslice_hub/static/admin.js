@@ -89,13 +89,13 @@
   const when = iso => (iso ? new Date(iso).toLocaleString() : '–');
 
   // A confirmation dialog that asks for the reason every admin action records.
-  function confirmAction(title, text, run) {
+  function confirmAction(title, text, run, reasonText = '') {
     const dialog = document.getElementById('gs-confirm');
     const reason = document.getElementById('gs-confirm-reason');
     document.getElementById('gs-confirm-title').textContent = title;
     document.getElementById('gs-confirm-text').textContent = text;
     showError('gs-confirm-error', null);
-    reason.value = '';
+    reason.value = reasonText;
     const ok = document.getElementById('gs-confirm-ok');
     const onClick = async ev => {
       ev.preventDefault();
@@ -734,6 +734,74 @@
     document.querySelector('#gs-quotas-table tbody').replaceChildren(...rows);
   }
 
+  // Suggestions whose quota in force differs; applying one is an ordinary quota change
+  // (PUT, with a reason that says where the figures came from).
+  function renderSuggestions(view) {
+    const differ = view.suggestions.filter(r => !r.matches);
+    document.getElementById('gs-suggestion-rule').textContent =
+      `A suggestion is ${view.rule}. ` +
+      `${differ.length} of ${view.suggestions.length} users and groups differ from it.`;
+    const rows = differ.map(r => {
+      const label = `${r.subject} ${r.name}`;
+      const peak = `${plural(r.peak_slices, 'slice')}, ${gpus(r.peak_milli)} GPUs`;
+      const now = r.current_is_default ? `default (${limitText(r.current)})` : limitText(r.current);
+      const path = `admin/quotas/${r.subject}/${encodeURIComponent(r.name)}`;
+      const apply = () =>
+        confirmAction(
+          `Apply the suggested quota of ${label}`,
+          `${limitText(r.suggested)} (now ${now}).`,
+          async reason => {
+            await api('PUT', path, { ...r.suggested, reason });
+            await loadSuggestions();
+          },
+          `suggested from history: most held at once ${peak}; ${view.rule}`
+        );
+      return h(
+        'tr',
+        { dataset: { subject: r.subject, name: r.name } },
+        h('td', {}, label),
+        h('td', {}, r.allocations ? peak : 'nothing held'),
+        h('td', {}, limitText(r.suggested)),
+        h('td', {}, now),
+        h('td', {}, h('button', { type: 'button', onclick: apply }, 'Apply'))
+      );
+    });
+    if (!rows.length) {
+      rows.push(h('tr', {}, h('td', { colspan: 5 }, 'Every quota in force is its suggestion.')));
+    }
+    document.querySelector('#gs-suggestions-table tbody').replaceChildren(...rows);
+  }
+
+  // -- the capacity check -----------------------------------------------------------------
+
+  function renderCapacity(check) {
+    const items = check.verdicts.map(v => h('li', { dataset: { verdict: v.code } }, v.text));
+    document.getElementById('gs-verdicts').replaceChildren(...items);
+    const ratio = v => (v === null || v === undefined ? '–' : pct(100 * v));
+    const figures = [
+      ['allocated', w => ratio(w.allocation_rate)],
+      [
+        'effectively used',
+        w =>
+          w.effective_utilization === null
+            ? '– (no usage reports)'
+            : `${ratio(w.effective_utilization)}` +
+              (w.reported_share !== null && w.reported_share < 1
+                ? ` (at least: reports covered ${ratio(w.reported_share)} of the allocation)`
+                : '')
+      ],
+      ['usage samples', w => String(w.samples)],
+      ['batch jobs submitted / completed', w => `${w.jobs_submitted} / ${w.jobs_completed}`],
+      ['median queue time', w => duration(w.median_queue_seconds)],
+      ['median run time', w => duration(w.median_run_seconds)],
+      ['queue time / run time', w => ratio(w.queue_to_run)]
+    ];
+    const rows = figures.map(([label, f]) =>
+      h('tr', {}, h('th', { scope: 'row' }, label), ...check.windows.map(w => h('td', {}, f(w))))
+    );
+    document.querySelector('#gs-capacity-table tbody').replaceChildren(...rows);
+  }
+
   function renderExemptions(ex) {
     const items = ex.exemptions.map(e =>
       h(
@@ -890,12 +958,23 @@
     }
   }
 
+  // The slow-moving views over history: every minute, not every refresh.
   async function loadUsage() {
-    await section('gs-usage-error', async () => {
-      const usage = await api('GET', `admin/usage?days=${state.days}`);
-      renderPlot(usage);
-      renderGroups(usage);
-    });
+    await Promise.all([
+      section('gs-usage-error', async () => {
+        const usage = await api('GET', `admin/usage?days=${state.days}`);
+        renderPlot(usage);
+        renderGroups(usage);
+      }),
+      section('gs-capacity-error', async () => renderCapacity(await api('GET', 'admin/capacity'))),
+      loadSuggestions()
+    ]);
+  }
+
+  async function loadSuggestions() {
+    await section('gs-suggestions-error', async () =>
+      renderSuggestions(await api('GET', 'admin/quota-suggestions'))
+    );
   }
 
   let lastJobs = [];
