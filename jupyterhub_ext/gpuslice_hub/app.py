@@ -558,6 +558,8 @@ class GPUSliceService(Application):
         # Whatever the service writes (the SQLite ledger and its WAL, job folders before
         # they are handed to their owners) is its own: unreadable to users' code.
         os.umask(0o077)
+        # before anything starts: a mirror that cannot reach the API is a config error
+        mirror = self._mirror_configuration()
         self.inventory = self.discover()
         self.open_ledger()
         assert self.ledger is not None
@@ -614,7 +616,7 @@ class GPUSliceService(Application):
                     else None,
                 )
             )
-        self._kubernetes_sync = self._start_kubernetes_sync()
+        self._kubernetes_sync = self._start_kubernetes_sync(mirror)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -646,19 +648,25 @@ class GPUSliceService(Application):
         cluster = KubernetesClusterConfig(parent=self)
         known = {m for p in self.parsed_profiles.values() for m in p.models}
         return read_cluster_hosts(
-            api_configuration(cluster.api_url),
+            api_configuration(cluster.api_url, needed_by="gpu_backend"),
             KubernetesResourcesConfig(parent=self).value(),
             cluster.gpu_memory_mib,
             sorted(known),
         )
 
-    def _start_kubernetes_sync(self) -> asyncio.Future | None:
-        """The mirror of what the cluster's other pods hold (sync_interval > 0)."""
+    def _mirror_configuration(self) -> Any:
+        """How the mirror of the cluster's pods reaches the API (None: no mirror)."""
         cluster = KubernetesClusterConfig(parent=self)
         if cluster.sync_interval <= 0:
             return None
+        return api_configuration(cluster.api_url, needed_by="KubernetesClusterConfig.sync_interval")
+
+    def _start_kubernetes_sync(self, configuration: Any) -> asyncio.Future | None:
+        """The mirror of what the cluster's other pods hold (sync_interval > 0)."""
+        if configuration is None:
+            return None
+        cluster = KubernetesClusterConfig(parent=self)
         assert self.ledger is not None
-        configuration = api_configuration(cluster.api_url)
         res = KubernetesResourcesConfig(parent=self).value()
         jobs = self.jobs
 

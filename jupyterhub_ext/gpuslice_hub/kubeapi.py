@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from .errors import ConfigError
+
 T = TypeVar("T")
 REQUEST_TIMEOUT = 30  # seconds a call may take
 PAGE = 500  # objects per list call (the API's ``limit``); the rest follow with ``continue``
@@ -31,19 +33,29 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def api_configuration(url: str = "") -> Any:
+def api_configuration(url: str = "", needed_by: str = "KubernetesClusterConfig.api_url") -> Any:
     """How to reach the API: ``url`` (e.g. behind ``kubectl proxy``), else the pod's
-    service account, else the kubeconfig."""
+    service account, else the kubeconfig. None of them is a ConfigError naming
+    ``needed_by`` (the setting that asked for the API): said at start, without a traceback."""
     from kubernetes_asyncio import config
     from kubernetes_asyncio.client import Configuration
 
     configuration = Configuration()
     if url:
         configuration.host = url.rstrip("/")
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        run_sync(config.load_kube_config(client_configuration=configuration))
+        return configuration
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            run_sync(config.load_kube_config(client_configuration=configuration))
+    except (config.ConfigException, OSError, ValueError) as e:
+        raise ConfigError(
+            needed_by,
+            f"the Kubernetes API cannot be reached: {e} (set "
+            "c.KubernetesClusterConfig.api_url, run in a pod with a service account, or "
+            "point KUBECONFIG at a kubeconfig)",
+        ) from None
     return configuration
 
 

@@ -310,3 +310,47 @@ def test_without_gfds_count_label_the_whole_gpus_are_what_the_device_plugin_adve
     a100 = {"model": A100, "memory_mib": 81920}
     assert hosts[0]["gpus"] == [{**a100, "count": 3}, {**a100, "mig": ["3g.40gb", "3g.40gb"]}]
     assert hosts[1]["gpus"] == [{**a100, "count": 2}]  # eight slices of two GPUs
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("c.KubernetesClusterConfig.sync_interval = 30", "KubernetesClusterConfig.sync_interval"),
+        ('c.GPUSliceService.gpu_backend = "kubernetes"', "gpu_backend"),
+    ],
+)
+def test_no_way_to_reach_the_api_stops_the_service_with_one_line_naming_the_setting(
+    tmp_path, setting, key
+):
+    """Not in a pod, no api_url, no kubeconfig: a config error at start, not a traceback
+    (and nothing listening, no ledger written)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.harness.hub import SIM_HOSTS, SIM_PROFILES
+
+    need_module("kubernetes_asyncio")
+    config = tmp_path / "gpuslice_config.py"
+    hosts = f'c.GPUSliceService.gpu_backend = "simulated"\nc.GPUSliceService.hosts = {SIM_HOSTS!r}'
+    config.write_text(
+        f'c.GPUSliceService.db_url = "sqlite:///{tmp_path}/ledger.sqlite"\n'
+        + ("" if key == "gpu_backend" else hosts + "\n")
+        + f"c.GPUSliceService.profiles = {SIM_PROFILES!r}\n"
+        'c.GPUSliceService.ip = "127.0.0.1"\nc.GPUSliceService.port = 1\n'
+        f"{setting}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(tmp_path / "no-such-kubeconfig")
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuslice_hub.app", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert f"gpuslice: invalid configuration: {key}" in out.stderr, out.stderr[-3000:]
+    assert "the Kubernetes API cannot be reached" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "ledger.sqlite").exists()

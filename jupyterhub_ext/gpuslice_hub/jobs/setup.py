@@ -87,8 +87,12 @@ def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
         from ..kubeapi import api_configuration
         from .backends.kubernetes_client import KubernetesBackend
 
-        configuration = api_configuration(KubernetesClusterConfig(parent=app).api_url)
-    except Exception as e:  # no kubernetes_asyncio, no service account, no kubeconfig
+        configuration = api_configuration(
+            KubernetesClusterConfig(parent=app).api_url, needed_by="job_backend"
+        )
+    except ConfigError:
+        raise
+    except Exception as e:  # no kubernetes_asyncio
         raise ConfigError("job_backend", f"the Kubernetes API cannot be reached: {e}") from None
     backend = KubernetesBackend(
         configuration,
