@@ -62,6 +62,7 @@ from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .errors import ConfigError
 from .hubapi import HubAPI, IncompleteListing
 from .idle import effective_policy
+from .inventory_refresh import run_inventory_refresh
 from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
 from .kubeapi import api_configuration
@@ -243,6 +244,16 @@ class GPUSliceService(Application):
         must stay well below this).""",
     ).tag(config=True)
 
+    inventory_refresh_interval = Float(
+        300.0,
+        help="""Seconds between reads of the inventory while the service runs, for
+        ``gpu_backend`` ``nvml``/``auto``, ``slurm`` and ``kubernetes`` (0: read once at start).
+        Hosts that joined are offered, hosts that left are marked absent (their holders keep
+        their slices), a GPU whose MIG instances were repartitioned is described anew. A
+        ``static`` or ``simulated`` inventory is the ``hosts`` setting, read at start:
+        setting this for them is refused.""",
+    ).tag(config=True)
+
     usage_sample_interval = Float(
         300.0,
         help="Seconds between usage samples of the whole pool (capacity, allocation, "
@@ -404,6 +415,20 @@ class GPUSliceService(Application):
                 "admin panel's longest window",
             )
         self.suggestion_settings = self._parse_suggestion_settings()
+        if self.inventory_refresh_interval < 0:
+            raise ConfigError(
+                "inventory_refresh_interval", "must be >= 0 seconds (0: at start only)"
+            )
+        if (
+            self.gpu_backend in ("static", "simulated")
+            and "inventory_refresh_interval" in self.config.GPUSliceService
+            and self.inventory_refresh_interval > 0
+        ):
+            raise ConfigError(
+                "inventory_refresh_interval",
+                f"does nothing with gpu_backend = {self.gpu_backend!r}: its hosts are the "
+                "hosts setting, read at start (restart the service to change them)",
+            )
         for key in ("max_body_bytes", "max_notebook_bytes"):
             if not 1024 <= getattr(self, key) <= 1024**3:
                 raise ConfigError(key, "must be from 1 KiB to 1 GiB")
@@ -456,13 +481,15 @@ class GPUSliceService(Application):
         return config
 
     def discover(self) -> Inventory:
+        # the host list at start; every refresh after that says only what changed
+        level = logging.INFO if self.inventory is None else logging.DEBUG
         hosts = self.hosts if self.gpu_backend in ("static", "simulated") else None
         if self.gpu_backend == "slurm":
             if self.hosts:
                 raise ConfigError("hosts", "is read from Slurm with gpu_backend = 'slurm'")
             gres = SlurmGresConfig(parent=self)
             hosts = read_slurm_hosts(gres.value(), gres.gpu_memory_mib)
-            self.log.info("inventory from Slurm: %s", ", ".join(h["name"] for h in hosts))
+            self.log.log(level, "inventory from Slurm: %s", ", ".join(h["name"] for h in hosts))
             return discover("static", hosts)
         if self.gpu_backend == "kubernetes":
             if self.hosts:
@@ -470,7 +497,9 @@ class GPUSliceService(Application):
                     "hosts", "is read from the cluster with gpu_backend = 'kubernetes'"
                 )
             hosts = self._kubernetes_hosts()
-            self.log.info("inventory from Kubernetes: %s", ", ".join(h["name"] for h in hosts))
+            self.log.log(
+                level, "inventory from Kubernetes: %s", ", ".join(h["name"] for h in hosts)
+            )
             return discover("static", hosts)
         try:
             return discover(self.gpu_backend, hosts or None)
@@ -617,6 +646,20 @@ class GPUSliceService(Application):
                 )
             )
         self._kubernetes_sync = self._start_kubernetes_sync(mirror)
+        self._inventory_refresh = None
+        if self.inventory_refresh_interval > 0 and self.gpu_backend not in (
+            "static",
+            "simulated",
+        ):
+            self._inventory_refresh = asyncio.ensure_future(
+                run_inventory_refresh(
+                    self.inventory_refresh_interval,
+                    self.inventory,
+                    self.discover,
+                    self._apply_inventory,
+                    self.log,
+                )
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -630,12 +673,18 @@ class GPUSliceService(Application):
             self._pruner,
             self._slurm_sync,
             self._kubernetes_sync,
+            self._inventory_refresh,
         )
         for task in tasks:
             if task is not None:
                 task.cancel()
         if self.db is not None:
             self.db.dispose()
+
+    def _apply_inventory(self, inventory: Inventory) -> None:
+        assert self.ledger is not None
+        self.ledger.sync_inventory(inventory)
+        self.inventory = inventory
 
     def _slurm_synced(self) -> None:
         self.slurm_synced_at = utcnow()
