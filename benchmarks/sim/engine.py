@@ -26,6 +26,7 @@ from gpuslice.gpu import discover
 from gpuslice.idle_policy import PolicyConfig
 from gpuslice_hub import clock
 from gpuslice_hub.admin.pool import read_pool, totals
+from gpuslice_hub.admin.usage import FIELDS, store_sample
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.schema import ensure_schema
 from gpuslice_hub.errors import Pending, Refused
@@ -115,6 +116,8 @@ class Result:
     samples: list[dict[str, Any]] = field(default_factory=list)
     allocated_milli_seconds: float = 0.0
     reclaimed_gpu_hours: float = 0.0
+    # the admin panel's capacity check over the simulated ledger at the end
+    capacity_check: dict[str, Any] | None = None
     culls: int = 0
     warnings: int = 0
     keep_alives: int = 0
@@ -439,6 +442,7 @@ class Simulation:
     def _sample(self) -> None:
         now = self.now()
         figures = totals(read_pool(self.ledger), self.clock.now())
+        busy = self._busy_now(now)
         self.result.samples.append(
             {
                 "t": now,
@@ -448,9 +452,14 @@ class Simulation:
                 "fragmented": figures["fragmented_milli"],
                 "queued_jobs": figures["queued_jobs"],
                 "running_jobs": figures["running_jobs"],
-                "busy": self._busy_now(now),
+                "busy": busy,
             }
         )
+        # the ledger's own usage samples, for the capacity check at the end: what the
+        # service's sampler would store if every holder reported its use exactly
+        stored = {k: figures[k] for k in FIELDS}
+        stored.update(used_milli=busy, reported_milli=figures["allocated_milli"])
+        store_sample(self.ledger, self.clock.now(), stored)
 
     def _finish(self) -> None:
         from .measure import finish

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from gpuslice_hub.admin.accounting import reclaimed
+from gpuslice_hub.admin.capacity_check import capacity_check
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.models import AllocationRow
 
@@ -64,6 +65,7 @@ def finish(sim: Simulation) -> None:
         b = end if released is None else released.timestamp() - epoch
         r.allocated_milli_seconds += milli * max(0.0, min(b, end) - a)
     r.reclaimed_gpu_hours = reclaimed(sim.ledger, sim.clock.now())["total"]
+    r.capacity_check = capacity_check(sim.ledger, sim.clock.now())
 
     def since(at: datetime | None) -> float | None:
         return None if at is None else at.timestamp() - epoch
@@ -133,6 +135,8 @@ def summary(r: Result) -> dict[str, Any]:
         "batch_lost_gpu_hours": r.batch_lost / 1000 / 3600,
         "fragmented_share": (statistics.fmean(frag) / r.capacity_milli) if frag else 0.0,
         "wall_seconds": r.wall_seconds,
+        # what the admin panel's capacity check says of this run (its verdicts' codes)
+        "capacity_check": " ".join(v["code"] for v in (r.capacity_check or {}).get("verdicts", [])),
     }
 
 

@@ -144,3 +144,17 @@ def test_keep_alive_beyond_the_admins_maximum_is_refused_and_the_server_culled(t
     assert r.keep_alives == 4 and r.culls == 1
     s = summary(r)
     assert s["allocation_rate"] == pytest.approx(1000 * (600 + 5 * 3600) / (8000 * 2 * DAY))
+
+
+def test_the_capacity_check_reads_the_simulated_ledgers_samples(tmp_path: Path):
+    # the session of the first test: a whole GPU held 600-7800 s, busy at 500 milli till
+    # 4200 s. Samples every 1800 s from 0: 48 in the day, four of them (1800, 3600, 5400,
+    # 7200) with the GPU allocated, two (1800, 3600) with it busy.
+    w = Workload(1, [session(0, 600, Stretch(3600, 500), Stretch(3600))])
+    r = run(w, "1", tmp_path)
+    assert r.capacity_check is not None
+    week, month = r.capacity_check["windows"]
+    assert week["samples"] == month["samples"] == 48
+    assert week["allocation_rate"] == pytest.approx(4 * 1000 / (48 * 8000), abs=1e-4)
+    assert week["effective_utilization"] == pytest.approx(2 * 500 / (48 * 8000), abs=1e-4)
+    assert summary(r)["capacity_check"] == "rent no-queue"

@@ -37,7 +37,11 @@ FIELDS = (
 def take_sample(ledger: Ledger, now: datetime) -> dict[str, Any]:
     """Measure the pool and store one sample; returns it as the series lists it."""
     figures = totals(read_pool(ledger), now)
-    values = {k: figures[k] for k in FIELDS}
+    return store_sample(ledger, now, {k: figures[k] for k in FIELDS})
+
+
+def store_sample(ledger: Ledger, now: datetime, values: dict[str, Any]) -> dict[str, Any]:
+    """Store one sample of the ``FIELDS`` (the simulator stores its own figures of use)."""
     # a single row every few minutes: nothing to serialize with allocations
     with ledger.db.writing(lock=False) as s:
         s.connection().execute(insert(SAMPLES).values(ts=now, **values))
