@@ -74,7 +74,7 @@ from .kubecluster import (
 )
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
-from .metrics import make_registry
+from .metrics import TimeWindowCollector, make_registry
 from .overrides import AdminSettings
 from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
@@ -610,6 +610,8 @@ class GPUSliceService(Application):
             safe_url(self.db_url),
         )
         self.jobs = start_jobs(self)
+        if self.jobs is not None and self.jobs.windows:
+            self.registry.register(TimeWindowCollector(self.jobs))
         ip, port = self._service_url()
         # Tornado refuses anything larger before buffering it; the handlers apply the limits.
         limit = max(self.max_body_bytes, self.max_notebook_bytes)

@@ -10,13 +10,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from .admin.capacity_check import CapacityCheckCache
 from .admin.history import IDLE_KINDS, IdleTotals, pruned_through, pruned_totals
 from .admin.pool import read_pool
 from .admin.reports import is_fresh, used_milli
+from .db.jobs_models import JobRow
 from .db.models import EventRow, utcnow
+from .jobs.manager import JobManager
 from .ledger import Ledger
 
 
@@ -268,6 +270,37 @@ class CapacityCheckCollector(Collector):
                 if w[key] is not None:  # unknown is not 0: no sample says nothing
                     family.add_metric([f"{w['days']}d"], w[key])
             yield family
+
+
+class TimeWindowCollector(Collector):
+    """Each batch time window: open or not, and how many queued jobs are limited to it."""
+
+    def __init__(self, jobs: JobManager) -> None:
+        self.jobs = jobs
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = utcnow()
+        with self.jobs.db.reading() as s:
+            counts = dict(
+                s.execute(
+                    select(JobRow.time_window, func.count())
+                    .where(JobRow.state == "queued", JobRow.time_window.is_not(None))
+                    .group_by(JobRow.time_window)
+                ).all()
+            )
+        is_open = GaugeMetricFamily(
+            "gpuslice_time_window_open", "1 while the batch time window is open", labels=["window"]
+        )
+        queued = GaugeMetricFamily(
+            "gpuslice_jobs_queued_in_window",
+            "Queued batch jobs limited to the time window (waiting for it while it is closed)",
+            labels=["window"],
+        )
+        for name, window in sorted(self.jobs.windows.items()):
+            is_open.add_metric([name], 1 if window.is_open(now) else 0)
+            queued.add_metric([name], counts.get(name, 0))
+        yield is_open
+        yield queued
 
 
 def make_registry(

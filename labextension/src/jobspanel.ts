@@ -201,7 +201,10 @@ export class JobsPanel extends Widget {
       el('span', `jp-gpuslice-badge jp-gpuslice-badge-${badge.tone}`, badge.label)
     );
     card.append(head);
-    card.append(el('div', 'jp-gpuslice-job-meta', `${job.profile} · ${job.priority} · #${job.id}`));
+    const window = job.time_window ? ` · window ${job.time_window}` : '';
+    card.append(
+      el('div', 'jp-gpuslice-job-meta', `${job.profile} · ${job.priority}${window} · #${job.id}`)
+    );
 
     const prog = progress(job);
     const bar = el('div', 'jp-gpuslice-progress');

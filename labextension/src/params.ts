@@ -104,6 +104,8 @@ export interface ISubmitForm {
   checkpointInterval: string;
   maxRuntime: string;
   parameters: string;
+  /** A time window's name, or '' for any time. */
+  timeWindow: string;
 }
 
 /** All problems with the form at once, or the request body to send. */
@@ -147,6 +149,9 @@ export function buildSubmitRequest(
   }
   if (runtime.value !== null) {
     value.max_runtime = runtime.value;
+  }
+  if (form.timeWindow) {
+    value.time_window = form.timeWindow;
   }
   return { ok: true, value };
 }

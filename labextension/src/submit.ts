@@ -8,7 +8,7 @@ import { formatDuration } from './format';
 import { buildSubmitRequest, type ISubmitForm } from './params';
 import { pollIntervals } from './pollsettings';
 import { defaultProfile, profileLabel, refusalMessage } from './refusal';
-import { PRIORITIES, type IJob, type IProfile } from './types';
+import { PRIORITIES, type IJob, type IProfile, type ITimeWindow } from './types';
 
 function field(label: string, input: HTMLElement, hint?: string): HTMLLabelElement {
   const row = document.createElement('label');
@@ -30,6 +30,9 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
   private readonly checkpoint = document.createElement('input');
   private readonly runtime = document.createElement('input');
   private readonly parameters = document.createElement('textarea');
+  private readonly window = document.createElement('select');
+  private readonly windowHint = document.createElement('small');
+  private classWindows: Record<string, string> = {};
   private readonly notice = document.createElement('div');
   private timer: number | undefined;
 
@@ -59,6 +62,9 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     this.parameters.rows = 4;
     this.parameters.value = initial.parameters;
     this.parameters.placeholder = 'learning_rate = 0.01\nepochs = 5';
+    this.window.name = 'time_window';
+    this.window.add(new Option('any time', '', false, true));
+    this.priority.addEventListener('change', () => this.applyClassWindow());
     this.notice.className = 'jp-gpuslice-submit-errors';
     this.notice.setAttribute('role', 'alert');
     this.showErrors(errors);
@@ -74,6 +80,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       ),
       field('Checkpoint interval', this.checkpoint),
       field('Max runtime', this.runtime),
+      this.windowField(),
       field('Parameters', this.parameters, 'name = value per line, or a JSON object')
     );
     // What was wrong with the last try no longer applies once the user changes something.
@@ -90,8 +97,28 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       priority: this.priority.value,
       checkpointInterval: this.checkpoint.value,
       maxRuntime: this.runtime.value,
-      parameters: this.parameters.value
+      parameters: this.parameters.value,
+      timeWindow: this.window.value
     };
+  }
+
+  private windowField(): HTMLLabelElement {
+    const row = field('Time window', this.window);
+    row.appendChild(this.windowHint);
+    row.hidden = true; // until the service says which windows there are
+    return row;
+  }
+
+  // A class with a window of its own runs every job in it: the field shows it, fixed.
+  private applyClassWindow(): void {
+    const forced = this.classWindows[this.priority.value];
+    this.window.disabled = Boolean(forced);
+    if (forced) {
+      this.window.value = forced;
+    }
+    this.windowHint.textContent = forced
+      ? `${this.priority.value} jobs run in this window (set by your administrators)`
+      : 'the job waits until the window opens, and is checkpointed and requeued when it closes';
   }
 
   dispose(): void {
@@ -109,6 +136,21 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     );
   }
 
+  private showWindows(windows: ITimeWindow[], classWindows: Record<string, string>): void {
+    const chosen = this.window.value || this.initial.timeWindow;
+    this.classWindows = classWindows;
+    this.window.replaceChildren(
+      new Option('any time', '', false, !chosen),
+      ...windows.map(w => {
+        const state = w.open ? 'open now' : `opens ${new Date(w.opens_at ?? '').toLocaleString()}`;
+        return new Option(`${w.name}: ${w.text}, ${state}`, w.name, false, w.name === chosen);
+      })
+    );
+    // no window configured: nothing to choose
+    this.window.closest('label')?.toggleAttribute('hidden', !windows.length);
+    this.applyClassWindow();
+  }
+
   private async loadProfiles(): Promise<void> {
     let profiles: IProfile[];
     let simulated = false;
@@ -121,6 +163,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
         const jobs = reply.jobs;
         this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime)`;
         this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
+        this.showWindows(jobs.windows ?? [], jobs.class_windows ?? {});
       }
     } catch (error) {
       this.showErrors([refusalMessage(error, 'Loading GPU profiles')]);
@@ -149,7 +192,8 @@ export const EMPTY_FORM: Omit<ISubmitForm, 'path'> = {
   priority: 'preemptible',
   checkpointInterval: '',
   maxRuntime: '',
-  parameters: ''
+  parameters: '',
+  timeWindow: ''
 };
 
 /**

@@ -83,10 +83,23 @@ export interface IProfile {
   reason: string | null;
 }
 
+/** A time window batch jobs may be limited to (the admin's JobManager.time_windows). */
+export interface ITimeWindow {
+  name: string;
+  /** e.g. "mon-fri 19:00-07:00 (Europe/Berlin)" */
+  text: string;
+  open: boolean;
+  opens_at: string | null;
+  closes_at: string | null;
+}
+
 export interface IJobDefaults {
   checkpoint_interval: number;
   max_runtime: number;
   max_runtime_limit: number;
+  windows?: ITimeWindow[];
+  /** priority class -> the window every job of the class runs in */
+  class_windows?: Record<string, string>;
 }
 
 export interface IProfiles {
@@ -125,6 +138,8 @@ export interface IJob {
   finished_at: string | null;
   /** Why a queued job is not running yet (e.g. no free slice). */
   waiting_reason?: string | null;
+  /** The time window the job may run in (null: any time). */
+  time_window?: string | null;
   error: string | null;
   /** The job's folder (or output notebook), relative to the user's notebook root. */
   output_path: string | null;
@@ -143,6 +158,7 @@ export interface ISubmitRequest {
   checkpoint_interval?: number;
   max_runtime?: number;
   parameters: Record<string, unknown>;
+  time_window?: string;
 }
 
 export const JOBS_SCHEMA_ID = 'https://events.gpuslice.dev/jobs/v1';

@@ -56,8 +56,16 @@ describe('buildSubmitRequest', () => {
     priority: 'preemptible',
     checkpointInterval: '10m',
     maxRuntime: '2h',
-    parameters: 'epochs = 3'
+    parameters: 'epochs = 3',
+    timeWindow: ''
   };
+
+  it('names the time window only when one was chosen', () => {
+    const chosen = buildSubmitRequest({ ...form, timeWindow: 'night' });
+    expect(chosen.ok && chosen.value.time_window).toBe('night');
+    const any = buildSubmitRequest(form);
+    expect(any.ok && 'time_window' in any.value).toBe(false);
+  });
 
   it('builds the request body of the contract', () => {
     expect(buildSubmitRequest(form)).toEqual({

@@ -45,6 +45,8 @@ class JobRow(Base):
     preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime())
     waiting_reason: Mapped[str | None] = mapped_column(String(1024))
     error: Mapped[str | None] = mapped_column(Text)
+    # the JobManager.time_windows name the job may run in (None: any time)
+    time_window: Mapped[str | None] = mapped_column(String(64))
     # Loaded when read (a page of jobs loads them with ``selectinload``): the scheduler's
     # pass reads and writes hundreds of rows and never needs their history.
     transitions: Mapped[list[JobTransitionRow]] = relationship(

@@ -26,7 +26,7 @@ from gpuslice.run.params import parameter_warnings
 from ..db.engine import Database
 from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import utcnow
-from ..errors import Refused
+from ..errors import ConfigError, Refused
 from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..profiles import Profile
@@ -39,6 +39,7 @@ from .serialize import job_json
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
 from .wakeup import Wakeup
+from .windows import TimeWindow, parse_windows
 
 SUBMIT_FIELDS = {
     "name",
@@ -53,6 +54,7 @@ SUBMIT_FIELDS = {
     "user",
     "groups",
     "workdir",
+    "time_window",
 }
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -183,10 +185,40 @@ class JobManager(LoggingConfigurable):
         ``sudo -n -u {username} --`` (which needs a sudoers rule for those commands).""",
     ).tag(config=True)
 
+    time_windows = Dict(
+        help="""Named windows batch jobs may be limited to, each a span or a list of spans
+        ``[DAYS ]HH:MM-HH:MM`` in ``time_window_timezone``, e.g. ``{"night": "02:00-06:00",
+        "off-hours": ["mon-fri 19:00-07:00", "sat,sun 00:00-24:00"]}`` (a span ending at or
+        before its start ends the next day). A job submitted with ``time_window`` (or of a
+        class in ``class_time_windows``) waits until its window opens, and is checkpointed
+        and requeued when it closes. Local backend only: Slurm and Kubernetes queue the jobs
+        themselves.""",
+    ).tag(config=True)
+    time_window_timezone = Unicode(
+        help="IANA time zone of the time windows, e.g. ``Europe/Berlin`` (default: the "
+        "service machine's, from $TZ or /etc/localtime).",
+    ).tag(config=True)
+    class_time_windows = Dict(
+        help="""Priority class -> time window name: every job of the class runs only inside
+        that window, e.g. ``{"preemptible": "night"}``. A job of the class may not ask for
+        another window.""",
+    ).tag(config=True)
+
     def __init__(
         self, ledger: Ledger, db: Database, backend: Backend, root: Path, **kw: Any
     ) -> None:
         super().__init__(**kw)
+        # parsed here, so a bad window stops the service at start (ConfigError names it)
+        self.windows: dict[str, TimeWindow] = parse_windows(
+            self.time_windows, self.time_window_timezone
+        )
+        for cls, name in self.class_time_windows.items():
+            if cls not in PRIORITY_CLASSES or name not in self.windows:
+                raise ConfigError(
+                    "JobManager.class_time_windows",
+                    f"{cls!r}: {name!r}: a priority class ({', '.join(PRIORITY_CLASSES)}) and "
+                    f"a window of time_windows ({', '.join(sorted(self.windows)) or 'none set'})",
+                )
         self.ledger = ledger
         self.db = db
         self.backend = backend
@@ -331,6 +363,7 @@ class JobManager(LoggingConfigurable):
         name = name or Path(path).stem or "notebook"
         name = _NAME.sub("-", name).strip("-.")[:60] or "notebook"
         return {
+            "time_window": self._window_of(body.get("time_window"), priority),
             "name": name,
             "profile": profile,
             "slices": slices,
@@ -339,6 +372,27 @@ class JobManager(LoggingConfigurable):
             "max_runtime": float(max_runtime),
             "parameters": parameters,
             "notebook_path": path,
+        }
+
+    def _window_of(self, asked: Any, priority: str) -> str | None:
+        """The window a submission runs in: its class's, else the one it names."""
+        if asked is not None and (not isinstance(asked, str) or asked not in self.windows):
+            known = ", ".join(sorted(self.windows)) or "none are configured"
+            raise Refused("bad_request", f"unknown time window {asked!r} (known: {known})")
+        forced = self.class_time_windows.get(priority)
+        if forced is not None and asked not in (None, forced):
+            raise Refused(
+                "bad_request",
+                f"{priority} jobs run in the time window {forced!r} (set by the admins), "
+                f"not {asked!r}",
+            )
+        return forced or asked
+
+    def window_standing(self, now: datetime) -> dict[str, Any]:
+        """The windows for the submit dialog: each one's state, and which classes have one."""
+        return {
+            "windows": [w.standing(now) for _, w in sorted(self.windows.items())],
+            "class_windows": dict(self.class_time_windows),
         }
 
     # -- queries -------------------------------------------------------------------------
@@ -477,12 +531,14 @@ class JobManager(LoggingConfigurable):
         self.release(allocs, f"job {job_id} cancelled")
         return self.get(job_id) or {}
 
-    def defaults(self) -> dict[str, float]:
-        """What a submission that leaves these out gets, and the largest max runtime."""
+    def defaults(self) -> dict[str, Any]:
+        """What a submission that leaves these out gets, the largest max runtime, and the
+        time windows a job may ask for."""
         return {
             "checkpoint_interval": self.default_checkpoint_interval,
             "max_runtime": self.default_max_runtime,
             "max_runtime_limit": self.max_runtime_limit,
+            **self.window_standing(utcnow()),
         }
 
     def preempt(self, job_id: int, actor: str, reason: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ QUEUED_COLUMNS = (
     JobRow.submitted_at,
     JobRow.not_before,
     JobRow.waiting_reason,
+    JobRow.time_window,
 )
 LOOKBACK = 200
 FULL_READ_PASSES = 100
@@ -57,6 +58,7 @@ class QueuedJob:
     submitted_at: datetime
     not_before: datetime | None
     waiting_reason: str | None
+    time_window: str | None
 
     @classmethod
     def of(cls, row: Any) -> QueuedJob:
@@ -71,6 +73,7 @@ class QueuedJob:
             row.submitted_at,
             row.not_before,
             row.waiting_reason,
+            row.time_window,
         )
 
 

@@ -9,6 +9,7 @@ released again in the same pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -97,6 +98,7 @@ class Scheduler:
             except Exception:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
+        self._close_windows(active, now)
         self._expire_reservations(now)
         if not self._freed_for_a_server():
             marker = self._queue_may_move(now)
@@ -310,6 +312,17 @@ class Scheduler:
 
     # -- queued jobs ----------------------------------------------------------------------
 
+    def _close_windows(self, active: list[JobRow], now: datetime) -> None:
+        """Checkpoint and requeue the running jobs whose time window closed (a job whose
+        window is no longer configured runs at any time)."""
+        for job in active:
+            window = self.jobs.windows.get(job.time_window) if job.time_window else None
+            if window is None or job.state not in ("starting", "running") or window.is_open(now):
+                continue
+            # (Refused: it ended or was preempted meanwhile, nothing to close)
+            with contextlib.suppress(Refused):
+                self.jobs.preempt(job.id, "scheduler", f"its time window {window.name!r} closed")
+
     def _freed_for_a_server(self) -> bool:
         """Whether a slice freed for a waiting interactive server is free now. Only then
         must queued jobs wait: while the preempted job still checkpoints, its slice is not
@@ -344,12 +357,25 @@ class Scheduler:
             # the columns a decision needs, read again only for the jobs that changed
             # (QueueCache); the row is read in full for the few that start
             queued = self.queue.read(s)
-        ready = [j for j in queued if (j.not_before or now) <= now]
+        due = [j for j in queued if (j.not_before or now) <= now]
         later = [j.not_before for j in queued if j.not_before is not None and j.not_before > now]
+        reasons: dict[int, str] = {}
+        # jobs whose time window is closed wait for it, whatever else is free
+        ready = []
+        for j in due:
+            window = self.jobs.windows.get(j.time_window) if j.time_window else None
+            opens = window.opens_at(now) if window is not None else None
+            if window is None or opens is None:
+                ready.append(j)
+                continue
+            later.append(opens)
+            reasons[j.id] = (
+                f"waits for its time window {window.name!r} ({window.describe()}), "
+                f"which opens {opens:%a %Y-%m-%d %H:%M %Z}"
+            )
         self._next_due = min(later, default=None)
         blocked_rank = -1
         refused: dict[tuple[Any, ...], Refused] = {}
-        reasons: dict[int, str] = {}
         for job in queue_order(ready, now, self.jobs.aging_seconds):
             rank = PRIORITY_CLASSES[job.priority_class]
             # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
@@ -386,7 +412,7 @@ class Scheduler:
                 self.jobs.release([g["id"] for g in granted], f"job {job.id} no longer queued")
                 continue
             self._start(row, granted, now)
-        self._waiting({j.id: j.waiting_reason for j in ready}, reasons)
+        self._waiting({j.id: j.waiting_reason for j in due}, reasons)
 
     def _allocate(
         self, job: Any, learn: bool = True

@@ -37,6 +37,7 @@ def job_json(job: JobRow, log_tail: str = "") -> dict[str, Any]:
         "started_at": iso(job.started_at),
         "finished_at": iso(job.finished_at),
         "waiting_reason": job.waiting_reason,
+        "time_window": job.time_window,
         "error": job.error,
         "output_path": output_path(job),
         "allocation_ids": list(job.allocation_ids or []),

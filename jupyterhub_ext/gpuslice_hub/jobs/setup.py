@@ -138,6 +138,15 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
                 else "the cluster queues the jobs (its scheduler, or Kueue's queues)"
             ),
         )
+    if app.job_backend in ("slurm", "kubernetes") and manager.windows:
+        # a setting that would do nothing: gpuslice's own scheduler enforces the windows
+        raise ConfigError(
+            "JobManager.time_windows",
+            f"are enforced by gpuslice's own queue (job_backend = 'local'); with "
+            f"job_backend = {app.job_backend!r} the "
+            + ("Slurm" if app.job_backend == "slurm" else "cluster")
+            + " queues the jobs (use a reservation, or a partition or queue limited in time)",
+        )
     if "kubernetes_api_url" in configured:
         raise ConfigError(
             "JobManager.kubernetes_api_url", "has moved: set c.KubernetesClusterConfig.api_url"

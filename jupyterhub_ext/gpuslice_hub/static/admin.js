@@ -603,7 +603,12 @@
             )
           ),
           h('td', {}, job.user),
-          h('td', {}, `${job.profile}${job.slices > 1 ? ` ×${job.slices}` : ''} · ${job.priority}`),
+          h(
+            'td',
+            {},
+            `${job.profile}${job.slices > 1 ? ` ×${job.slices}` : ''} · ${job.priority}` +
+              (job.time_window ? ` · window ${job.time_window}` : '')
+          ),
           h(
             'td',
             {},
