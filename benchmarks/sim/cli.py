@@ -27,7 +27,8 @@ def _policies(names: str, vary: list[str]) -> list[Policy]:
     base = out[-1]
     for item in vary:
         key, _, values = item.partition("=")
-        for raw in values.split(","):
+        # a window's spans have commas of their own ("sat,sun 00:00-24:00"): "|" separates
+        for raw in values.split("|" if key == "batch_window" else ","):
             value: Any = raw
             if key in ("idle_timeout", "warning_lead"):
                 value = float(raw)
@@ -116,7 +117,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=V1,V2",
         help="policy 5: the last policy with one setting changed (idle_timeout, "
-        "warning_lead, placement, slices), once per value; may be repeated",
+        "warning_lead, placement, slices, batch_window), once per value; may be repeated; "
+        "batch_window values are separated by '|', a window's spans by ';' (UTC)",
     )
     p.add_argument("--out", help="folder for report.md, summary.json and the plots")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")

@@ -33,6 +33,7 @@ from gpuslice_hub.errors import Pending, Refused
 from gpuslice_hub.idle import effective_policy, reclaim_record
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.jobs.windows import parse_windows
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.profiles import parse_profiles
@@ -174,6 +175,10 @@ class Simulation:
         manager.max_jobs_per_user = s.batch_users_max_jobs
         manager.max_runtime_limit = 7 * 86400.0
         manager.log.setLevel(logging.ERROR)
+        if p.batch_window:
+            # the service's own windows: parsed and enforced by its manager and scheduler
+            manager.windows = parse_windows({"batch": p.batch_window.split(";")}, "UTC")
+            manager.class_time_windows = {p.batch: "batch"}
         self.manager = manager
         self.ledger.preempt_hook = manager.preempt_for_interactive
         self.scheduler = Scheduler(manager)
@@ -195,6 +200,20 @@ class Simulation:
         if t not in self._ticks and t < self.horizon:
             self._ticks.add(t)
             self._at(t, self._tick)
+
+    def _window_edges(self) -> list[float]:
+        """Seconds into the run at which a batch time window opens or closes."""
+        edges: list[float] = []
+        end = EPOCH + timedelta(seconds=self.horizon)
+        for window in self.manager.windows.values():
+            at = EPOCH
+            while at < end:
+                nxt = window.opens_at(at) or window.closes_at(at)
+                if nxt is None or nxt >= end:
+                    break
+                edges.append((nxt - EPOCH).total_seconds())
+                at = nxt
+        return edges
 
     def now(self) -> float:
         """The simulation's time: seconds since it started."""
@@ -221,6 +240,9 @@ class Simulation:
             while t < self.horizon:
                 self._at(t, self._sample)
                 t += self.settings.sample_every
+            for edge in self._window_edges():
+                # a pass when a window opens or closes, as the service's loop would run one
+                self._tick_at(edge)
             while self._events:
                 t, _, fn, args = heapq.heappop(self._events)
                 if t >= self.horizon:

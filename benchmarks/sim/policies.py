@@ -28,6 +28,7 @@ PROFILE_MILLI = {"mig-1g.10gb": 142, "share-250": 250, "share-500": 500, "gpu-1"
 PROFILE_MILLI.update({f"gpu-{n}": 1000 * n for n in (2, 4, 8)})
 
 RECLAIMS = ("none", "inactivity", "gpu")
+VARIABLE = ("idle_timeout", "warning_lead", "placement", "slices", "batch_window")
 BATCH_CLASSES = ("normal", "preemptible")
 
 
@@ -41,6 +42,9 @@ class Policy:
     idle_timeout: float = 3600.0
     warning_lead: float = 300.0
     placement: str = "default"
+    # a batch time window every batch job runs in (JobManager.class_time_windows), as
+    # spans separated by ";" ("mon-fri 19:00-07:00;sat,sun 00:00-24:00"), in UTC; "": none
+    batch_window: str = ""
     # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
     changed: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -60,10 +64,8 @@ class Policy:
 
     def vary(self, key: str, value: Any) -> Policy:
         """Policy 5: this policy with one admin setting changed."""
-        if key not in ("idle_timeout", "warning_lead", "placement", "slices"):
-            raise ValueError(
-                f"cannot vary {key!r}: one of idle_timeout, warning_lead, placement, slices"
-            )
+        if key not in VARIABLE:
+            raise ValueError(f"cannot vary {key!r}: one of {', '.join(VARIABLE)}")
         name = f"{self.name}[{key}={value}]"
         return replace(self, name=name, **{key: value}, changed=(*self.changed, (key, value)))
 

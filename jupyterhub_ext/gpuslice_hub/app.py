@@ -62,7 +62,7 @@ from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .errors import ConfigError
 from .hubapi import HubAPI, IncompleteListing
 from .idle import effective_policy
-from .inventory_refresh import run_inventory_refresh
+from .inventory_refresh import Refresher, run_inventory_refresh
 from .jobs.manager import JobManager
 from .jobs.setup import start_jobs
 from .kubeapi import api_configuration
@@ -653,14 +653,11 @@ class GPUSliceService(Application):
             "static",
             "simulated",
         ):
+            refresher = Refresher(
+                self.inventory, self.discover, self._apply_inventory, self._held_uuids, self.log
+            )
             self._inventory_refresh = asyncio.ensure_future(
-                run_inventory_refresh(
-                    self.inventory_refresh_interval,
-                    self.inventory,
-                    self.discover,
-                    self._apply_inventory,
-                    self.log,
-                )
+                run_inventory_refresh(self.inventory_refresh_interval, refresher)
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -682,6 +679,12 @@ class GPUSliceService(Application):
                 task.cancel()
         if self.db is not None:
             self.db.dispose()
+
+    def _held_uuids(self) -> set[str]:
+        """The GPUs and MIG instances an active allocation holds."""
+        assert self.ledger is not None
+        _, _, active = self.ledger.snapshot()
+        return {u for a in active for c in a.claims for u in (c.gpu_uuid, c.mig_uuid) if u}
 
     def _apply_inventory(self, inventory: Inventory) -> None:
         assert self.ledger is not None

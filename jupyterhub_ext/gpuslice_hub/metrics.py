@@ -244,13 +244,20 @@ class CapacityCheckCollector(Collector):
         (
             "gpuslice_capacity_allocation_ratio",
             "allocation_rate",
-            "Allocated over in-service GPU capacity, averaged over the window's usage samples",
+            "Sum of allocated over sum of GPU capacity (drained GPUs included) over the "
+            "window's usage samples",
         ),
         (
             "gpuslice_capacity_effective_utilization_ratio",
             "effective_utilization",
-            "GPU capacity kept busy over in-service capacity, over the window's usage samples "
-            "whose use is known",
+            "Sum of used over sum of GPU capacity over the window's usage samples whose use "
+            "is known",
+        ),
+        (
+            "gpuslice_capacity_reported_busy_ratio",
+            "busy_share",
+            "Sum of used over sum of the allocation usage reports covered (how busy reporting "
+            "holders keep what they hold)",
         ),
         (
             "gpuslice_capacity_queue_to_run_ratio",

@@ -17,6 +17,7 @@ from gpuslice_hub.admin.capacity_check import CapacityCheckCache, capacity_check
 from gpuslice_hub.admin.quota_suggestions import (
     Peak,
     SuggestionSettings,
+    change,
     peak_of,
     quota_suggestions,
     suggest,
@@ -27,6 +28,7 @@ from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.metrics import make_registry
+from gpuslice_hub.quotas import Limit
 from tests.service.test_admin_views import set_allocation
 
 HOUR = timedelta(hours=1)
@@ -34,7 +36,8 @@ DAY = timedelta(days=1)
 
 
 def sample(ledger: Ledger, ts: datetime, **values: Any) -> None:
-    row = {k: 0 for k in FIELDS} | {"used_milli": None, "in_service_milli": 10_000} | values
+    base = {"used_milli": None, "capacity_milli": 10_000, "in_service_milli": 10_000}
+    row = {k: 0 for k in FIELDS} | base | values
     with ledger.db.writing() as s:
         s.execute(insert(UsageSampleRow).values(ts=ts, **row))
 
@@ -145,24 +148,27 @@ def test_no_samples_say_so_rather_than_zero(make_ledger):
 @pytest.mark.parametrize(
     ("old", "recent", "used", "queued", "expected"),
     [
-        # steadily above 60 % allocated, a queue, 80 % of the allocation busy: capacity
+        # steadily above 60 % allocated, a queue, 89 % of what reports cover busy: capacity
         (7000, 9000, 8000, 3, ["own", "capacity"]),
         # above 60 % over 30 days only: not steady
         (9000, 5000, 4000, 0, ["between", "no-queue"]),
         # steadily below 40 %
         (3000, 3000, 2000, 0, ["rent", "no-queue"]),
-        # a queue while 90 % allocated but 20 % used: held idle
+        # a queue while 90 % allocated but what reports cover is 22 % busy: held idle
         (9000, 9000, 2000, 2, ["own", "scheduling"]),
         # a queue at 50 % allocated, well used: what is free does not fit
         (5000, 5000, 4500, 2, ["between", "fit"]),
+        # a queue, and no usage report at all: it cannot tell, and says so
+        (9000, 9000, None, 2, ["own", "use-unknown"]),
     ],
 )
 def test_the_decision_lines(make_ledger, old, recent, used, queued, expected):
     ledger = make_ledger()
     now = utcnow()
-    sample(ledger, now - 20 * DAY, allocated_milli=old, used_milli=old)
+    # samples over 25 of the 30 days and 6 of the 7: enough history for own/rent
+    sample(ledger, now - 25 * DAY, allocated_milli=old, used_milli=old, reported_milli=old)
     # the week: three times as many samples as the older one
-    for d in (1, 2, 3):
+    for d in (6, 5, 4):
         sample(
             ledger,
             now - d * DAY,
@@ -174,15 +180,93 @@ def test_the_decision_lines(make_ledger, old, recent, used, queued, expected):
     assert verdicts(capacity_check(ledger, now)) == expected
 
 
-def test_a_queue_longer_than_half_the_run_says_burst(make_ledger):
+def test_a_queue_longer_than_half_the_run_says_burst_only_where_hardware_is_short(make_ledger):
     ledger = make_ledger()
     now = utcnow()
     sample(ledger, now - DAY, allocated_milli=9500, used_milli=9000, reported_milli=9500)
     for _ in range(5):  # waits of 2 h for runs of 3 h
         job(ledger, now - 6 * HOUR, now - 4 * HOUR, now - HOUR, run=3 * 3600.0)
     check = capacity_check(ledger, now)
-    assert verdicts(check) == ["own", "capacity", "burst"]
-    assert "67 % of the median run time" in check["verdicts"][-1]["text"]
+    # a day of samples: too little to say whether owning pays
+    assert verdicts(check) == ["history", "capacity", "burst"]
+    assert "cover 1 days" in check["verdicts"][0]["text"]
+    assert check["verdicts"][-1]["text"].endswith(
+        "67 % of the median run time over 7 days (above 50 %): burst now."
+    )
+    # the same queue with the slices held idle: fix that first
+    sample(ledger, now - HOUR, allocated_milli=9500, used_milli=500, reported_milli=9500)
+    sample(ledger, now - 2 * HOUR, allocated_milli=9500, used_milli=500, reported_milli=9500)
+    check = capacity_check(ledger, now)
+    assert verdicts(check) == ["history", "scheduling", "burst"]
+    assert "the problem above is cheaper to fix first" in check["verdicts"][-1]["text"]
+
+
+def test_partial_reports_judge_busyness_by_what_they_cover(make_ledger):
+    """Half the allocation reports (the rest: jobs outside gpuslice), and that half is 90 %
+    busy: a busy pool, not slices held idle."""
+    ledger = make_ledger()
+    now = utcnow()
+    for d in (6, 4, 2):
+        sample(
+            ledger,
+            now - d * DAY,
+            allocated_milli=9000,
+            reported_milli=4500,
+            used_milli=4050,
+            queued_jobs=3,
+        )
+    week, _ = capacity_check(ledger, now)["windows"]
+    assert week["reported_share"] == 0.5 and week["busy_share"] == 0.9
+    # of all GPUs: a lower bound, 40.5 %
+    assert week["effective_utilization"] == pytest.approx(0.405)
+    assert verdicts(capacity_check(ledger, now))[1] == "capacity"
+    # a third covered: too little to tell
+    for d in (5, 3, 1):
+        sample(
+            ledger,
+            now - d * DAY,
+            allocated_milli=9000,
+            reported_milli=500,
+            used_milli=450,
+            queued_jobs=3,
+        )
+    assert verdicts(capacity_check(ledger, now))[1] == "use-unknown"
+
+
+def test_drained_gpus_count_as_capacity_and_old_samples_without_in_service_count(make_ledger):
+    ledger = make_ledger()
+    now = utcnow()
+    # half the GPUs drained, their holders still allocated: 60 % of the hardware, not 120 %
+    sample(ledger, now - 2 * DAY, in_service_milli=5000, allocated_milli=6000)
+    # a sample from before schema revision 0004: no in-service figure
+    sample(ledger, now - DAY, in_service_milli=None, allocated_milli=5000)
+    week, _ = capacity_check(ledger, now)["windows"]
+    assert week["samples"] == 2 and week["allocation_rate"] == pytest.approx(0.55)
+
+
+def test_jobs_limited_to_a_time_window_are_left_out_of_the_queue(make_ledger):
+    ledger = make_ledger()
+    now = utcnow()
+    for _ in range(5):
+        job(ledger, now - 6 * HOUR, now - 6 * HOUR, now - 3 * HOUR, run=3 * 3600.0)
+    with ledger.db.writing() as s:
+        s.add(
+            JobRow(
+                name="nightly",
+                user="ann",
+                state="queued",
+                profile="share-250",
+                priority_class="preemptible",
+                checkpoint_interval=60.0,
+                max_runtime=3600.0,
+                backend="local",
+                submitted_at=now - 2 * DAY,
+                time_window="night",
+            )
+        )
+    week, _ = capacity_check(ledger, now)["windows"]
+    assert (week["jobs_submitted"], week["jobs_in_time_windows"]) == (5, 1)
+    assert week["median_queue_seconds"] == 0.0
 
 
 def test_the_cache_recomputes_only_after_its_ttl_and_feeds_the_metrics(make_ledger):
@@ -221,10 +305,23 @@ def test_the_peak_counts_what_was_held_together_and_not_back_to_back():
 def test_a_suggestion_is_the_peak_times_the_factor_plus_the_buffer_rounded_up():
     settings = SuggestionSettings(30, 1.2, 1.0, 250)
     # 3 slices * 1.2 + 1 = 4.6 -> 5; 1250 * 1.2 + 250 = 1750
-    assert suggest(Peak(3.0, 1250), settings) == {"max_slices": 5, "max_milli": 1750}
+    assert suggest(Peak(3.0, 1250), settings, None) == {"max_slices": 5, "max_milli": 1750}
     # 5 * 1.2 + 1 = 7 exactly stays 7; 1010 * 1.2 + 250 = 1462 -> 1500
-    assert suggest(Peak(5.0, 1010), settings) == {"max_slices": 7, "max_milli": 1500}
-    assert suggest(Peak(), settings) == {"max_slices": 1, "max_milli": 250}
+    assert suggest(Peak(5.0, 1010), settings, None) == {"max_slices": 7, "max_milli": 1500}
+    # only the limits the quota in force sets: Apply never adds one the site did not have
+    slices_only = Limit(max_slices=10)
+    assert suggest(Peak(3.0, 1250), settings, slices_only) == {
+        "max_slices": 5,
+        "max_milli": None,
+    }
+    assert suggest(Peak(3.0, 1250), settings, Limit(max_milli=8000)) == {
+        "max_slices": None,
+        "max_milli": 1750,
+    }
+    assert change({"max_slices": 5, "max_milli": None}, slices_only) == "lower"
+    assert change({"max_slices": 12, "max_milli": None}, slices_only) == "raise"
+    assert change({"max_slices": 10, "max_milli": None}, slices_only) == "same"
+    assert change({"max_slices": 5, "max_milli": 1750}, None) == "new"
 
 
 def test_suggestions_per_user_and_group_over_the_window(make_ledger):
@@ -264,18 +361,36 @@ def test_suggestions_per_user_and_group_over_the_window(make_ledger):
 
     ann_row = rows[("user", "ann")]
     assert (ann_row["peak_slices"], ann_row["peak_milli"]) == (2.0, 1250)
-    assert ann_row["suggested"] == {"max_slices": 4, "max_milli": 1750}  # 3.4 -> 4
-    # ann has no quota of her own: the default one limits her
+    # ann has no quota of her own: the default one (slices only) limits her, so only
+    # slices are suggested: 2 * 1.2 + 1 = 3.4 -> 4
     assert ann_row["current"] == {"max_slices": 2, "max_milli": None}
-    assert ann_row["current_is_default"] and not ann_row["matches"]
+    assert ann_row["current_is_default"]
+    assert ann_row["suggested"] == {"max_slices": 4, "max_milli": None}
+    assert ann_row["change"] == "raise" and ann_row["no_longer_fits"] == []
     assert ann_row["allocations"] == 2
     assert rows[("user", "mo")]["peak_milli"] == 1250
     ml = rows[("group", "ml")]
     assert (ml["peak_slices"], ml["peak_milli"]) == (2.0, 1250)
     assert ml["current"] == {"max_slices": 10, "max_milli": None}
-    # zed has a quota but held nothing: the buffer alone
+    assert ml["suggested"] == {"max_slices": 4, "max_milli": None} and ml["change"] == "lower"
+    # zed has a quota but held nothing in the window: no suggestion (the buffers alone
+    # would lock him out of a whole GPU on his return)
     zed = rows[("user", "zed")]
-    assert zed["allocations"] == 0 and zed["suggested"] == {"max_slices": 1, "max_milli": 250}
+    assert zed["allocations"] == 0 and zed["suggested"] is None and zed["change"] is None
     assert zed["current"] == {"max_slices": 4, "max_milli": 4000}
     assert not zed["current_is_default"]
+
+
+def test_a_lowering_suggestion_names_the_profiles_that_would_no_longer_fit(make_ledger):
+    ledger = make_ledger(quotas={"users": {"bea": {"max_slices": 4, "max_milli": 4000}}})
+    now = utcnow()
+    alloc, _ = ledger.allocate(Caller("bea", (), "bea"), "share-250", "lab")
+    set_allocation(ledger, alloc["id"], created_at=now - DAY)
+    with ledger.db.reading() as s:
+        effective = ledger.effective_quotas(s)
+    view = quota_suggestions(ledger, effective, SuggestionSettings(30, 1.2, 1.0, 250), now)
+    (bea,) = view["suggestions"]
+    # 250 * 1.2 + 250 = 550 -> 550 milli: a whole GPU no longer fits
+    assert bea["suggested"] == {"max_slices": 3, "max_milli": 550} and bea["change"] == "lower"
+    assert "gpu-1" in bea["no_longer_fits"] and "share-250" not in bea["no_longer_fits"]
     assert view["rule"].startswith("the most held at once over 30 days times 1.2")

@@ -4,12 +4,15 @@ Over the last 7 and 30 days it sets the pool's allocation rate against its effec
 utilization (from the usage samples the admin panel plots), and the batch queue's wait
 against the jobs' run time, then applies the decision lines GPU admins use:
 
-- allocation steadily above 60 % (both windows): owning the hardware pays; steadily below
-  40 %: renting would (a rented GPU is paid for every allocated hour, busy or not);
-- a queue with most of the allocation idle is a scheduling problem (slices held but
-  unused: reclaim and packing gain more than hardware); a queue with the pool allocated
-  and busy is a capacity problem;
-- a median queue time above half the median run time over the last 7 days: burst now.
+- allocation steadily above 60 % (both windows, with samples over most of each): owning
+  the hardware pays; steadily below 40 %: renting would (a rented GPU is paid for every
+  allocated hour, busy or not);
+- a queue while the holders that report keep less than half of what they hold busy is a
+  scheduling problem (slices held but unused: reclaim and packing gain more than
+  hardware); a queue with the pool allocated and busy is a capacity problem; with too few
+  reports, the check says it cannot tell;
+- a median queue time above half the median run time over the last 7 days: burst now
+  (once any scheduling problem is fixed).
 
 Each figure is computed as ``docs/admin-guide.md`` ("The capacity check") describes.
 """
@@ -38,10 +41,15 @@ RENT_BELOW = 0.40
 FULL_ALLOCATION = 0.80
 BUSY_SHARE = 0.50
 BURST_QUEUE_TO_RUN = 0.5
-# There is a queue when on average at least one job waited, or the median wait was more
-# than a tenth of the median run.
+# There is a queue when the median wait was more than a tenth of the median run (or, with
+# too few jobs for medians, when on average at least one job waited).
 QUEUED_JOBS = 1.0
 QUEUE_TO_RUN = 0.1
+# Below this share of the allocation covered by usage reports (or of samples whose use is
+# known), use is unknown: no capacity-or-scheduling verdict.
+MIN_COVERED = 0.5
+# The own/rent lines need samples over this share of both windows.
+HISTORY_SHARE = 0.8
 # Fewer finished jobs than this say nothing about a queue.
 MIN_JOBS = 5
 JOBS = cast(Table, JobRow.__table__)
@@ -54,14 +62,19 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def _pool_figures(ledger: Ledger, since: datetime, until: datetime) -> dict[str, Any]:
-    """Allocation and effective utilization over the samples in [since, until].
+    """Allocation and use over the samples in [since, until], against the hardware's
+    capacity (drained GPUs included: they are paid for, and their holders count as
+    allocated).
 
     A sample's use is known when a usage report covered it, or when nothing was allocated
     (nothing allocated is nothing used); samples whose use is unknown are left out of the
-    effective utilization, and ``use_known_share`` says how many that was.
+    effective utilization, and ``use_known_share`` says how many that was. ``busy_share`` is
+    how busy the reporting holders kept what they held: the figure that tells slices held
+    idle from a busy pool, whatever share of the pool reports.
     """
     c = SAMPLES.c
     known = or_(c.used_milli.is_not(None), c.allocated_milli == 0)
+    reported = c.used_milli.is_not(None)
     with ledger.db.reading() as s:
         row = (
             s.connection()
@@ -70,50 +83,47 @@ def _pool_figures(ledger: Ledger, since: datetime, until: datetime) -> dict[str,
                     func.count(),
                     func.min(c.ts),
                     func.sum(c.allocated_milli),
-                    func.sum(c.in_service_milli),
+                    func.sum(c.capacity_milli),
                     func.sum(case((known, 1), else_=0)),
                     func.sum(case((known, func.coalesce(c.used_milli, 0)), else_=0)),
-                    func.sum(case((known, c.in_service_milli), else_=0)),
-                    func.sum(case((c.used_milli.is_not(None), c.reported_milli), else_=0)),
-                    func.sum(case((c.used_milli.is_not(None), c.allocated_milli), else_=0)),
+                    func.sum(case((known, c.capacity_milli), else_=0)),
+                    func.sum(case((reported, c.reported_milli), else_=0)),
+                    func.sum(case((reported, c.allocated_milli), else_=0)),
+                    func.sum(case((reported, c.used_milli), else_=0)),
                     func.avg(c.queued_jobs),
                 ).where(c.ts >= since, c.ts <= until)
             )
             .one()
         )
-    (
-        n,
-        first,
-        allocated,
-        in_service,
-        n_known,
-        used,
-        known_service,
-        reported,
-        reported_of,
-        queued,
-    ) = row
+    (n, first, allocated, capacity, n_known, used, known_capacity) = row[:7]
+    (covered, covered_of, covered_used, queued) = row[7:]
     return {
         "samples": int(n or 0),
         "first_sample": iso(first) if first is not None else None,
-        "allocation_rate": _ratio(allocated, in_service),
-        "effective_utilization": _ratio(used, known_service),
+        # how much of the window the samples span (from the first one to the window's end)
+        "history_days": round((until - first).total_seconds() / 86400, 2) if first else 0.0,
+        "allocation_rate": _ratio(allocated, capacity),
+        "effective_utilization": _ratio(used, known_capacity),
         "use_known_share": _ratio(n_known, n),
         # the share of the allocation the usage reports covered, where use was known:
         # below 1, the effective utilization is a lower bound
-        "reported_share": _ratio(reported, reported_of),
+        "reported_share": _ratio(covered, covered_of),
+        "busy_share": _ratio(covered_used, covered),
         "mean_queued_jobs": round(float(queued), 2) if queued is not None else None,
     }
 
 
 def _job_figures(ledger: Ledger, since: datetime, now: datetime) -> dict[str, Any]:
     """Queue time (submission to first start) of the batch jobs submitted in the window
-    (a job still queued counts the wait so far), and run time of those that completed."""
+    (a job still queued counts the wait so far), and run time of those that completed. Jobs
+    limited to a time window wait for it by design: they are counted apart."""
     c = JOBS.c
     with ledger.db.reading() as s:
         conn = s.connection()
         submitted = conn.execute(
-            select(c.submitted_at, c.started_at, c.finished_at).where(c.submitted_at >= since)
+            select(c.submitted_at, c.started_at, c.finished_at, c.time_window).where(
+                c.submitted_at >= since
+            )
         ).all()
         runs = conn.execute(
             select(c.run_seconds).where(
@@ -122,13 +132,15 @@ def _job_figures(ledger: Ledger, since: datetime, now: datetime) -> dict[str, An
         ).all()
     waits = [
         max(((started or finished or now) - sub).total_seconds(), 0.0)
-        for sub, started, finished in submitted
+        for sub, started, finished, window in submitted
+        if window is None
     ]
     run_times = [float(r[0]) for r in runs]
     wait = statistics.median(waits) if waits else None
     run = statistics.median(run_times) if run_times else None
     return {
         "jobs_submitted": len(waits),
+        "jobs_in_time_windows": len(submitted) - len(waits),
         "jobs_completed": len(run_times),
         "median_queue_seconds": round(wait, 1) if wait is not None else None,
         "median_run_seconds": round(run, 1) if run is not None else None,
@@ -144,11 +156,82 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f} %"
 
 
+def _ownership(windows: dict[int, dict[str, Any]]) -> dict[str, str]:
+    rates = [windows[d]["allocation_rate"] for d in WINDOWS_DAYS]
+    short = [d for d in WINDOWS_DAYS if windows[d]["history_days"] < HISTORY_SHARE * d]
+    if short:
+        have = windows[WINDOWS_DAYS[-1]]["history_days"]
+        return {
+            "code": "history",
+            "text": f"The usage samples cover {have:g} days: too little history to say "
+            f"whether owning or renting pays (that needs {HISTORY_SHARE:.0%} of both the "
+            f"7 and the 30 days).",
+        }
+    pairs = zip(WINDOWS_DAYS, rates, strict=True)
+    said = "allocated " + ", ".join(f"{_pct(r)} over {d} days" for d, r in pairs if r is not None)
+    if all(r is not None and r > OWN_ABOVE for r in rates):
+        return {
+            "code": "own",
+            "text": f"The pool is steadily above {_pct(OWN_ABOVE)} allocated ({said}): "
+            "owning the hardware pays.",
+        }
+    if all(r is not None and r < RENT_BELOW for r in rates):
+        return {
+            "code": "rent",
+            "text": f"The pool is steadily below {_pct(RENT_BELOW)} allocated ({said}): "
+            "renting the GPUs by the hour would cost less than owning them.",
+        }
+    return {
+        "code": "between",
+        "text": f"The pool is not steadily above {_pct(OWN_ABOVE)} or below "
+        f"{_pct(RENT_BELOW)} allocated ({said}): neither decision line is crossed.",
+    }
+
+
+def _queue(week: dict[str, Any]) -> dict[str, str] | None:
+    """What kind of problem a queue is (None: there is no queue)."""
+    ratio = week["queue_to_run"]
+    if ratio is not None:
+        queued = ratio > QUEUE_TO_RUN
+    else:  # too few jobs for medians: the samples' queue length
+        queued = (week["mean_queued_jobs"] or 0) >= QUEUED_JOBS
+    if not queued:
+        return None
+    alloc, busy = week["allocation_rate"] or 0.0, week["busy_share"]
+    reported, known = week["reported_share"], week["use_known_share"]
+    if busy is None or (reported or 0) < MIN_COVERED or (known or 0) < MIN_COVERED:
+        return {
+            "code": "use-unknown",
+            "text": f"Jobs queue while the pool is {_pct(alloc)} allocated (7 days), but usage "
+            "reports covered too little of the allocation to tell a capacity problem from "
+            "slices held idle (holders that do not report: servers without the extension, "
+            "jobs outside gpuslice).",
+        }
+    if busy < BUSY_SHARE:
+        return {
+            "code": "scheduling",
+            "text": f"A scheduling problem: jobs queue while the pool is {_pct(alloc)} "
+            f"allocated, and what the usage reports cover was only {_pct(busy)} busy (7 "
+            "days). Slices are held idle: idle reclaim, smaller slices and preemptible "
+            "backfill gain more than hardware.",
+        }
+    if alloc >= FULL_ALLOCATION:
+        return {
+            "code": "capacity",
+            "text": f"A capacity problem: jobs queue while the pool is {_pct(alloc)} "
+            f"allocated and what the usage reports cover was {_pct(busy)} busy (7 days).",
+        }
+    return {
+        "code": "fit",
+        "text": f"Jobs queue while only {_pct(alloc)} of the pool is allocated (7 days): "
+        "what is free does not fit what waits (quotas, fragmentation or profiles), a "
+        "scheduling problem.",
+    }
+
+
 def _verdicts(windows: dict[int, dict[str, Any]]) -> list[dict[str, str]]:
-    week, month = windows[7], windows[30]
-    out: list[dict[str, str]] = []
-    rates = [week["allocation_rate"], month["allocation_rate"]]
-    if all(r is None for r in rates):
+    week = windows[7]
+    if all(windows[d]["samples"] == 0 for d in WINDOWS_DAYS):
         return [
             {
                 "code": "no-data",
@@ -156,74 +239,25 @@ def _verdicts(windows: dict[int, dict[str, Any]]) -> list[dict[str, str]]:
                 "(usage_sample_interval) to have run.",
             }
         ]
-    pairs = zip(WINDOWS_DAYS, rates, strict=True)
-    said = "allocated " + ", ".join(f"{_pct(r)} over {d} days" for d, r in pairs if r is not None)
-    if all(r is not None and r > OWN_ABOVE for r in rates):
-        out.append(
-            {
-                "code": "own",
-                "text": f"The pool is steadily above {_pct(OWN_ABOVE)} allocated ({said}): "
-                "owning the hardware pays.",
-            }
-        )
-    elif all(r is not None and r < RENT_BELOW for r in rates):
-        out.append(
-            {
-                "code": "rent",
-                "text": f"The pool is steadily below {_pct(RENT_BELOW)} allocated ({said}): "
-                "renting the GPUs by the hour would cost less than owning them.",
-            }
-        )
-    else:
-        out.append(
-            {
-                "code": "between",
-                "text": f"The pool is not steadily above {_pct(OWN_ABOVE)} or below "
-                f"{_pct(RENT_BELOW)} allocated ({said}): neither decision line is crossed.",
-            }
-        )
+    out = [_ownership(windows)]
+    problem = _queue(week)
+    if problem is None:
+        out.append({"code": "no-queue", "text": "No batch queue in the last 7 days."})
+        return out
+    out.append(problem)
     ratio = week["queue_to_run"]
-    queued = (week["mean_queued_jobs"] or 0) >= QUEUED_JOBS or (
-        ratio is not None and ratio > QUEUE_TO_RUN
-    )
-    alloc, eff = week["allocation_rate"], week["effective_utilization"]
-    if not queued:
-        out.append(
-            {"code": "no-queue", "text": "No batch queue in the last 7 days: nothing waits."}
-        )
-    elif alloc is not None and eff is not None and alloc > 0 and eff / alloc < BUSY_SHARE:
-        out.append(
-            {
-                "code": "scheduling",
-                "text": f"A scheduling problem: jobs queue while the pool is {_pct(alloc)} "
-                f"allocated but only {_pct(eff)} used (7 days). Slices are held idle: idle "
-                "reclaim, smaller slices and preemptible backfill gain more than hardware.",
-            }
-        )
-    elif alloc is not None and alloc >= FULL_ALLOCATION:
-        used = f" and {_pct(eff)} used" if eff is not None else ""
-        out.append(
-            {
-                "code": "capacity",
-                "text": f"A capacity problem: jobs queue while the pool is {_pct(alloc)} "
-                f"allocated{used} (7 days).",
-            }
-        )
-    elif alloc is not None:
-        out.append(
-            {
-                "code": "fit",
-                "text": f"Jobs queue while only {_pct(alloc)} of the pool is allocated (7 "
-                "days): what is free does not fit what waits (quotas, fragmentation or "
-                "profiles), a scheduling problem.",
-            }
-        )
     if ratio is not None and ratio > BURST_QUEUE_TO_RUN:
+        said = (
+            f"The median queue time is {_pct(ratio)} of the median run time over 7 days "
+            f"(above {_pct(BURST_QUEUE_TO_RUN)})"
+        )
         out.append(
             {
                 "code": "burst",
-                "text": f"The median queue time is {_pct(ratio)} of the median run time over "
-                f"7 days (above {_pct(BURST_QUEUE_TO_RUN)}): burst now.",
+                "text": said + ": burst now."
+                if problem["code"] == "capacity"
+                else said + ": bursting would shorten it, but the problem above is cheaper "
+                "to fix first.",
             }
         )
     return out
@@ -264,7 +298,12 @@ class CapacityCheckCache:
 
     def get(self, now: datetime) -> dict[str, Any]:
         with self._lock:
-            t = self._clock()
-            if self._cached is None or t - self._cached.at >= self.ttl:
-                self._cached = _Cached(t, capacity_check(self.ledger, now))
-            return self._cached.value
+            t, cached = self._clock(), self._cached
+        if cached is not None and t - cached.at < self.ttl:
+            return cached.value
+        # computed outside the lock: a database that hangs ties up one caller, not every
+        # scrape and panel behind it (two computing at once is harmless)
+        value = capacity_check(self.ledger, now)
+        with self._lock:
+            self._cached = _Cached(t, value)
+        return value

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import or_, select
 
 from ..ledger import Ledger
+from ..ledger.base import quota_usage
 from ..quotas import Limit, Quotas
 from ..serialize import iso
 from .accounting import ALLOCATIONS, NO_GROUP, counted_group
@@ -74,13 +75,51 @@ def peak_of(intervals: list[tuple[float, float, float, int]]) -> Peak:
     return peak
 
 
-def suggest(peak: Peak, settings: SuggestionSettings) -> dict[str, Any]:
+def suggest(peak: Peak, settings: SuggestionSettings, current: Limit | None) -> dict[str, Any]:
+    """The suggested limits: on the dimensions the quota in force limits (slices, GPUs),
+    both when none is in force. A limit the site never set is never added by Apply."""
     slices = math.ceil(peak.slices * settings.factor + settings.buffer_slices - 1e-9)
     milli = peak.milli * settings.factor + settings.buffer_milli
+    limits = current or Limit()
+    unlimited = limits.max_slices is None and limits.max_milli is None
+    keep_slices = unlimited or limits.max_slices is not None
+    keep_milli = unlimited or limits.max_milli is not None
     return {
-        "max_slices": slices,
-        "max_milli": MILLI_STEP * math.ceil(milli / MILLI_STEP - 1e-9),
+        "max_slices": slices if keep_slices else None,
+        "max_milli": MILLI_STEP * math.ceil(milli / MILLI_STEP - 1e-9) if keep_milli else None,
     }
+
+
+def change(suggested: dict[str, Any], current: Limit | None) -> str:
+    """``new`` (no quota in force), ``lower`` (either limit goes down), ``raise`` or ``same``."""
+    if current is None or (current.max_slices is None and current.max_milli is None):
+        return "new"
+    pairs = [
+        (suggested["max_slices"], current.max_slices),
+        (suggested["max_milli"], current.max_milli),
+    ]
+    if any(new < old for new, old in pairs if new is not None and old is not None):
+        return "lower"
+    if any(new > old for new, old in pairs if new is not None and old is not None):
+        return "raise"
+    return "same"
+
+
+def _no_longer_fits(
+    ledger: Ledger, inv: Any, groups: set[str], suggested: dict[str, Any]
+) -> list[str]:
+    """The profiles these groups may ask for of which not even one would fit the limits."""
+    out = []
+    for name, profile in sorted(ledger.profiles.items()):
+        if not profile.allowed_for(groups):
+            continue
+        one = quota_usage(profile, inv)
+        slices, milli = suggested["max_slices"], suggested["max_milli"]
+        if (slices is not None and one.slices > slices + 1e-9) or (
+            milli is not None and one.milli > milli
+        ):
+            out.append(name)
+    return out
 
 
 def _limit_json(limit: Limit | None) -> dict[str, Any] | None:
@@ -102,9 +141,11 @@ def quota_suggestions(
     start, end = since.timestamp(), now.timestamp()
     cols = ALLOCATIONS.c
     with ledger.db.reading() as s:
+        inv = ledger.inventory_cache.get(s)
         rows = s.execute(
             select(
                 cols.user,
+                cols.groups,
                 counted_group(),
                 cols.quota_weight,
                 cols.gpu_milli,
@@ -117,7 +158,9 @@ def quota_suggestions(
             )
         ).all()
     by: dict[tuple[str, str], list[tuple[float, float, float, int]]] = defaultdict(list)
-    for user, group, weight, milli, created, released in rows:
+    # the groups a subject asks with: a user's as their allocations recorded them
+    groups_of: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for user, groups, group, weight, milli, created, released in rows:
         interval = (
             max(float(created), start),
             end if released is None else min(float(released), end),
@@ -125,8 +168,10 @@ def quota_suggestions(
             int(milli),
         )
         by[("user", user)].append(interval)
+        groups_of[("user", user)].update(groups or ())
         if group != NO_GROUP:
             by[("group", group)].append(interval)
+            groups_of[("group", group)].add(group)
     for name in quotas.users:
         by.setdefault(("user", name), [])
     for name in quotas.groups:
@@ -136,8 +181,10 @@ def quota_suggestions(
         peak = peak_of(intervals)
         limit = quotas.groups.get(name) if subject == "group" else quotas.users.get(name)
         current = limit if limit is not None or subject == "group" else quotas.default_user
-        suggested = suggest(peak, settings)
-        current_json = _limit_json(current)
+        # nothing held in the window: no history to suggest from (the buffers alone would
+        # lock out someone back from a month away)
+        suggested = suggest(peak, settings, current) if peak.allocations else None
+        groups = groups_of[(subject, name)] or ({name} if subject == "group" else set())
         out.append(
             {
                 "subject": subject,
@@ -148,10 +195,13 @@ def quota_suggestions(
                 "peak_milli": peak.milli,
                 "peak_milli_at": _at(peak.milli_at),
                 "suggested": suggested,
-                "current": current_json,
+                "current": _limit_json(current),
                 # the user's quota is the default one, not one of their own
                 "current_is_default": subject == "user" and limit is None and current is not None,
-                "matches": current_json == suggested,
+                "change": change(suggested, current) if suggested else None,
+                "no_longer_fits": (
+                    _no_longer_fits(ledger, inv, groups, suggested) if suggested else []
+                ),
             }
         )
     return {

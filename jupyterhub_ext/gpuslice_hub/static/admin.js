@@ -13,6 +13,7 @@
     days: 7,
     showFinished: false,
     overview: null,
+    suggestions: null,
     jobPages: [{ cursor: null, offset: 0 }]
   };
 
@@ -727,7 +728,10 @@
                     confirmAction(
                       `Reset the quota of ${label}`,
                       'Back to the configured limit.',
-                      reason => api('DELETE', path, { reason })
+                      async reason => {
+                        await api('DELETE', path, { reason });
+                        await loadSuggestions();
+                      }
                     )
                 },
                 'Reset'
@@ -739,40 +743,58 @@
     document.querySelector('#gs-quotas-table tbody').replaceChildren(...rows);
   }
 
-  // Suggestions whose quota in force differs; applying one is an ordinary quota change
-  // (PUT, with a reason that says where the figures came from).
+  // Suggestions that would change the quota in force; applying one is an ordinary quota
+  // change (PUT, with a reason that says where the figures came from). Users and groups
+  // without a quota are listed only on request: on a hub without quotas that is everyone.
+  const CHANGE = { lower: 'lowers', raise: 'raises', new: 'sets a first quota' };
   function renderSuggestions(view) {
-    const differ = view.suggestions.filter(r => !r.matches);
+    state.suggestions = view;
+    const all = document.getElementById('gs-suggestions-all').checked;
+    const offered = view.suggestions.filter(r => r.suggested && r.change !== 'same');
+    const shown = offered.filter(r => all || r.current);
     document.getElementById('gs-suggestion-rule').textContent =
-      `A suggestion is ${view.rule}. ` +
-      `${differ.length} of ${view.suggestions.length} users and groups differ from it.`;
-    const rows = differ.map(r => {
+      `A suggestion is ${view.rule}, on the limits the quota in force sets (both for a first ` +
+      `quota); nothing is suggested for who held nothing. ${offered.length} would change.`;
+    const rows = shown.map(r => {
       const label = `${r.subject} ${r.name}`;
       const peak = `${plural(r.peak_slices, 'slice')}, ${gpus(r.peak_milli)} GPUs`;
       const now = r.current_is_default ? `default (${limitText(r.current)})` : limitText(r.current);
       const path = `admin/quotas/${r.subject}/${encodeURIComponent(r.name)}`;
+      const body = {};
+      for (const k of ['max_slices', 'max_milli']) {
+        if (r.suggested[k] !== null) body[k] = r.suggested[k];
+      }
+      const lost = r.no_longer_fits.length
+        ? ` Not even one ${r.no_longer_fits.join(', ')} would fit any more.`
+        : '';
       const apply = () =>
         confirmAction(
           `Apply the suggested quota of ${label}`,
-          `${limitText(r.suggested)} (now ${now}).`,
+          `${limitText(r.suggested)} (now ${now}).${lost}`,
           async reason => {
-            await api('PUT', path, { ...r.suggested, reason });
+            await api('PUT', path, { ...body, reason });
             await loadSuggestions();
           },
           `suggested from history: most held at once ${peak}; ${view.rule}`
         );
       return h(
         'tr',
-        { dataset: { subject: r.subject, name: r.name } },
+        { dataset: { subject: r.subject, name: r.name, change: r.change } },
         h('td', {}, label),
-        h('td', {}, r.allocations ? peak : 'nothing held'),
-        h('td', {}, limitText(r.suggested)),
+        h('td', {}, peak),
+        h(
+          'td',
+          {},
+          limitText(r.suggested),
+          h('span', { className: 'gs-badge' }, CHANGE[r.change] || r.change),
+          lost ? h('div', { className: 'gs-warn' }, lost.trim()) : null
+        ),
         h('td', {}, now),
         h('td', {}, h('button', { type: 'button', onclick: apply }, 'Apply'))
       );
     });
     if (!rows.length) {
-      rows.push(h('tr', {}, h('td', { colspan: 5 }, 'Every quota in force is its suggestion.')));
+      rows.push(h('tr', {}, h('td', { colspan: 5 }, 'No quota in force would change.')));
     }
     document.querySelector('#gs-suggestions-table tbody').replaceChildren(...rows);
   }
@@ -784,9 +806,9 @@
     document.getElementById('gs-verdicts').replaceChildren(...items);
     const ratio = v => (v === null || v === undefined ? '–' : pct(100 * v));
     const figures = [
-      ['allocated', w => ratio(w.allocation_rate)],
+      ['allocated (of all GPUs, drained included)', w => ratio(w.allocation_rate)],
       [
-        'effectively used',
+        'effectively used (of all GPUs)',
         w =>
           w.effective_utilization === null
             ? '– (no usage reports)'
@@ -795,8 +817,21 @@
                 ? ` (at least: reports covered ${ratio(w.reported_share)} of the allocation)`
                 : '')
       ],
-      ['usage samples', w => String(w.samples)],
-      ['batch jobs submitted / completed', w => `${w.jobs_submitted} / ${w.jobs_completed}`],
+      ['busy, of what usage reports cover', w => ratio(w.busy_share)],
+      [
+        'usage samples',
+        w =>
+          `${w.samples} over ${w.history_days} days` +
+          (w.use_known_share !== null && w.use_known_share < 1
+            ? ` (${ratio(w.use_known_share)} with use known)`
+            : '')
+      ],
+      [
+        'batch jobs submitted / completed',
+        w =>
+          `${w.jobs_submitted} / ${w.jobs_completed}` +
+          (w.jobs_in_time_windows ? ` (+${w.jobs_in_time_windows} in time windows)` : '')
+      ],
       ['median queue time', w => duration(w.median_queue_seconds)],
       ['median run time', w => duration(w.median_run_seconds)],
       ['queue time / run time', w => ratio(w.queue_to_run)]
@@ -908,11 +943,14 @@
             : `admin/quotas/${subject}/${encodeURIComponent(name)}`;
         await api('PUT', path, body);
         quota.reset();
-        await refresh();
+        await Promise.all([refresh(), loadSuggestions()]);
       } catch (err) {
         quotaError.hidden = false;
         quotaError.textContent = err.message;
       }
+    });
+    document.getElementById('gs-suggestions-all').addEventListener('change', () => {
+      if (state.suggestions) renderSuggestions(state.suggestions);
     });
     const exempt = document.getElementById('gs-exempt-form');
     const exemptError = exempt.querySelector('.gs-error');
