@@ -158,7 +158,7 @@ def test_a_job_waits_for_its_window_starts_in_it_and_is_requeued_when_it_closes(
     waiting = job(scheduler, windowed)
     assert waiting.state == "queued"
     assert waiting.waiting_reason == (
-        "waits for its time window 'night' (02:00-06:00 (Europe/Berlin)), "
+        "waits for its time window 'night', 02:00-06:00 (Europe/Berlin), "
         "which opens Sat 2026-12-05 02:00 CET"
     )
     # the pass is due again when the window opens, though nothing else changes

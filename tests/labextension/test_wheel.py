@@ -85,6 +85,7 @@ def test_wheel_carries_the_prebuilt_labextension_once(wheel: Path) -> None:
         "gpuslice_hub/static/admin.css",
         "gpuslice_hub/migrations/versions/0003_admin.py",
         "gpuslice_hub/migrations/versions/0005_history.py",
+        "gpuslice_hub/migrations/versions/0006_time_windows.py",
         "gpuslice_spawner/templates/spawn_form.html",
     ):
         assert name in names, name

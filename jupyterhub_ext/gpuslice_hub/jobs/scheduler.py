@@ -370,7 +370,7 @@ class Scheduler:
                 continue
             later.append(opens)
             reasons[j.id] = (
-                f"waits for its time window {window.name!r} ({window.describe()}), "
+                f"waits for its time window {window.name!r}, {window.describe()}, "
                 f"which opens {opens:%a %Y-%m-%d %H:%M %Z}"
             )
         self._next_due = min(later, default=None)
