@@ -187,6 +187,9 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         "checkpoint_interval": 600,
         "max_runtime": 86400,
         "max_runtime_limit": 604800,
+        # no time windows configured: nothing to choose in the dialog
+        "windows": [],
+        "class_windows": {},
     }
     r = submit(
         hub,
