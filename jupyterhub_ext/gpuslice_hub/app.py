@@ -249,7 +249,8 @@ class GPUSliceService(Application):
         help="""Seconds between reads of the inventory while the service runs, for
         ``gpu_backend`` ``nvml``/``auto``, ``slurm`` and ``kubernetes`` (0: read once at start).
         Hosts that joined are offered, hosts that left are marked absent (their holders keep
-        their slices), a GPU whose MIG instances were repartitioned is described anew. A
+        their slices), a GPU whose MIG instances were repartitioned is described anew once
+        no slice of it is held; a change is applied when two reads in a row agree. A
         ``static`` or ``simulated`` inventory is the ``hosts`` setting, read at start:
         setting this for them is refused.""",
     ).tag(config=True)

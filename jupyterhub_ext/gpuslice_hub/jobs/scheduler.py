@@ -362,9 +362,13 @@ class Scheduler:
         reasons: dict[int, str] = {}
         # jobs whose time window is closed wait for it, whatever else is free
         ready = []
+        # when each window opens, worked out once a pass (not once per job of thousands)
+        opening: dict[str, datetime | None] = {
+            name: w.opens_at(now) for name, w in self.jobs.windows.items()
+        }
         for j in due:
             window = self.jobs.windows.get(j.time_window) if j.time_window else None
-            opens = window.opens_at(now) if window is not None else None
+            opens = opening[window.name] if window is not None else None
             if window is None or opens is None:
                 ready.append(j)
                 continue
