@@ -26,12 +26,13 @@ def _by_name(inventory: Inventory) -> dict[str, Host]:
     return {h.name: h for h in inventory.hosts}
 
 
+def _gpu_description(g: GPU) -> tuple:
+    return (g.index, g.model, g.memory_mib, g.mig_mode, frozenset(g.mig_instances))
+
+
 def _canonical(host: Host) -> tuple:
     """A host's description, independent of the order the backend listed things in."""
-    gpus = sorted(
-        (g.uuid, g.index, g.model, g.memory_mib, g.mig_mode, frozenset(g.mig_instances))
-        for g in host.gpus
-    )
+    gpus = sorted((g.uuid, *_gpu_description(g)) for g in host.gpus)
     return (host.cpu_milli, host.memory_mib, tuple(gpus))
 
 
@@ -44,10 +45,6 @@ def changes(old: Inventory, new: Inventory) -> list[str]:
         if _canonical(before[name]) != _canonical(after[name]):
             out.append(f"{name} changed ({len(before[name].gpus)} -> {len(after[name].gpus)} GPUs)")
     return out
-
-
-def _gpu_description(g: GPU) -> tuple:
-    return (g.index, g.model, g.memory_mib, g.mig_mode, frozenset(g.mig_instances))
 
 
 def keep_held(current: Inventory, new: Inventory, held: set[str]) -> tuple[Inventory, list[str]]:
