@@ -44,6 +44,7 @@ from .api.admin import admin_handlers
 from .api.admin_views import (
     AdminCapacityHandler,
     AdminOverviewHandler,
+    AdminPoolsHandler,
     AdminUsageHandler,
     QuotaSuggestionsHandler,
 )
@@ -74,7 +75,7 @@ from .kubecluster import (
 )
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
-from .metrics import TimeWindowCollector, make_registry
+from .metrics import SplitPoolCollector, TimeWindowCollector, make_registry
 from .overrides import AdminSettings
 from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
@@ -545,6 +546,7 @@ class GPUSliceService(Application):
             (url_path_join(api, "admin/overview"), AdminOverviewHandler),
             (url_path_join(api, "admin/usage"), AdminUsageHandler),
             (url_path_join(api, "admin/capacity"), AdminCapacityHandler),
+            (url_path_join(api, "admin/pools"), AdminPoolsHandler),
             (url_path_join(api, "admin/quota-suggestions"), QuotaSuggestionsHandler),
             (url_path_join(prefix, "admin"), AdminPageHandler),
             (url_path_join(prefix, "metrics"), MetricsHandler),
@@ -613,6 +615,8 @@ class GPUSliceService(Application):
         self.jobs = start_jobs(self)
         if self.jobs is not None and self.jobs.windows:
             self.registry.register(TimeWindowCollector(self.jobs))
+        if self.ledger.pools is not None:
+            self.registry.register(SplitPoolCollector(self.ledger))
         ip, port = self._service_url()
         # Tornado refuses anything larger before buffering it; the handlers apply the limits.
         limit = max(self.max_body_bytes, self.max_notebook_bytes)

@@ -16,6 +16,7 @@ from .admin.capacity_check import CapacityCheckCache
 from .admin.history import IDLE_KINDS, IdleTotals, pruned_through, pruned_totals
 from .admin.pool import read_pool
 from .admin.reports import is_fresh, used_milli
+from .admin.split_pools import USES, pool_standing
 from .db.jobs_models import JobRow
 from .db.models import EventRow, utcnow
 from .jobs.manager import JobManager
@@ -308,6 +309,40 @@ class TimeWindowCollector(Collector):
             queued.add_metric([name], counts.get(name, 0))
         yield is_open
         yield queued
+
+
+class SplitPoolCollector(Collector):
+    """The split pools (``JobManager.reserved_pools``): each pool's capacity and what is
+    held in it by use, and whether batch jobs may borrow the reserved pools now."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        standing = pool_standing(self.ledger, utcnow())
+        capacity = GaugeMetricFamily(
+            "gpuslice_split_pool_capacity_milli",
+            "Milli-GPUs in service in the pool (reserved pools by name; the rest is 'peak')",
+            labels=["pool"],
+        )
+        held = GaugeMetricFamily(
+            "gpuslice_split_pool_allocated_milli",
+            "Milli-GPUs held in the pool, by use: interactive, batch (work the pool serves), "
+            "borrowed (preemptible jobs in a reserved pool), external (outside gpuslice)",
+            labels=["pool", "use"],
+        )
+        for pool in standing["pools"]:
+            capacity.add_metric([pool["name"]], pool["capacity_milli"])
+            for use in USES:
+                held.add_metric([pool["name"], use], pool[f"{use}_milli"])
+        yield capacity
+        yield held
+        if standing["borrowing"] is not None:
+            yield GaugeMetricFamily(
+                "gpuslice_split_pool_borrowing_open",
+                "1 while preemptible jobs may borrow the reserved pools",
+                value=1 if standing["borrowing"]["open"] else 0,
+            )
 
 
 def make_registry(

@@ -40,6 +40,10 @@ export function profileLabel(profile: IProfile): string {
   if (!profile.available) {
     return `${name} — unavailable${profile.reason ? `: ${profile.reason}` : ''}`;
   }
+  if (profile.batch_free !== undefined && profile.batch_total !== undefined) {
+    // a split cluster: batch jobs run in the peak pool, not in the one reserved for people
+    return `${name} — ${profile.batch_free} of ${profile.batch_total} free for batch jobs`;
+  }
   if (profile.free !== null && profile.total !== null) {
     return `${name} — ${profile.free} of ${profile.total} free`;
   }

@@ -79,6 +79,9 @@ export interface IProfile {
   description: string;
   free: number | null;
   total: number | null;
+  /** With split pools: what a batch job may take at any hour (the peak pool). */
+  batch_free?: number;
+  batch_total?: number;
   available: boolean;
   reason: string | null;
 }

@@ -49,6 +49,11 @@ describe('profiles in the submit dialog', () => {
     expect(profileLabel(profiles[1])).toBe('Quarter GPU — 3 of 8 free');
   });
 
+  it('labels what a batch job may take on a cluster split into pools', () => {
+    const split = { ...profiles[1], batch_free: 1, batch_total: 4 };
+    expect(profileLabel(split)).toBe('Quarter GPU — 1 of 4 free for batch jobs');
+  });
+
   it('preselects the requested profile, else the first available', () => {
     expect(defaultProfile(profiles, 'gpu-1')).toBe('gpu-1');
     expect(defaultProfile(profiles, 'gone')).toBe('share-250');

@@ -81,7 +81,7 @@ def render_form(
                 "available": available,
                 "checked": p["name"] == first,
                 "status": f"{p.get('free', 0)} of {p.get('total', 0)} free",
-                "details": [d for d in (description, memory, _idle(p)) if d],
+                "details": [d for d in (description, memory, _idle(p), _reserved(p)) if d],
                 "reason": "" if available else (p.get("reason") or ""),
             }
         )
@@ -95,6 +95,14 @@ def render_form(
             nothing_free=not any(p.get("available") for p in visible),
         )
     )
+
+
+def _reserved(profile: dict[str, Any]) -> str:
+    """With split pools: how many of the free slices batch jobs are kept off."""
+    reserved = profile.get("reserved_free")
+    if not reserved:
+        return ""
+    return f"{reserved} of the free ones are in the pool reserved for interactive use"
 
 
 @lru_cache(maxsize=8)

@@ -151,6 +151,7 @@ TABLE: dict[tuple[str, str], tuple[dict[str, str], frozenset[int]]] = {
     ("GET", "/api/admin/overview"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/usage"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/capacity"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/pools"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/quota-suggestions"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/metrics"): (ADMIN_SCOPE, frozenset()),
 }
@@ -981,6 +982,7 @@ def test_the_admin_read_side_is_still_healthy(world: World):
         "/api/admin/overview",
         "/api/admin/usage",
         "/api/admin/capacity",
+        "/api/admin/pools",
         "/api/admin/quota-suggestions",
         "/api/admin/quotas",
         "/api/admin/actions",

@@ -8,6 +8,7 @@ from datetime import timedelta
 from ..admin.accounting import group_usage
 from ..admin.overview import overview
 from ..admin.quota_suggestions import quota_suggestions
+from ..admin.split_pools import pool_standing
 from ..admin.usage import series
 from ..db.models import utcnow
 from ..serialize import iso
@@ -70,6 +71,16 @@ class AdminCapacityHandler(AdminBase):
         cache = self.service.capacity
         assert cache is not None, "the service makes it with the ledger"
         self.write_json(await asyncio.to_thread(cache.get, utcnow()))
+
+
+class AdminPoolsHandler(AdminBase):
+    """``GET api/admin/pools``: the split pools (``JobManager.reserved_pools``), each one's
+    GPUs and who holds them, and the borrowing window's state."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        self.admin("the split pools")
+        self.write_json(await asyncio.to_thread(pool_standing, self.ledger, utcnow()))
 
 
 class QuotaSuggestionsHandler(AdminBase):

@@ -29,6 +29,7 @@ from ..db.models import utcnow
 from ..errors import ConfigError, Refused
 from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
+from ..pools import parse_pools
 from ..profiles import Profile
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
@@ -204,6 +205,25 @@ class JobManager(LoggingConfigurable):
         another window.""",
     ).tag(config=True)
 
+    reserved_pools = Dict(
+        help="""Capacity reserved for people: pool name -> ``{"hosts": [name patterns],
+        "gpus": [GPU UUIDs], "groups": [...]}`` (hosts or gpus or both; groups optional:
+        then only for those groups), e.g. ``{"interactive": {"hosts": ["gpu-0[1-4]"]}}``.
+        A reserved pool serves interactive servers (which take it before the rest) and
+        ``high`` batch jobs; every other batch job runs on the GPUs in no reserved pool (the
+        peak pool), except that ``preemptible`` jobs borrow idle reserved GPUs inside
+        ``reserved_pool_borrowing``. Local backend only: Slurm and Kubernetes have
+        partitions and node pools for this.""",
+    ).tag(config=True)
+    reserved_pool_borrowing = Unicode(
+        "",
+        help="""A window of ``time_windows`` (e.g. ``"off-hours"``) in which preemptible jobs
+        may borrow idle GPUs of the reserved pools. They hold them preemptibly: a person's
+        spawn preempts a borrower (checkpoint, requeue) as any preemptible job, and when the
+        window closes the scheduler returns every borrowed slice the same way. Empty:
+        batch jobs never use the reserved pools.""",
+    ).tag(config=True)
+
     def __init__(
         self, ledger: Ledger, db: Database, backend: Backend, root: Path, **kw: Any
     ) -> None:
@@ -219,6 +239,15 @@ class JobManager(LoggingConfigurable):
                     f"{cls!r}: {name!r}: a priority class ({', '.join(PRIORITY_CLASSES)}) and "
                     f"a window of time_windows ({', '.join(sorted(self.windows)) or 'none set'})",
                 )
+        self.pools = parse_pools(
+            self.reserved_pools,
+            self.reserved_pool_borrowing,
+            self.windows,
+            reserved_priority=100 * PRIORITY_CLASSES["high"],
+        )
+        # placement, the spawn form and refusals all read the split from the ledger
+        if ledger is not None:  # (None: a settings check without a ledger)
+            ledger.pools = self.pools
         self.ledger = ledger
         self.db = db
         self.backend = backend
@@ -584,7 +613,13 @@ class JobManager(LoggingConfigurable):
                     )
                 )
             )
-        victim = pick_victim(self.ledger, profile, candidates, below_rank=len(PRIORITY_CLASSES))
+        victim = pick_victim(
+            self.ledger,
+            profile,
+            candidates,
+            below_rank=len(PRIORITY_CLASSES),
+            access=self.ledger.access("interactive", caller.groups),
+        )
         if victim is None:
             return None
         if self.delegated:

@@ -23,6 +23,7 @@ from ..db.jobs_models import JobRow
 from ..db.models import EventRow, utcnow
 from ..errors import Refused
 from ..ledger import Caller
+from ..pools import Access
 from ..snapshot import current_generation
 from .accounts import Account, AccountError, job_environment
 from .backends.base import PlacedBackend, RunStatus
@@ -99,6 +100,7 @@ class Scheduler:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
         self._close_windows(active, now)
+        self._return_borrowed(active, now)
         self._expire_reservations(now)
         if not self._freed_for_a_server():
             marker = self._queue_may_move(now)
@@ -323,6 +325,47 @@ class Scheduler:
             with contextlib.suppress(Refused):
                 self.jobs.preempt(job.id, "scheduler", f"its time window {window.name!r} closed")
 
+    def _return_borrowed(self, active: list[JobRow], now: datetime) -> None:
+        """Outside the borrowing window, checkpoint and requeue the jobs holding slices of
+        a reserved pool they only borrowed (split pools): people find the pool whole."""
+        pools = self.jobs.pools
+        if pools is None or pools.borrowing_open(now):
+            return
+        running = [j for j in active if j.state in ("starting", "running") and j.allocation_ids]
+        if not running:
+            return
+        where = self._pools_held()
+        for job in running:
+            held = {p for a in job.allocation_ids or [] for p in where.get(int(a), ())}
+            rank = 100 * PRIORITY_CLASSES[job.priority_class]
+            borrowed = pools.borrowed(job.groups or (), rank, held)
+            if not borrowed:
+                continue
+            window = pools.borrow_window
+            why = (
+                f"its borrowing window {window.describe()} closed"
+                if window is not None
+                else "batch jobs do not borrow it"
+            )
+            with contextlib.suppress(Refused):
+                self.jobs.preempt(
+                    job.id,
+                    "scheduler",
+                    f"the reserved pool {', '.join(sorted(borrowed))} is returned to "
+                    f"interactive use: {why}",
+                )
+
+    def _pools_held(self) -> dict[int, set[str]]:
+        """Allocation id -> the pools its GPUs are in."""
+        pools = self.jobs.pools
+        assert pools is not None
+        _hosts, _gpus, active = self.jobs.ledger.snapshot()
+        return {
+            a.id: {pools.pool_of(a.host, c.gpu_uuid) for c in a.claims if c.active}
+            for a in active
+            if a.purpose == "batch"
+        }
+
     def _freed_for_a_server(self) -> bool:
         """Whether a slice freed for a waiting interactive server is free now. Only then
         must queued jobs wait: while the preempted job still checkpoints, its slice is not
@@ -377,6 +420,13 @@ class Scheduler:
                 f"waits for its time window {window.name!r}, {window.describe()}, "
                 f"which opens {opens:%a %Y-%m-%d %H:%M %Z}"
             )
+        pools = self.jobs.pools
+        may_borrow = pools is not None and pools.borrowing_open(now)
+        if pools is not None and pools.borrow_window is not None and not may_borrow:
+            # preemptible jobs may borrow from then on: try the queue again when it opens
+            opens = pools.borrow_window.opens_at(now)
+            if opens is not None and any(j.priority_class == "preemptible" for j in ready):
+                later.append(opens)
         self._next_due = min(later, default=None)
         blocked_rank = -1
         refused: dict[tuple[Any, ...], Refused] = {}
@@ -392,12 +442,15 @@ class Scheduler:
                 if first:
                     self.jobs.ledger.observe(job.profile)
                 continue
-            shape = (job.profile, job.slices)
+            borrow = may_borrow and job.priority_class == "preemptible"
+            access = self.jobs.ledger.access("batch", job.groups or (), 100 * rank, borrow)
+            # jobs that may use different pools are blocked apart (split pools)
+            shape = (job.profile, job.slices, access.tries if access else None)
             mine = (job.user, tuple(sorted(job.groups or ())), *shape)
             refusal = refused.get(shape) or refused.get(mine)
             granted = None
             if refusal is None:
-                granted, refusal = self._allocate(job, learn=first)
+                granted, refusal = self._allocate(job, first, access, borrow)
                 if refusal is not None:
                     capacity = refusal.code == "no_capacity"
                     refused[shape if capacity else mine] = refusal
@@ -408,7 +461,7 @@ class Scheduler:
                 if refusal.code == "no_capacity":
                     blocked_rank = max(blocked_rank, rank)
                     if rank > 0:
-                        self._preempt_for(job, rank)
+                        self._preempt_for(job, rank, access)
                 continue
             assert granted is not None
             row = self.jobs.row(job.id)
@@ -419,13 +472,14 @@ class Scheduler:
         self._waiting({j.id: j.waiting_reason for j in due}, reasons)
 
     def _allocate(
-        self, job: Any, learn: bool = True
+        self, job: Any, learn: bool = True, access: Access | None = None, borrow: bool = False
     ) -> tuple[list[dict[str, Any]], None] | tuple[None, Refused]:
         caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
         if job.slices > 1:
             # Cheap check first: allocating and releasing part of a wide job every pass
             # would fill the audit trail.
-            free = self.jobs.ledger.profile_capacity()[job.profile][0]
+            widest = access.widest if access is not None else None
+            free = self.jobs.ledger.profile_capacity(widest)[job.profile][0]
             if free < job.slices:
                 if learn:
                     self.jobs.ledger.observe(job.profile)
@@ -444,6 +498,7 @@ class Scheduler:
                     quiet=True,
                     # a wide job's slices are one request
                     learn=learn and not got,
+                    may_borrow=borrow,
                 )
             except Refused as e:
                 self.jobs.release(
@@ -453,7 +508,7 @@ class Scheduler:
             got.append(alloc)
         return got, None
 
-    def _preempt_for(self, job: Any, rank: int) -> None:
+    def _preempt_for(self, job: Any, rank: int, access: Access | None) -> None:
         profile = self.jobs.ledger.profiles[job.profile]
         with self.jobs.db.reading() as s:
             candidates = list(
@@ -463,7 +518,7 @@ class Scheduler:
                     )
                 )
             )
-        victim = pick_victim(self.jobs.ledger, profile, candidates, below_rank=rank)
+        victim = pick_victim(self.jobs.ledger, profile, candidates, below_rank=rank, access=access)
         if victim is not None and victim.state != "preempting":
             self.jobs.preempt(
                 victim.id, "scheduler", f"job {job.id} ({job.priority_class}) needs its slice"

@@ -37,6 +37,9 @@ def start_jobs(app: GPUSliceService) -> JobManager:
         app.ledger, app.db, LocalBackend(), Path(app.jobs_root).resolve(), parent=app
     )
     check_job_settings(app, manager)
+    if manager.pools is not None:
+        _hosts, gpus, _active = app.ledger.snapshot()
+        manager.pools.check_inventory((g.host, g.uuid) for g in gpus if g.present)
     python = manager.python
     if app.job_backend == "slurm":
         manager.backend = SlurmBackend(
@@ -146,6 +149,18 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             f"job_backend = {app.job_backend!r} the "
             + ("Slurm" if app.job_backend == "slurm" else "cluster")
             + " queues the jobs (use a reservation, or a partition or queue limited in time)",
+        )
+    if app.job_backend in ("slurm", "kubernetes") and manager.pools is not None:
+        raise ConfigError(
+            "JobManager.reserved_pools",
+            f"are enforced by gpuslice's own placement (job_backend = 'local'); with "
+            f"job_backend = {app.job_backend!r} the "
+            + (
+                "Slurm partitions split the nodes (a preemptible partition over the "
+                "interactive nodes borrows them)"
+                if app.job_backend == "slurm"
+                else "cluster places the pods (node pools, taints and priority classes)"
+            ),
         )
     if "kubernetes_api_url" in configured:
         raise ConfigError(

@@ -11,15 +11,22 @@ from __future__ import annotations
 from ..clusterview import build_hosts
 from ..db.jobs_models import JobRow
 from ..ledger import Ledger
-from ..placement import Placement, place
+from ..placement import Placement, place_in
+from ..placement.state import from_hosts
+from ..pools import Access
 from ..profiles import Profile
 from .states import PRIORITY_CLASSES
 
 
 def pick_victim(
-    ledger: Ledger, profile: Profile, candidates: list[JobRow], below_rank: int
+    ledger: Ledger,
+    profile: Profile,
+    candidates: list[JobRow],
+    below_rank: int,
+    access: Access | None = None,
 ) -> JobRow | None:
-    """``candidates``: preemptible jobs holding slices (running or already preempting)."""
+    """``candidates``: preemptible jobs holding slices (running or already preempting).
+    ``access``: the pools the request may use (split pools): a victim must free room there."""
     hosts, gpus, active = ledger.snapshot()
     eligible = [j for j in candidates if PRIORITY_CLASSES[j.priority_class] < below_rank]
     # a job already giving its slice back counts first: no need to preempt a second one
@@ -33,10 +40,12 @@ def pick_victim(
     request = profile.request()
     for job in eligible:
         freed = set(job.allocation_ids or [])
-        remaining = [a for a in active if a.id not in freed]
-        if isinstance(
-            place(request, build_hosts(hosts, gpus, remaining), ledger.policy, learn=False),
-            Placement,
-        ):
+        remaining = build_hosts(hosts, gpus, [a for a in active if a.id not in freed])
+        if not remaining:
+            return None
+        state = from_hosts(remaining)
+        if access is not None:
+            state = ledger._within(state, access.widest, None)
+        if isinstance(place_in(request, state, ledger.policy, learn=False), Placement):
             return job
     return None

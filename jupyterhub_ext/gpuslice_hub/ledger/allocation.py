@@ -19,6 +19,7 @@ from ..db.models import (
 )
 from ..errors import Pending, Refused
 from ..placement import Placement, Refusal, place_in
+from ..pools import Access
 from ..profiles import Profile
 from ..quotas import Charge
 from ..serialize import allocation_json
@@ -73,6 +74,7 @@ class AllocationMixin(CapacityMixin):
         quiet: bool = False,
         wait_seconds: float | None = None,
         learn: bool = True,
+        may_borrow: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         """Allocate a slice; returns (allocation, created). Raises Refused, or Pending (below).
 
@@ -81,6 +83,9 @@ class AllocationMixin(CapacityMixin):
         ``quiet``: do not record refusals (the job scheduler retries every pass).
         ``learn``: a placement policy that learns the request mix counts this request (the
         scheduler's retries of one job are one request: it passes False after the first).
+        ``may_borrow``: a preemptible batch job inside the reserved pools' borrowing window
+        may take idle reserved GPUs (pools.py); the pools a request may use are tried in
+        their order.
         An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
         gets ``Pending`` (ask again later) when ``preempt_hook`` starts freeing a slice, but
         only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
@@ -91,8 +96,9 @@ class AllocationMixin(CapacityMixin):
         if purpose not in PURPOSES:
             raise Refused("bad_request", f"purpose must be one of {list(PURPOSES)}")
         try:
+            access = self.access(purpose, caller.groups, priority, may_borrow)
             return self._allocate(
-                caller, profile, server_name, purpose, priority, preemptible, learn
+                caller, profile, server_name, purpose, priority, preemptible, learn, access=access
             )
         except Refused as refused:
             e = refused
@@ -133,6 +139,7 @@ class AllocationMixin(CapacityMixin):
         learn: bool = True,
         host: str | None = None,
         enforce_quota: bool = True,
+        access: Access | None = None,
     ) -> tuple[dict[str, Any], bool]:
         if not profile.allowed_for(caller.groups) and enforce_quota:
             raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
@@ -167,14 +174,23 @@ class AllocationMixin(CapacityMixin):
                     charge = Charge(None)  # counted against the user, beyond their quota
                 with self.cluster_cache.use(inv, active) as state, self._policy_lock:
                     result: Placement | Refusal = Refusal("there are no hosts")
-                    if state is not None:
-                        result = place_in(request, state, self.policy, learn=learn, host=host)
+                    tries = access.tries if access is not None else (None,)
+                    for i, allowed in enumerate(tries):
+                        if state is None:
+                            break
+                        usable = self._within(state, allowed, inv.generation)
+                        # one request, however many pools it is tried in
+                        result = place_in(
+                            request, usable, self.policy, learn=learn and not i, host=host
+                        )
+                        if isinstance(result, Placement):
+                            break
                     if not isinstance(result, Placement):
                         if host is not None:
                             raise Refused(
                                 "no_capacity", f"no free {profile.name} on {host} in the ledger"
                             )
-                        raise self._no_capacity(inv, caller, profile, state)
+                        raise self._no_capacity(inv, caller, profile, state, access)
                 row = self._write_allocation(
                     s, caller, profile, result, server_name, purpose, priority, preemptible, charge
                 )

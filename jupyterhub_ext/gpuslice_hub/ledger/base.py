@@ -24,6 +24,8 @@ from ..db.models import (
 )
 from ..overrides import apply_overrides
 from ..placement.engine import Policy
+from ..placement.state import ClusterState
+from ..pools import Access, Pools
 from ..profiles import Profile
 from ..quotas import Holding, Quotas, Usage
 from ..snapshot import (
@@ -82,6 +84,8 @@ class LedgerBase:
         self.preempt_hook: Callable[
             [Caller, Profile, str, float | None], dict[str, Any] | str | None
         ] = lambda caller, profile, server_name, wait_seconds: None
+        # Set by the job manager when an admin split the cluster (pools.py)
+        self.pools: Pools | None = None
         self.inventory_cache = InventoryCache()
         self.active_cache = ActiveCache()
         self.cluster_cache = ClusterCache()
@@ -91,15 +95,37 @@ class LedgerBase:
         # events left (admin/history.py): the two are then one consistent state.
         self.history_lock = threading.Lock()
         self._quota_cache: tuple[int, Quotas] | None = None
-        self._capacity_cache: tuple[tuple[int, Any], dict[str, tuple[int, int]]] | None = None
-        self._totals_cache: tuple[int, dict[str, int]] | None = None
-        self._undrained_cache: tuple[int, dict[str, int]] | None = None
+        # per ledger state, then per set of pools counted in (None: all of them)
+        self._capacity_cache: (
+            tuple[tuple[int, Any], dict[frozenset[str] | None, dict[str, tuple[int, int]]]] | None
+        ) = None
+        self._totals_cache: (
+            tuple[int, dict[tuple[frozenset[str] | None, bool], dict[str, int]]] | None
+        ) = None
 
     def snapshot(self) -> tuple[tuple[HostView, ...], tuple[GPUView, ...], list[AllocationView]]:
         """Inventory and active allocations, read in one transaction."""
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
             return inv.hosts, inv.gpus, self.active_cache.get(s)
+
+    def access(
+        self, purpose: str, groups: Iterable[str], priority: int = 0, may_borrow: bool = False
+    ) -> Access | None:
+        """The pools a request may use, in the order tried (None: the whole cluster)."""
+        if self.pools is None:
+            return None
+        return self.pools.access(purpose, groups, priority, may_borrow)
+
+    def _within(
+        self, state: ClusterState, allowed: frozenset[str] | None, generation: int | None
+    ) -> ClusterState:
+        """``state`` limited to the ``allowed`` pools (all of it for None). ``generation``:
+        the inventory generation ``state`` was built from, for the pools' mask cache (None:
+        a state of another layout, not cached)."""
+        if allowed is None or self.pools is None:
+            return state
+        return self.pools.restrict(state, allowed, generation)
 
     def effective_quotas(self, s: Session) -> Quotas:
         """The configured quotas with the admins' runtime overrides applied.

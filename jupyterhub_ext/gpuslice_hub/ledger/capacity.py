@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from ..clusterview import build_hosts, count_fits
 from ..errors import Refused
-from ..placement.state import ClusterState
+from ..placement.state import ClusterState, from_hosts
+from ..pools import Access
 from ..profiles import Profile
 from ..quotas import Charge
 from ..snapshot import (
@@ -29,32 +30,64 @@ from .base import (
 
 class CapacityMixin(LedgerBase):
     def _no_capacity(
-        self, inv: InventoryView, caller: Caller, profile: Profile, state: ClusterState | None
+        self,
+        inv: InventoryView,
+        caller: Caller,
+        profile: Profile,
+        state: ClusterState | None,
+        access: Access | None = None,
     ) -> Refused:
-        total = self._totals(inv)[profile.name]
+        allowed = access.widest if access is not None else None
+        total = self._totals(inv, allowed)[profile.name]
+        usable = None if state is None else self._within(state, allowed, inv.generation)
         others = []
         for other in self.profiles.values():
             if other.name == profile.name or not other.allowed_for(caller.groups):
                 continue
-            free = count_fits(other.request(), state)
+            free = count_fits(other.request(), usable)
             if free:
                 others.append(f"{other.name} has {free} free")
-        why = self._none_free(profile, total, inv)
+        why = self._none_free(profile, total, inv, allowed)
         if total:  # "all in use (...)": said as "No X free (...)"
             message = f"No {profile.name} free {why.removeprefix('all in use ')}"
         else:
             message = f"No {profile.name} can be placed: {why}"
         if others:
             message += "; " + ", ".join(others)
+        if allowed is not None and state is not None:
+            message += self._reserved_elsewhere(profile, state, allowed, inv.generation)
         return Refused("no_capacity", message, alternatives=others)
 
-    def profile_capacity(self) -> dict[str, tuple[int, int]]:
-        """Per profile: (slices that could still be placed now, slices on an empty cluster)."""
+    def _reserved_elsewhere(
+        self, profile: Profile, state: ClusterState, allowed: frozenset[str], generation: int
+    ) -> str:
+        """What a request kept out of the reserved pools would find there, and when batch
+        work may borrow it: the real reason a batch job waits beside idle GPUs."""
+        pools = self.pools
+        assert pools is not None
+        others = frozenset(pools.reserved) - allowed
+        if not others:
+            return ""
+        free = count_fits(profile.request(), pools.restrict(state, others, generation))
+        if not free:
+            return ""
+        when = (
+            f"preemptible jobs borrow them {pools.borrow_window.describe()}"
+            if pools.borrow_window is not None
+            else "batch jobs never borrow them"
+        )
+        return f" ({free} more free in the pools reserved for interactive use; {when})"
+
+    def profile_capacity(self, allowed: frozenset[str] | None = None) -> dict[str, tuple[int, int]]:
+        """Per profile: (slices that could still be placed now, slices on an empty cluster),
+        in the ``allowed`` pools (None: the whole cluster)."""
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
-            return self._capacity(s, inv)
+            return self._capacity(s, inv, allowed)
 
-    def _capacity(self, s: Session, inv: InventoryView) -> dict[str, tuple[int, int]]:
+    def _capacity(
+        self, s: Session, inv: InventoryView, allowed: frozenset[str] | None = None
+    ) -> dict[str, tuple[int, int]]:
         """``profile_capacity`` within ``s``, computed once per change of the ledger.
 
         Every write that changes what is free (allocate, release, drain, inventory) records
@@ -64,43 +97,64 @@ class CapacityMixin(LedgerBase):
         """
         marker = (inv.generation, s.connection().execute(select(func.max(EVENTS.c.id))).scalar())
         cached = self._capacity_cache
-        if cached is not None and cached[0] == marker:
-            return cached[1]
-        totals = self._totals(inv)
+        if cached is None or cached[0] != marker:
+            cached = self._capacity_cache = (marker, {})
+        capacity = cached[1].get(allowed)
+        if capacity is not None:
+            return capacity
+        totals = self._totals(inv, allowed)
         with self.cluster_cache.use(inv, self.active_cache.get(s)) as state:
+            usable = None if state is None else self._within(state, allowed, inv.generation)
             capacity = {
-                name: (count_fits(p.request(), state), totals[name])
+                name: (count_fits(p.request(), usable), totals[name])
                 for name, p in self.profiles.items()
             }
-        self._capacity_cache = (marker, capacity)
+        cached[1][allowed] = capacity
         return capacity
 
-    def _totals(self, inv: InventoryView) -> dict[str, int]:
-        """How many of each profile an empty cluster holds: changes with the inventory only."""
+    def _totals(
+        self, inv: InventoryView, allowed: frozenset[str] | None = None, ignore_drain: bool = False
+    ) -> dict[str, int]:
+        """How many of each profile an empty cluster (its ``allowed`` pools) holds: changes
+        with the inventory only. ``ignore_drain``: with the drained GPUs back in service
+        (the difference is what a drain takes away)."""
         cached = self._totals_cache
         if cached is None or cached[0] != inv.generation:
-            cached = (inv.generation, self._count_empty(inv, ignore_drain=False))
-            self._totals_cache = cached
-        return cached[1]
+            cached = self._totals_cache = (inv.generation, {})
+        totals = cached[1].get((allowed, ignore_drain))
+        if totals is None:
+            totals = self._count_empty(inv, ignore_drain, allowed)
+            cached[1][(allowed, ignore_drain)] = totals
+        return totals
 
-    def _undrained_totals(self, inv: InventoryView) -> dict[str, int]:
-        """``_totals`` with the drained GPUs back in service: what a drain takes away."""
-        cached = self._undrained_cache
-        if cached is None or cached[0] != inv.generation:
-            cached = (inv.generation, self._count_empty(inv, ignore_drain=True))
-            self._undrained_cache = cached
-        return cached[1]
-
-    def _count_empty(self, inv: InventoryView, ignore_drain: bool) -> dict[str, int]:
-        empty = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
+    def _count_empty(
+        self, inv: InventoryView, ignore_drain: bool, allowed: frozenset[str] | None
+    ) -> dict[str, int]:
+        hosts = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
+        empty = from_hosts(hosts) if hosts else None
+        if empty is not None:
+            empty = self._within(empty, allowed, inv.generation)
         return {name: count_fits(p.request(), empty) for name, p in self.profiles.items()}
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
-        """Every profile with free / total and, when it can't be had now, why not."""
+        """Every profile with free / total and, when it can't be had now, why not: for a
+        server of this user, so in the pools a server of theirs may use. With reserved
+        pools, ``reserved_free`` says how many of the free ones are reserved for people, and
+        ``batch_free`` / ``batch_total`` what a batch job may take at any hour (the peak
+        pool: the submit dialog's figures)."""
         groups = tuple(groups)
+        access = self.access("interactive", groups)
         with self.db.reading() as s:
             inv = self.inventory_cache.get(s)
-            capacity = self._capacity(s, inv)
+            widest = access.widest if access else None
+            capacity = self._capacity(s, inv, widest)
+            reserved = batch = None
+            if access is not None and len(access.tries) > 1:
+                reserved = self._capacity(s, inv, access.tries[0])
+            batch_access = self.access("batch", groups)
+            if batch_access is not None:
+                # what a batch job (other than high) may take at any hour: the peak pool
+                batch = self._capacity(s, inv, batch_access.widest)
             holdings = holdings_of(self.active_cache.get(s))
             out = []
             for p in self.profiles.values():
@@ -111,7 +165,7 @@ class CapacityMixin(LedgerBase):
                 if not allowed:
                     reason = "not allowed for your groups"
                 elif free == 0:
-                    reason = self._none_free(p, total, inv)
+                    reason = self._none_free(p, total, inv, widest)
                 else:
                     want = quota_usage(p, inv)
                     charge = self.effective_quotas(s).check(user, groups, want, holdings)
@@ -120,6 +174,10 @@ class CapacityMixin(LedgerBase):
                 entry.update(
                     free=free, total=total, allowed=allowed, available=reason is None, reason=reason
                 )
+                if reserved is not None:
+                    entry["reserved_free"] = reserved[p.name][0]
+                if batch is not None:
+                    entry["batch_free"], entry["batch_total"] = batch[p.name]
                 out.append(entry)
             return out
 
@@ -129,9 +187,11 @@ class CapacityMixin(LedgerBase):
             holdings = holdings_of(self.active_cache.get(s))
             return self.effective_quotas(s).standing(user, tuple(groups), holdings)
 
-    def _none_free(self, p: Profile, total: int, inv: InventoryView) -> str:
+    def _none_free(
+        self, p: Profile, total: int, inv: InventoryView, allowed: frozenset[str] | None
+    ) -> str:
         """Why none of ``p`` is free, saying so when a drain is (part of) the reason."""
-        drained = self._undrained_totals(inv)[p.name] - total
+        drained = self._totals(inv, allowed, ignore_drain=True)[p.name] - total
         if total == 0:
             if drained > 0:
                 return "every GPU that offers it is drained for maintenance"

@@ -799,6 +799,38 @@
     document.querySelector('#gs-suggestions-table tbody').replaceChildren(...rows);
   }
 
+  // -- the split pools --------------------------------------------------------------------
+
+  function renderPools(split) {
+    // the section shows only on a cluster split into pools
+    document.getElementById('gs-pools').hidden = !split.pools.length;
+    const b = split.borrowing;
+    document.getElementById('gs-borrowing').textContent = !b
+      ? 'Batch jobs never borrow the reserved pools (no reserved_pool_borrowing).'
+      : b.open
+        ? `Borrowing window ${b.text} is open: preemptible jobs may borrow until ${when(b.closes_at)}.`
+        : `Borrowing window ${b.text} is closed; it opens ${when(b.opens_at)}.`;
+    const rows = split.pools.map(p => {
+      const held = p.interactive_milli + p.batch_milli + p.borrowed_milli + p.external_milli;
+      const what = p.reserved
+        ? `reserved: ${[...p.hosts, ...p.listed_gpus].join(', ')}` +
+          (p.groups.length ? ` for ${p.groups.join(', ')}` : '')
+        : 'every GPU in no reserved pool';
+      return h(
+        'tr',
+        { dataset: { pool: p.name } },
+        h('th', { scope: 'row' }, h('b', {}, p.name), h('div', { className: 'gs-help' }, what)),
+        h('td', {}, `${p.gpus}` + (p.drained_gpus ? ` (${p.drained_gpus} drained)` : '')),
+        h('td', {}, gpus(p.interactive_milli)),
+        h('td', {}, gpus(p.batch_milli)),
+        h('td', {}, gpus(p.borrowed_milli)),
+        h('td', {}, gpus(p.external_milli)),
+        h('td', {}, gpus(Math.max(0, p.capacity_milli - held)))
+      );
+    });
+    document.querySelector('#gs-pools-table tbody').replaceChildren(...rows);
+  }
+
   // -- the capacity check -----------------------------------------------------------------
 
   function renderCapacity(check) {
@@ -1036,6 +1068,7 @@
         renderJobPager(reply);
       }),
       section('gs-quotas-error', async () => renderQuotas(await api('GET', 'admin/quotas'))),
+      section('gs-pools-error', async () => renderPools(await api('GET', 'admin/pools'))),
       section('gs-exemptions-error', async () =>
         renderExemptions(await api('GET', 'admin/exemptions'))
       ),
