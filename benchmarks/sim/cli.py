@@ -28,10 +28,12 @@ def _policies(names: str, vary: list[str]) -> list[Policy]:
     for item in vary:
         key, _, values = item.partition("=")
         # a window's spans have commas of their own ("sat,sun 00:00-24:00"): "|" separates
-        for raw in values.split("|" if key == "batch_window" else ","):
+        for raw in values.split("|" if key in ("batch_window", "reserved") else ","):
             value: Any = raw
             if key in ("idle_timeout", "warning_lead"):
                 value = float(raw)
+            elif key == "defrag":
+                value = int(raw)
             elif key == "slices":
                 value = raw.lower() in ("1", "true", "yes")
             try:
@@ -117,8 +119,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=V1,V2",
         help="policy 5: the last policy with one setting changed (idle_timeout, "
-        "warning_lead, placement, slices, batch_window), once per value; may be repeated; "
-        "batch_window values are separated by '|', a window's spans by ';' (UTC)",
+        "warning_lead, placement, slices, batch_window, reserved, defrag), once per value; may be "
+        "repeated; batch_window and reserved values are separated by '|', a window's spans "
+        "by ';' (UTC); reserved is N (the first N hosts reserved for interactive sessions) "
+        "or N@spans (preemptible jobs borrow them in those spans)",
     )
     p.add_argument("--out", help="folder for report.md, summary.json and the plots")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")

@@ -33,9 +33,11 @@ from gpuslice_hub.errors import Pending, Refused
 from gpuslice_hub.idle import effective_policy, reclaim_record
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.jobs.states import PRIORITY_CLASSES
 from gpuslice_hub.jobs.windows import parse_windows
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.placement import get_policy
+from gpuslice_hub.pools import parse_pools
 from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import parse_quotas
 
@@ -122,6 +124,9 @@ class Result:
     culls: int = 0
     warnings: int = 0
     keep_alives: int = 0
+    # defragmentation: jobs moved, and the milli-GPUs they held (JobManager's counters)
+    moved_jobs: int = 0
+    moved_milli: int = 0
     wall_seconds: float = 0.0
 
 
@@ -174,11 +179,27 @@ class Simulation:
         manager.preempt_grace = s.preempt_grace
         manager.max_jobs_per_user = s.batch_users_max_jobs
         manager.max_runtime_limit = 7 * 86400.0
+        manager.defragment_moves_per_hour = p.defrag
         manager.log.setLevel(logging.ERROR)
         if p.batch_window:
             # the service's own windows: parsed and enforced by its manager and scheduler
             manager.windows = parse_windows({"batch": p.batch_window.split(";")}, "UTC")
             manager.class_time_windows = {p.batch: "batch"}
+        n_reserved, borrow = p.reserved_pool()
+        if n_reserved:
+            # the service's own split: parsed, checked against the inventory and enforced
+            # by its ledger and scheduler
+            names = sorted(h.name for h in inventory.hosts)[:n_reserved]
+            windows = parse_windows({"borrow": borrow}, "UTC") if borrow else {}
+            manager.pools = parse_pools(
+                {"people": {"hosts": names}},
+                "borrow" if borrow else "",
+                windows,
+                reserved_priority=100 * PRIORITY_CLASSES["high"],
+            )
+            assert manager.pools is not None
+            manager.pools.check_inventory((g.host, g.uuid) for h in inventory.hosts for g in h.gpus)
+            self.ledger.pools = manager.pools
         self.manager = manager
         self.ledger.preempt_hook = manager.preempt_for_interactive
         self.scheduler = Scheduler(manager)
@@ -205,7 +226,11 @@ class Simulation:
         """Seconds into the run at which a batch time window opens or closes."""
         edges: list[float] = []
         end = EPOCH + timedelta(seconds=self.horizon)
-        for window in self.manager.windows.values():
+        windows = list(self.manager.windows.values())
+        if self.manager.pools is not None and self.manager.pools.borrow_window is not None:
+            # the scheduler returns borrowed slices at the close
+            windows.append(self.manager.pools.borrow_window)
+        for window in windows:
             at = EPOCH
             while at < end:
                 nxt = window.opens_at(at) or window.closes_at(at)
@@ -253,6 +278,8 @@ class Simulation:
             self.t = self.horizon
             self.clock.set(EPOCH + timedelta(seconds=self.horizon))
             self._finish()
+            self.result.moved_jobs = self.manager.moved_jobs
+            self.result.moved_milli = self.manager.moved_milli
             self.ledger.db.dispose()
         self.result.wall_seconds = time.perf_counter() - started
         return self.result

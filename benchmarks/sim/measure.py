@@ -134,6 +134,7 @@ def summary(r: Result) -> dict[str, Any]:
         "lost_per_stop_max_s": max(r.losses, default=0.0),
         "batch_lost_gpu_hours": r.batch_lost / 1000 / 3600,
         "fragmented_share": (statistics.fmean(frag) / r.capacity_milli) if frag else 0.0,
+        "jobs_moved": r.moved_jobs,
         "wall_seconds": r.wall_seconds,
         # what the admin panel's capacity check says of this run (its verdicts' codes)
         "capacity_check": " ".join(v["code"] for v in (r.capacity_check or {}).get("verdicts", [])),

@@ -28,7 +28,15 @@ PROFILE_MILLI = {"mig-1g.10gb": 142, "share-250": 250, "share-500": 500, "gpu-1"
 PROFILE_MILLI.update({f"gpu-{n}": 1000 * n for n in (2, 4, 8)})
 
 RECLAIMS = ("none", "inactivity", "gpu")
-VARIABLE = ("idle_timeout", "warning_lead", "placement", "slices", "batch_window")
+VARIABLE = (
+    "idle_timeout",
+    "warning_lead",
+    "placement",
+    "slices",
+    "batch_window",
+    "reserved",
+    "defrag",
+)
 BATCH_CLASSES = ("normal", "preemptible")
 
 
@@ -45,6 +53,13 @@ class Policy:
     # a batch time window every batch job runs in (JobManager.class_time_windows), as
     # spans separated by ";" ("mon-fri 19:00-07:00;sat,sun 00:00-24:00"), in UTC; "": none
     batch_window: str = ""
+    # split pools (JobManager.reserved_pools): the first N hosts (the MIG hosts first)
+    # reserved for interactive sessions, optionally with a borrowing window for preemptible
+    # jobs, as "N" or "N@spans" (spans as for batch_window, in UTC); "": no split
+    reserved: str = ""
+    # defragmentation: preemptible jobs moved per hour at most
+    # (JobManager.defragment_moves_per_hour); 0: off
+    defrag: int = 0
     # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
     changed: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -55,6 +70,14 @@ class Policy:
             raise ValueError(f"batch must be one of {BATCH_CLASSES}, got {self.batch!r}")
         if self.reclaim != "none" and not 0 < self.warning_lead < self.idle_timeout:
             raise ValueError("need 0 < warning_lead < idle_timeout")
+        count, _, _spans = self.reserved.partition("@")
+        if self.reserved and not (count.isdigit() and int(count) > 0):
+            raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")
+
+    def reserved_pool(self) -> tuple[int, list[str]]:
+        """(hosts reserved, borrowing window spans) of ``reserved``."""
+        count, _, spans = self.reserved.partition("@")
+        return (int(count) if count else 0), [x for x in spans.split(";") if x]
 
     def profile(self, asked: str) -> str:
         """What a request for ``asked`` gets under this policy."""

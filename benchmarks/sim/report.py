@@ -27,6 +27,7 @@ COLUMNS = (
     ("interactive_lost_gpu_hours", "session work lost (GPU-h)", "{:.1f}"),
     ("reclaimed_gpu_hours", "reclaimed (GPU-h)", "{:.0f}"),
     ("fragmented_share", "fragmented", "{:.1%}"),
+    ("jobs_moved", "jobs moved (defrag)", "{}"),
     ("capacity_check", "capacity check says", "{}"),
 )
 

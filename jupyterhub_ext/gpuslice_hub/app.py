@@ -75,7 +75,7 @@ from .kubecluster import (
 )
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
-from .metrics import SplitPoolCollector, TimeWindowCollector, make_registry
+from .metrics import DefragCollector, SplitPoolCollector, TimeWindowCollector, make_registry
 from .overrides import AdminSettings
 from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
@@ -617,6 +617,8 @@ class GPUSliceService(Application):
             self.registry.register(TimeWindowCollector(self.jobs))
         if self.ledger.pools is not None:
             self.registry.register(SplitPoolCollector(self.ledger))
+        if self.jobs is not None and self.jobs.defragment_moves_per_hour:
+            self.registry.register(DefragCollector(self.jobs))
         ip, port = self._service_url()
         # Tornado refuses anything larger before buffering it; the handlers apply the limits.
         limit = max(self.max_body_bytes, self.max_notebook_bytes)

@@ -311,6 +311,26 @@ class TimeWindowCollector(Collector):
         yield queued
 
 
+class DefragCollector(Collector):
+    """Jobs moved by defragmentation since the service started."""
+
+    def __init__(self, jobs: JobManager) -> None:
+        self.jobs = jobs
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "gpuslice_defrag_jobs_moved",
+            "Preemptible jobs checkpointed and moved to make room for a job whose free "
+            "capacity was split across GPUs (since the service started)",
+            value=self.jobs.moved_jobs,
+        )
+        yield CounterMetricFamily(
+            "gpuslice_defrag_moved_milli",
+            "Milli-GPUs the moved jobs held (since the service started)",
+            value=self.jobs.moved_milli,
+        )
+
+
 class SplitPoolCollector(Collector):
     """The split pools (``JobManager.reserved_pools``): each pool's capacity and what is
     held in it by use, and whether batch jobs may borrow the reserved pools now."""

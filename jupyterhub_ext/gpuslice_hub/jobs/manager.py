@@ -224,6 +224,16 @@ class JobManager(LoggingConfigurable):
         batch jobs never use the reserved pools.""",
     ).tag(config=True)
 
+    defragment_moves_per_hour = Integer(
+        0,
+        help="""Defragmentation: at most this many preemptible jobs moved per hour (0: off).
+        When a queued one-slice job is refused for capacity that the cluster has but split
+        across GPUs or hosts, the scheduler checkpoints the fewest running preemptible jobs
+        that make it fit on one host, provided each of them fits again elsewhere, and the
+        waiting job takes the room they leave; they resume from their checkpoints. Local
+        backend only.""",
+    ).tag(config=True)
+
     def __init__(
         self, ledger: Ledger, db: Database, backend: Backend, root: Path, **kw: Any
     ) -> None:
@@ -239,6 +249,11 @@ class JobManager(LoggingConfigurable):
                     f"{cls!r}: {name!r}: a priority class ({', '.join(PRIORITY_CLASSES)}) and "
                     f"a window of time_windows ({', '.join(sorted(self.windows)) or 'none set'})",
                 )
+        if self.defragment_moves_per_hour < 0:
+            raise ConfigError("JobManager.defragment_moves_per_hour", "must be 0 (off) or more")
+        # jobs moved by defragmentation since start, and the milli-GPUs they held (metrics)
+        self.moved_jobs = 0
+        self.moved_milli = 0
         self.pools = parse_pools(
             self.reserved_pools,
             self.reserved_pool_borrowing,

@@ -27,6 +27,7 @@ from ..pools import Access
 from ..snapshot import current_generation
 from .accounts import Account, AccountError, job_environment
 from .backends.base import PlacedBackend, RunStatus
+from .defrag import MOVABLE_STATES, Move, MoveBudget, plan_move
 from .delegated import DelegatedPass
 from .manager import JobManager
 from .ordering import queue_order
@@ -40,6 +41,9 @@ JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
 FULL_PASS_SECONDS = 60.0
 NEWEST_EVENT = select(func.max(EventRow.id))
+# A job no move was found for is looked at again after this long (a plan looks at every
+# host with preemptible jobs: not on every pass)
+DEFRAG_RETRY = timedelta(minutes=5)
 # Waiting reasons written per transaction: short enough that a spawn waiting for the
 # ledger lock meanwhile is not held up noticeably.
 WAITING_BATCH = 500
@@ -61,6 +65,11 @@ class Scheduler:
         self._next_due: datetime | None = None
         self.runner_files = RunnerFiles()
         self.queue = QueueCache()
+        # defragmentation (defrag.py): the moves under way, by the waiting job they make
+        # room for, with when each gives up; when a plan was last looked for, per job
+        self.moves: dict[int, tuple[Move, datetime]] = {}
+        self._planned: dict[int, datetime] = {}
+        self.budget = MoveBudget(jobs.defragment_moves_per_hour)
 
     async def run_forever(self) -> None:
         while True:
@@ -430,8 +439,21 @@ class Scheduler:
         self._next_due = min(later, default=None)
         blocked_rank = -1
         refused: dict[tuple[Any, ...], Refused] = {}
-        for job in queue_order(ready, now, self.jobs.aging_seconds):
+        moving = self._moves_under_way(ready, now)
+        planned: set[tuple[Any, ...]] = set()
+        ordered = queue_order(ready, now, self.jobs.aging_seconds)
+        # a job whose room was made by moving others takes it first (stable: else in order)
+        ordered.sort(key=lambda j: j.id not in moving or moving[j.id] != "ready")
+        for job in ordered:
             rank = PRIORITY_CLASSES[job.priority_class]
+            if moving.get(job.id) == "moving":
+                move, _until = self.moves[job.id]
+                reasons[job.id] = (
+                    f"waits for {len(move.jobs)} preemptible job(s) to move off {move.host}: "
+                    "the free capacity it needs is split across GPUs"
+                )
+                blocked_rank = max(blocked_rank, rank)
+                continue
             # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
             # again when the blocked one's slice frees up.
             # A job is one request, however many passes it waits: a learning placement policy
@@ -460,10 +482,18 @@ class Scheduler:
                 reasons[job.id] = refusal.message
                 if refusal.code == "no_capacity":
                     blocked_rank = max(blocked_rank, rank)
-                    if rank > 0:
+                    # one plan per blocked shape a pass: it looks at every movable job
+                    moved = ""
+                    if shape not in planned:
+                        planned.add(shape)
+                        moved = self._defragment(job, access, borrow, now)
+                    if moved:
+                        reasons[job.id] = moved
+                    elif rank > 0:
                         self._preempt_for(job, rank, access)
                 continue
             assert granted is not None
+            self.moves.pop(job.id, None)
             row = self.jobs.row(job.id)
             if row is None or row.state != "queued":  # cancelled meanwhile
                 self.jobs.release([g["id"] for g in granted], f"job {job.id} no longer queued")
@@ -507,6 +537,74 @@ class Scheduler:
                 return None, e
             got.append(alloc)
         return got, None
+
+    def _moves_under_way(self, ready: list[Any], now: datetime) -> dict[int, str]:
+        """Queued job id -> "moving" (the jobs making room for it still hold it) or "ready"
+        (they are gone: it goes first). Moves whose job left the queue, or that did not
+        complete in time, are dropped."""
+        queued = {j.id for j in ready}
+        for job_id in self._planned.keys() - queued:
+            del self._planned[job_id]
+        out: dict[int, str] = {}
+        for job_id, (move, until) in list(self.moves.items()):
+            if job_id not in queued or now >= until:
+                self.moves.pop(job_id, None)
+                continue
+            states = [row.state if (row := self.jobs.row(i)) else None for i in move.jobs]
+            out[job_id] = "moving" if any(s in ACTIVE for s in states) else "ready"
+        return out
+
+    def _defragment(self, job: Any, access: Access | None, borrow: bool, now: datetime) -> str:
+        """Move the fewest preemptible jobs that make room for ``job`` (defrag.py), within
+        the hourly budget; the waiting reason it then has, or "" when nothing moves."""
+        left = self.budget.left(now)
+        last = self._planned.get(job.id)
+        if (
+            not left
+            or job.slices != 1
+            or job.id in self.moves
+            or (last and now - last < DEFRAG_RETRY)
+        ):
+            return ""
+        self._planned[job.id] = now
+        profile = self.jobs.ledger.profiles[job.profile]
+        with self.jobs.db.reading() as s:
+            candidates = list(
+                s.connection().execute(
+                    select(JOBS).where(
+                        JOBS.c.state.in_(MOVABLE_STATES), JOBS.c.priority_class == "preemptible"
+                    )
+                )
+            )
+
+        def access_of(other: Any) -> Access | None:
+            rank = 100 * PRIORITY_CLASSES[other.priority_class]
+            return self.jobs.ledger.access("batch", other.groups or (), rank, borrow)
+
+        move = plan_move(
+            self.jobs.ledger, job.id, profile, access, candidates, access_of, max_moves=left
+        )
+        if move is None:
+            return ""
+        self.budget.spend(now, len(move.jobs))
+        self.moves[job.id] = (move, now + timedelta(seconds=self.jobs.preempt_grace + 120))
+        self._planned.pop(job.id, None)
+        for other in move.jobs:
+            # (Refused: it ended meanwhile; its room is free the sooner)
+            with contextlib.suppress(Refused):
+                self.jobs.preempt(
+                    other,
+                    "scheduler",
+                    f"moved to make room for job {job.id} (the free capacity it needs is split "
+                    "across GPUs); resumes elsewhere from its checkpoint",
+                )
+        self.jobs.moved_jobs += len(move.jobs)
+        self.jobs.moved_milli += move.moved_milli
+        self.log.info("job %s: moving jobs %s off %s to make room", job.id, move.jobs, move.host)
+        return (
+            f"waits for {len(move.jobs)} preemptible job(s) to move off {move.host}: "
+            "the free capacity it needs is split across GPUs"
+        )
 
     def _preempt_for(self, job: Any, rank: int, access: Access | None) -> None:
         profile = self.jobs.ledger.profiles[job.profile]

@@ -150,6 +150,12 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             + ("Slurm" if app.job_backend == "slurm" else "cluster")
             + " queues the jobs (use a reservation, or a partition or queue limited in time)",
         )
+    if app.job_backend in ("slurm", "kubernetes") and manager.defragment_moves_per_hour:
+        raise ConfigError(
+            "JobManager.defragment_moves_per_hour",
+            f"moves jobs placed by gpuslice's own scheduler (job_backend = 'local'); with "
+            f"job_backend = {app.job_backend!r} the engine places the jobs",
+        )
     if app.job_backend in ("slurm", "kubernetes") and manager.pools is not None:
         raise ConfigError(
             "JobManager.reserved_pools",
