@@ -342,7 +342,8 @@ class SplitPoolCollector(Collector):
         standing = pool_standing(self.ledger, utcnow())
         capacity = GaugeMetricFamily(
             "gpuslice_split_pool_capacity_milli",
-            "Milli-GPUs in service in the pool (reserved pools by name; the rest is 'peak')",
+            "Milli-GPUs in the pool, drained ones included (reserved pools by name; the rest "
+            "is 'peak')",
             labels=["pool"],
         )
         held = GaugeMetricFamily(

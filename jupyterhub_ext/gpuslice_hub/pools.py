@@ -60,13 +60,22 @@ class ReservedPool:
 @dataclass(frozen=True)
 class Access:
     """The pools one request may use, tried in order (each try a set of pool names, the
-    peak pool as ``PEAK``); ``key`` tells requests that may use the same GPUs apart."""
+    peak pool as ``PEAK``). ``batch``: batch work (its refusals say where the reserved
+    capacity is); ``high``: high-priority batch work, which the reserved pools of its
+    groups serve."""
 
     tries: tuple[frozenset[str], ...]
+    batch: bool = False
+    high: bool = False
 
     @property
     def widest(self) -> frozenset[str]:
         return self.tries[-1]
+
+    def within(self, only: frozenset[str]) -> Access | None:
+        """The same request limited to the ``only`` pools (None: none of its pools left)."""
+        tries = tuple(dict.fromkeys(t & only for t in self.tries if t & only))
+        return Access(tries, self.batch, self.high) if tries else None
 
 
 class Pools:
@@ -102,17 +111,21 @@ class Pools:
     def access(
         self, purpose: str, groups: Iterable[str], priority: int, may_borrow: bool
     ) -> Access:
-        """People and high-priority work: their reserved pools, then the peak pool. Other
-        batch work: the peak pool, then (``may_borrow``: a preemptible job inside the
-        borrowing window) every reserved pool."""
-        if purpose == "interactive" or priority >= self.reserved_priority:
+        """People: their reserved pools, then the peak pool. High-priority batch work: the
+        peak pool, then the reserved pools that serve its groups (it is never returned, so
+        it keeps out of people's way while batch capacity is free). Other batch work: the
+        peak pool, then (``may_borrow``: a preemptible job inside the borrowing window)
+        every reserved pool."""
+        peak = frozenset({PEAK})
+        if purpose == "interactive":
             own = self.entitled(groups)
-            tries = [own, own | {PEAK}] if own else [frozenset({PEAK})]
-        else:
-            tries = [frozenset({PEAK})]
-            if may_borrow and self.reserved:
-                tries.append(frozenset({PEAK, *self.reserved}))
-        return Access(tuple(tries))
+            return Access((own, own | peak) if own else (peak,))
+        if priority >= self.reserved_priority:
+            own = self.entitled(groups)
+            return Access((peak, own | peak) if own else (peak,), batch=True, high=True)
+        if may_borrow and self.reserved:
+            return Access((peak, peak | set(self.reserved)), batch=True)
+        return Access((peak,), batch=True)
 
     def borrowed(self, groups: Iterable[str], priority: int, pools: Iterable[str]) -> set[str]:
         """Of ``pools`` (where a batch job's slices sit), the reserved ones it only borrows."""
@@ -165,12 +178,18 @@ class Pools:
 
     def check_inventory(self, gpus: Iterable[tuple[str, str]]) -> None:
         """Refuse pools that reserve nothing or everything of the inventory's (host, GPU
-        UUID) pairs: either would be a setting that does not do what it says."""
+        UUID) pairs, and every host pattern or GPU UUID that names no GPU of it (a typo
+        would silently reserve less than the admin meant)."""
         pairs = list(gpus)
+        uuids = {u for _, u in pairs}
         for pool in self.reserved.values():
-            if not any(pool.holds(h, u) for h, u in pairs):
+            key = f"{KEY}.{pool.name}"
+            for pattern in pool.hosts:
+                if not any(fnmatch.fnmatchcase(h, pattern) for h, _ in pairs):
+                    raise ConfigError(key, f"host pattern {pattern!r} matches no GPU host")
+            for uuid in sorted(pool.gpus - uuids):
                 raise ConfigError(
-                    f"{KEY}.{pool.name}", f"{pool.describe()} matches no GPU of the inventory"
+                    key, f"{uuid!r} is no GPU of the inventory (give whole GPUs' UUIDs)"
                 )
         for h, u in pairs:
             holders = [p.name for p in self.reserved.values() if p.holds(h, u)]

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import select
 
+from gpuslice_hub.admin.split_pools import pool_standing
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.errors import ConfigError, Pending, Refused
 from gpuslice_hub.jobs.manager import JobManager
@@ -60,12 +61,16 @@ def test_a_bad_pool_setting_is_refused_naming_it(raw, borrowing, needle):
 def test_pools_must_match_the_inventory_without_overlap_or_taking_everything():
     gpus = [("n000", "G0"), ("n000", "G1"), ("n001", "G2")]
     assert pools({}) is None
-    with pytest.raises(ConfigError, match="matches no GPU of the inventory"):
+    with pytest.raises(ConfigError, match=r"host pattern .gpu-\*. matches no GPU host"):
         pools({"p": {"hosts": ["gpu-*"]}}).check_inventory(gpus)
     with pytest.raises(ConfigError, match="GPU G1 on n000 is in two pools: a, b"):
         pools({"a": {"hosts": ["n000"]}, "b": {"gpus": ["G1"]}}).check_inventory(gpus)
     with pytest.raises(ConfigError, match="reserves every GPU"):
         pools({"a": {"hosts": ["n*"]}}).check_inventory(gpus)
+    with pytest.raises(ConfigError, match="host pattern 'n0001' matches no GPU host"):
+        pools({"a": {"hosts": ["n000", "n0001"]}}).check_inventory(gpus)
+    with pytest.raises(ConfigError, match="'GPU-typo' is no GPU of the inventory"):
+        pools({"a": {"hosts": ["n000"], "gpus": ["GPU-typo"]}}).check_inventory(gpus)
     split = pools({"a": {"hosts": ["n000"]}, "b": {"gpus": ["G2"], "groups": ["vision"]}})
     split.check_inventory([*gpus, ("n002", "G3")])
     assert [split.pool_of(h, u) for h, u in gpus] == ["a", "a", "b"]
@@ -103,9 +108,10 @@ def test_people_take_the_reserved_pool_first_and_batch_never_does(tmp_path):
     assert e.value.code == "no_capacity"
     assert e.value.message.startswith("No gpu-1 free (8 of 8 in use)")
     assert e.value.message.endswith(
-        "(7 more free in the pools reserved for interactive use; batch jobs never borrow them)"
+        "(7 more free in reserved pool(s) people, kept for interactive use; batch jobs never "
+        "borrow them)"
     )
-    # high-priority work is served by the reserved pool
+    # high-priority work is served by the reserved pool (once the peak pool is full)
     high, _ = ledger.allocate(person("hi"), "gpu-1", "job-h", purpose="batch", priority=200)
     assert high["host"] == "n000"
     # the spawn form counts what a server may take, and says how much of it is reserved
@@ -177,8 +183,8 @@ def test_preemptible_jobs_borrow_reserved_gpus_only_inside_the_window(tmp_path):
     assert len(peak) == 7 and all(hosts_of(scheduler, i) == {"n001"} for i in peak)
     reason = job(scheduler, preemptible[-1]).waiting_reason
     assert reason is not None and reason.endswith(
-        "(8 more free in the pools reserved for interactive use; preemptible jobs borrow "
-        "them 02:00-06:00 (Europe/Berlin))"
+        "(8 more free in reserved pool(s) people, kept for interactive use; preemptible jobs "
+        "borrow them 02:00-06:00 (Europe/Berlin))"
     )
     assert scheduler._next_due == at("2026-12-05 02:00")
 
@@ -213,7 +219,7 @@ def test_preemptible_jobs_borrow_reserved_gpus_only_inside_the_window(tmp_path):
     assert all(state()[i] == "starting" for i in [normal, *peak] if i not in evicted)
 
 
-def test_high_jobs_use_the_reserved_pool_and_are_never_returned(tmp_path):
+def test_high_jobs_take_the_peak_pool_first_then_the_reserved_one_and_stay(tmp_path):
     manager = manager_with(
         tmp_path,
         reserved_pools=PEOPLE,
@@ -222,11 +228,91 @@ def test_high_jobs_use_the_reserved_pool_and_are_never_returned(tmp_path):
         time_window_timezone="Europe/Berlin",
     )
     scheduler = Scheduler(manager)
-    (high,) = insert_queued(manager.db, tmp_path, [("hana", "gpu-2", "high")])
+    ids = insert_queued(manager.db, tmp_path, [(f"h{i}", "gpu-2", "high") for i in range(5)])
     scheduler.tick(at("2026-12-05 03:00"))
-    assert hosts_of(scheduler, high) == {"n000"}
+    # four fill the idle peak pool before any takes a GPU kept for people
+    assert [hosts_of(scheduler, i) for i in ids] == [{"n001"}] * 4 + [{"n000"}]
     scheduler.tick(at("2026-12-05 06:00"))
-    assert job(scheduler, high).state == "starting"
+    assert all(job(scheduler, i).state == "starting" for i in ids)
+
+
+def test_a_high_job_blocked_in_its_pools_holds_up_no_job_of_other_pools(tmp_path):
+    manager = manager_with(
+        tmp_path, reserved_pools={"vision": {"hosts": ["n000"], "groups": ["vision"]}}
+    )
+    scheduler = Scheduler(manager)
+    for i in range(8):  # the peak pool full of people
+        manager.ledger.allocate(person(f"p{i}"), "gpu-1", "")
+    hana, vic = insert_queued(manager.db, tmp_path, [("hana", "gpu-1", "high")] * 2)
+    with manager.db.writing() as s:
+        row = s.get(JobRow, vic)
+        assert row is not None
+        row.user, row.groups = "vic", ["vision"]
+    scheduler.tick(at("2026-12-05 12:00"))
+    assert hosts_of(scheduler, vic) == {"n000"}
+    assert job(scheduler, hana).waiting_reason == (
+        "No gpu-1 free (8 of 8 in use) (8 more free in reserved pool(s) vision, which serve "
+        "other groups)"
+    )
+
+
+def test_a_person_is_told_nothing_of_pools_they_cannot_use(tmp_path):
+    ledger = manager_with(
+        tmp_path, reserved_pools={"vision": {"hosts": ["n000"], "groups": ["vision"]}}
+    ).ledger
+    for i in range(8):
+        ledger.allocate(person(f"p{i}"), "gpu-1", "")
+    with pytest.raises(Refused) as e:
+        ledger.allocate(person("ann"), "gpu-1", "", wait_seconds=0)
+    assert e.value.message == "No gpu-1 free (8 of 8 in use)"
+
+
+def test_a_person_preempts_a_borrower_of_their_pool_before_a_peak_job(tmp_path):
+    manager = manager_with(
+        tmp_path,
+        reserved_pools=PEOPLE,
+        reserved_pool_borrowing="night",
+        time_windows=NIGHT,
+        time_window_timezone="Europe/Berlin",
+    )
+    scheduler = Scheduler(manager)
+    ids = insert_queued(
+        manager.db, tmp_path, [(f"u{i}", "gpu-1", "preemptible") for i in range(16)]
+    )
+    scheduler.tick(at("2026-12-05 03:00"))
+    peak = [i for i in ids if hosts_of(scheduler, i) == {"n001"}]
+    # a peak-pool job started last: by start alone it would be the one to go
+    with manager.db.writing() as s:
+        row = s.get(JobRow, peak[0])
+        assert row is not None
+        row.attempt_started_at = at("2026-12-05 04:00")
+    with pytest.raises(Pending):
+        manager.ledger.allocate(person("ann"), "gpu-1", "", wait_seconds=3600)
+    (taken,) = [i for i in ids if job(scheduler, i).state == "preempting"]
+    assert hosts_of(scheduler, taken) == {"n000"}
+
+
+def test_a_normal_job_in_a_pool_reserved_after_it_started_keeps_its_slice(tmp_path):
+    manager = manager_with(tmp_path, time_windows=NIGHT, time_window_timezone="Europe/Berlin")
+    scheduler = Scheduler(manager)
+    (normal,) = insert_queued(manager.db, tmp_path, [("nora", "gpu-1", "normal")])
+    scheduler.tick(at("2026-12-05 12:00"))
+    assert hosts_of(scheduler, normal) == {"n000"}
+    manager.pools = manager.ledger.pools = pools(PEOPLE, "night", NIGHT)
+    scheduler.tick(at("2026-12-05 12:01"))
+    assert job(scheduler, normal).state == "starting"
+
+
+def test_pool_figures_count_a_drained_gpu_as_capacity_not_as_free(tmp_path):
+    ledger = manager_with(tmp_path, reserved_pools=PEOPLE).ledger
+    held, _ = ledger.allocate(person("ann"), "gpu-1", "")
+    ledger.set_drained(held["assignments"][0]["gpu_uuid"], True, "admin", "maintenance")
+    people = next(
+        p for p in pool_standing(ledger, datetime.now(BERLIN))["pools"] if p["name"] == "people"
+    )
+    assert (people["gpus"], people["drained_gpus"]) == (8, 1)
+    assert (people["capacity_milli"], people["in_service_milli"]) == (8000, 7000)
+    assert (people["interactive_milli"], people["free_milli"]) == (1000, 7000)
 
 
 def test_pools_are_refused_for_an_engine_that_places_jobs_itself(tmp_path):

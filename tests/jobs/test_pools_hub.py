@@ -86,7 +86,7 @@ def test_a_preemptible_job_borrows_the_reserved_pool_and_returns_it_at_the_close
     assert j["preemptions"] == 1 and j["lost_work_seconds"] < 5
     wait_for(
         lambda: (
-            "1 more free in the pools reserved for interactive use"
+            "1 more free in reserved pool(s) people, kept for interactive use"
             in (job(hub, alice, borrower)["waiting_reason"] or "")
         ),
         30,

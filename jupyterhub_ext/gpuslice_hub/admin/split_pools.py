@@ -24,16 +24,20 @@ def pool_standing(ledger: Ledger, now: datetime) -> dict[str, Any]:
         name: _empty(name, pools) for name in [*pools.reserved, PEAK]
     }
     pool_of_gpu: dict[str, str] = {}
+    drained: set[str] = set()
     for g in gpus:
         if not g.present or g.host not in present_hosts:
             continue
         name = pool_of_gpu[g.uuid] = pools.pool_of(g.host, g.uuid)
         entry = figures[name]
         entry["gpus"] += 1
+        entry["capacity_milli"] += 1000
         if g.drained:
             entry["drained_gpus"] += 1
+            drained.add(g.uuid)
         else:
-            entry["capacity_milli"] += 1000
+            entry["in_service_milli"] += 1000
+            entry["free_milli"] += 1000
     for a in active:
         for c in a.claims:
             where = pool_of_gpu.get(c.gpu_uuid)
@@ -41,6 +45,9 @@ def pool_standing(ledger: Ledger, now: datetime) -> dict[str, Any]:
                 continue
             use = _use(pools, a.purpose, a.groups, a.priority, where)
             figures[where][f"{use}_milli"] += c.milli
+            if c.gpu_uuid not in drained:
+                # (a drained GPU's holders keep it, but it offers nothing more)
+                figures[where]["free_milli"] -= c.milli
     window = pools.borrow_window
     return {
         "pools": list(figures.values()),
@@ -64,7 +71,10 @@ def _empty(name: str, pools: Pools) -> dict[str, Any]:
         "groups": sorted(spec.groups) if spec else [],
         "gpus": 0,
         "drained_gpus": 0,
+        # every present GPU's, as the pool figures of the admin panel count capacity
         "capacity_milli": 0,
+        "in_service_milli": 0,
+        "free_milli": 0,
     }
     entry.update({f"{use}_milli": 0 for use in USES})
     return entry

@@ -340,7 +340,15 @@ class Scheduler:
         pools = self.jobs.pools
         if pools is None or pools.borrowing_open(now):
             return
-        running = [j for j in active if j.state in ("starting", "running") and j.allocation_ids]
+        # only preemptible jobs borrow; another job in a reserved pool got there before the
+        # pools were configured, and is not preemptible: it keeps its slices
+        running = [
+            j
+            for j in active
+            if j.state in ("starting", "running")
+            and j.allocation_ids
+            and j.priority_class == "preemptible"
+        ]
         if not running:
             return
         where = self._pools_held()
@@ -437,7 +445,9 @@ class Scheduler:
             if opens is not None and any(j.priority_class == "preemptible" for j in ready):
                 later.append(opens)
         self._next_due = min(later, default=None)
-        blocked_rank = -1
+        # the pools of each job blocked so far (None: the whole cluster): a later job that
+        # wants capacity in them waits behind it (split pools: one in other pools need not)
+        blocked: list[frozenset[str] | None] = []
         refused: dict[tuple[Any, ...], Refused] = {}
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
@@ -452,27 +462,36 @@ class Scheduler:
                     f"waits for {len(move.jobs)} preemptible job(s) to move off {move.host}: "
                     "the free capacity it needs is split across GPUs"
                 )
-                blocked_rank = max(blocked_rank, rank)
+                blocked.append(self._widest(job, may_borrow))
                 continue
             # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
             # again when the blocked one's slice frees up.
             # A job is one request, however many passes it waits: a learning placement policy
             # counts it on the first pass that considers it (tried or not), never again.
             first = job.waiting_reason is None
-            if blocked_rank >= 0 and job.priority_class != "preemptible":
-                reasons[job.id] = "waiting behind a higher-priority job"
-                if first:
-                    self.jobs.ledger.observe(job.profile)
-                continue
             borrow = may_borrow and job.priority_class == "preemptible"
             access = self.jobs.ledger.access("batch", job.groups or (), 100 * rank, borrow)
+            widest = access.widest if access is not None else None
+            only = None
+            if job.priority_class != "preemptible" and blocked:
+                # it may use only what no job ahead of it waits for (split pools: a pool of
+                # its own); none left: it waits behind them
+                only = _left_over(widest, blocked)
+                if not only:
+                    reasons[job.id] = "waiting behind a higher-priority job"
+                    if first:
+                        self.jobs.ledger.observe(job.profile)
+                    continue
+                if access is not None:
+                    access = access.within(only)
+                widest = only
             # jobs that may use different pools are blocked apart (split pools)
             shape = (job.profile, job.slices, access.tries if access else None)
             mine = (job.user, tuple(sorted(job.groups or ())), *shape)
             refusal = refused.get(shape) or refused.get(mine)
             granted = None
             if refusal is None:
-                granted, refusal = self._allocate(job, first, access, borrow)
+                granted, refusal = self._allocate(job, first, access, borrow, only)
                 if refusal is not None:
                     capacity = refusal.code == "no_capacity"
                     refused[shape if capacity else mine] = refusal
@@ -481,7 +500,7 @@ class Scheduler:
             if refusal is not None:
                 reasons[job.id] = refusal.message
                 if refusal.code == "no_capacity":
-                    blocked_rank = max(blocked_rank, rank)
+                    blocked.append(widest)
                     # one plan per blocked shape a pass: it looks at every movable job
                     moved = ""
                     if shape not in planned:
@@ -502,7 +521,12 @@ class Scheduler:
         self._waiting({j.id: j.waiting_reason for j in due}, reasons)
 
     def _allocate(
-        self, job: Any, learn: bool = True, access: Access | None = None, borrow: bool = False
+        self,
+        job: Any,
+        learn: bool = True,
+        access: Access | None = None,
+        borrow: bool = False,
+        only: frozenset[str] | None = None,
     ) -> tuple[list[dict[str, Any]], None] | tuple[None, Refused]:
         caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
         if job.slices > 1:
@@ -529,6 +553,7 @@ class Scheduler:
                     # a wide job's slices are one request
                     learn=learn and not got,
                     may_borrow=borrow,
+                    only=only,
                 )
             except Refused as e:
                 self.jobs.release(
@@ -537,6 +562,12 @@ class Scheduler:
                 return None, e
             got.append(alloc)
         return got, None
+
+    def _widest(self, job: Any, may_borrow: bool) -> frozenset[str] | None:
+        rank = 100 * PRIORITY_CLASSES[job.priority_class]
+        borrow = may_borrow and job.priority_class == "preemptible"
+        access = self.jobs.ledger.access("batch", job.groups or (), rank, borrow)
+        return access.widest if access is not None else None
 
     def _moves_under_way(self, ready: list[Any], now: datetime) -> dict[int, str]:
         """Queued job id -> "moving" (the jobs making room for it still hold it) or "ready"
@@ -720,6 +751,16 @@ class Scheduler:
             keep=self.jobs.job_env_keep,
             extra=self.jobs.job_environment,
         )
+
+
+def _left_over(
+    pools: frozenset[str] | None, blocked: list[frozenset[str] | None]
+) -> frozenset[str] | None:
+    """Of ``pools`` (None: the whole cluster, no split), those no blocked job waits for;
+    empty or None when there are none."""
+    if pools is None or any(b is None for b in blocked):
+        return None
+    return pools.difference(*[b for b in blocked if b is not None])
 
 
 def _devices(grant: dict[str, Any]) -> str:

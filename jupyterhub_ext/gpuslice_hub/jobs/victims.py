@@ -8,6 +8,9 @@ since its last checkpoint at stake.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..clusterview import build_hosts
 from ..db.jobs_models import JobRow
 from ..ledger import Ledger
@@ -29,10 +32,14 @@ def pick_victim(
     ``access``: the pools the request may use (split pools): a victim must free room there."""
     hosts, gpus, active = ledger.snapshot()
     eligible = [j for j in candidates if PRIORITY_CLASSES[j.priority_class] < below_rank]
-    # a job already giving its slice back counts first: no need to preempt a second one
+    first = _in_first_pools(ledger, active, access)
+    # a job already giving its slice back counts first: no need to preempt a second one;
+    # then (split pools) one in the pools the request tries first (a borrower of the
+    # person's own pool before a job in the peak pool)
     eligible.sort(
         key=lambda j: (
             j.state != "preempting",
+            not first(j),
             PRIORITY_CLASSES[j.priority_class],
             -(j.attempt_started_at.timestamp() if j.attempt_started_at else 0),
         )
@@ -49,3 +56,18 @@ def pick_victim(
         if isinstance(place_in(request, state, ledger.policy, learn=False), Placement):
             return job
     return None
+
+
+def _in_first_pools(
+    ledger: Ledger, active: list[Any], access: Access | None
+) -> Callable[[JobRow], bool]:
+    """Whether a job holds a slice in the pools ``access`` tries first (always False
+    without split pools, or when it tries all its pools at once)."""
+    pools = ledger.pools
+    if pools is None or access is None or len(access.tries) < 2:
+        return lambda job: False
+    wanted = access.tries[0]
+    where = {
+        a.id: {pools.pool_of(a.host, c.gpu_uuid) for c in a.claims if c.active} for a in active
+    }
+    return lambda job: any(where.get(int(i), set()) & wanted for i in job.allocation_ids or [])

@@ -75,6 +75,7 @@ class AllocationMixin(CapacityMixin):
         wait_seconds: float | None = None,
         learn: bool = True,
         may_borrow: bool = False,
+        only: frozenset[str] | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """Allocate a slice; returns (allocation, created). Raises Refused, or Pending (below).
 
@@ -85,7 +86,8 @@ class AllocationMixin(CapacityMixin):
         scheduler's retries of one job are one request: it passes False after the first).
         ``may_borrow``: a preemptible batch job inside the reserved pools' borrowing window
         may take idle reserved GPUs (pools.py); the pools a request may use are tried in
-        their order.
+        their order. ``only``: of those, these pools only (the scheduler keeps a job out of
+        the pools a job ahead of it waits for).
         An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
         gets ``Pending`` (ask again later) when ``preempt_hook`` starts freeing a slice, but
         only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
@@ -97,6 +99,10 @@ class AllocationMixin(CapacityMixin):
             raise Refused("bad_request", f"purpose must be one of {list(PURPOSES)}")
         try:
             access = self.access(purpose, caller.groups, priority, may_borrow)
+            if access is not None and only is not None:
+                access = access.within(only)
+                if access is None:
+                    raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
             return self._allocate(
                 caller, profile, server_name, purpose, priority, preemptible, learn, access=access
             )

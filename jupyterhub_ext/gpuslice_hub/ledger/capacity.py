@@ -54,29 +54,33 @@ class CapacityMixin(LedgerBase):
             message = f"No {profile.name} can be placed: {why}"
         if others:
             message += "; " + ", ".join(others)
-        if allowed is not None and state is not None:
-            message += self._reserved_elsewhere(profile, state, allowed, inv.generation)
+        if access is not None and access.batch and state is not None:
+            message += self._reserved_elsewhere(profile, state, access, inv.generation)
         return Refused("no_capacity", message, alternatives=others)
 
     def _reserved_elsewhere(
-        self, profile: Profile, state: ClusterState, allowed: frozenset[str], generation: int
+        self, profile: Profile, state: ClusterState, access: Access, generation: int
     ) -> str:
-        """What a request kept out of the reserved pools would find there, and when batch
-        work may borrow it: the real reason a batch job waits beside idle GPUs."""
+        """What batch work kept out of reserved pools would find there, and who they are
+        for: the real reason a job waits beside idle GPUs. (Not said to people: a server
+        is refused only where its own pools are full.)"""
         pools = self.pools
         assert pools is not None
-        others = frozenset(pools.reserved) - allowed
+        others = frozenset(pools.reserved) - access.widest
         if not others:
             return ""
         free = count_fits(profile.request(), pools.restrict(state, others, generation))
         if not free:
             return ""
+        names = ", ".join(sorted(others))
+        if access.high:
+            return f" ({free} more free in reserved pool(s) {names}, which serve other groups)"
         when = (
             f"preemptible jobs borrow them {pools.borrow_window.describe()}"
             if pools.borrow_window is not None
             else "batch jobs never borrow them"
         )
-        return f" ({free} more free in the pools reserved for interactive use; {when})"
+        return f" ({free} more free in reserved pool(s) {names}, kept for interactive use; {when})"
 
     def profile_capacity(self, allowed: frozenset[str] | None = None) -> dict[str, tuple[int, int]]:
         """Per profile: (slices that could still be placed now, slices on an empty cluster),

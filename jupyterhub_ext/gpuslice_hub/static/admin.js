@@ -811,7 +811,6 @@
         ? `Borrowing window ${b.text} is open: preemptible jobs may borrow until ${when(b.closes_at)}.`
         : `Borrowing window ${b.text} is closed; it opens ${when(b.opens_at)}.`;
     const rows = split.pools.map(p => {
-      const held = p.interactive_milli + p.batch_milli + p.borrowed_milli + p.external_milli;
       const what = p.reserved
         ? `reserved: ${[...p.hosts, ...p.listed_gpus].join(', ')}` +
           (p.groups.length ? ` for ${p.groups.join(', ')}` : '')
@@ -825,7 +824,7 @@
         h('td', {}, gpus(p.batch_milli)),
         h('td', {}, gpus(p.borrowed_milli)),
         h('td', {}, gpus(p.external_milli)),
-        h('td', {}, gpus(Math.max(0, p.capacity_milli - held)))
+        h('td', {}, gpus(p.free_milli))
       );
     });
     document.querySelector('#gs-pools-table tbody').replaceChildren(...rows);
