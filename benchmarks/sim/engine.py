@@ -485,7 +485,7 @@ class Simulation:
         runs = self.backend.progress(at)
         for job_id in runs:
             job = self.jobs_by_id[job_id]
-            busy += job.busy_milli * job.slices
+            busy += job.busy_total
         return busy
 
     def _sample(self) -> None:

@@ -40,14 +40,14 @@ def finish(sim: Simulation) -> None:
     sim.backend.settle(end)
     for job_id, kept in sim.backend.kept.items():
         job = sim.jobs_by_id[job_id]
-        r.batch_useful += kept * job.busy_milli * job.slices
+        r.batch_useful += kept * job.busy_total
     r.losses = list(sim.backend.losses)
     for job_id, lost in sim.backend.lost.items():
         job = sim.jobs_by_id[job_id]
-        r.batch_lost += lost * job.busy_milli * job.slices
+        r.batch_lost += lost * job.busy_total
     for job_id, done in sim.backend.progress(end).items():
         job = sim.jobs_by_id[job_id]
-        r.batch_useful += done * job.busy_milli * job.slices
+        r.batch_useful += done * job.busy_total
     with sim.ledger.db.reading() as s:
         allocs = s.execute(
             select(AllocationRow.gpu_milli, AllocationRow.created_at, AllocationRow.released_at)
@@ -82,7 +82,7 @@ def finish(sim: Simulation) -> None:
                 "preemptions": row.preemptions,
                 "lost": row.lost_work_seconds,
                 "work": spec.work if spec else 0.0,
-                "milli": (spec.busy_milli * spec.slices) if spec else 0,
+                "milli": spec.busy_total if spec else 0,
             }
         )
 

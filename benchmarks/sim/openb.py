@@ -115,6 +115,8 @@ def batch_jobs(
                     busy_milli=max(1, round(t.milli * busy)),
                     slices=slices,
                     checkpoint_interval=checkpoint_interval,
+                    # a multi-GPU task keeps each of its GPUs busy (its milli is per GPU)
+                    gpus=max(1, t.gpus),
                 )
             )
         cycle += 1

@@ -128,6 +128,8 @@ def export(
                 busy_milli=max(1, round(min(milli, 1000) * batch_busy)),
                 slices=j.slices,
                 checkpoint_interval=j.checkpoint_interval,
+                # a slice of several whole GPUs keeps each of them busy
+                gpus=max(1, milli // 1000),
             )
         )
     sources = [

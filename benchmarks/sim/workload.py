@@ -52,7 +52,8 @@ class Session:
 @dataclass(frozen=True)
 class BatchJob:
     """A notebook submitted as a batch job at ``arrival``: ``slices`` slices of ``profile``,
-    ``work`` seconds of computation, keeping ``busy_milli`` of each slice's GPU busy."""
+    ``work`` seconds of computation, keeping ``busy_milli`` of each GPU of each slice busy
+    (a slice of a multi-GPU profile spans ``gpus`` GPUs)."""
 
     id: int
     user: str
@@ -63,6 +64,12 @@ class BatchJob:
     busy_milli: int
     slices: int = 1
     checkpoint_interval: float = 600.0
+    gpus: int = 1
+
+    @property
+    def busy_total(self) -> int:
+        """Milli-GPUs the job keeps busy while it runs, over all its GPUs."""
+        return self.busy_milli * self.gpus * self.slices
 
 
 @dataclass

@@ -697,6 +697,14 @@ class GPUSliceService(Application):
         assert self.ledger is not None
         self.ledger.sync_inventory(inventory)
         self.inventory = inventory
+        pools = self.ledger.pools
+        if pools is not None:
+            # checked at start; a host added or gone since is placed by the patterns as
+            # they stand, and an admin is told when they no longer say what they did
+            try:
+                pools.check_inventory((g.host, g.uuid) for g in inventory.gpus())
+            except ConfigError as e:
+                self.log.error("after the inventory changed: %s", e)
 
     def _slurm_synced(self) -> None:
         self.slurm_synced_at = utcnow()

@@ -23,7 +23,7 @@ import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,8 @@ class Pools:
         # the reserved pools serve as they serve people
         self.reserved_priority = reserved_priority
         self._masks: dict[tuple[int | None, frozenset[str]], np.ndarray] = {}
+        # allowed pools -> (generation, the ledger's state, its restricted copy): restrict
+        self._kept: dict[frozenset[str], tuple[int, ClusterState, ClusterState]] = {}
 
     # -- who may use what -----------------------------------------------------------------
 
@@ -155,24 +157,41 @@ class Pools:
         return mask
 
     def restrict(
-        self, state: ClusterState, allowed: frozenset[str], generation: int | None
+        self,
+        state: ClusterState,
+        allowed: frozenset[str],
+        generation: int | None,
+        keep: bool = False,
     ) -> ClusterState:
         """``state`` with the GPUs outside ``allowed`` taken out (as a drained GPU is): a
-        new state, so policies' score caches never mix the two."""
+        state of its own, so policies' score caches never mix the two.
+
+        ``keep``: ``state`` is the ledger's (``ClusterCache``), kept from one decision to
+        the next: so is its restricted copy, brought up to date in the rows whose version
+        moved, and a policy's per-host scores (FGD) survive between decisions as they do
+        on the whole cluster."""
         if allowed >= {PEAK, *self.reserved}:
             return state
         mask = self.mask(state, allowed, generation)
-        assert state.mig_ok is not None
-        return replace(
-            state,
-            gpu_ok=state.gpu_ok & mask,
-            gpu_free=np.where(mask, state.gpu_free, 0),
-            mig_ok=state.mig_ok & mask,
-            mig_free=state.mig_free * mask[:, :, None],
-            version=state.version.copy(),
-            tags=state.tags.copy(),
-            cache={},
-        )
+        if not keep or generation is None:
+            return _restricted(state, mask)
+        kept = self._kept.get(allowed)
+        if kept is None or kept[0] != generation or kept[1] is not state:
+            view = _restricted(state, mask)
+            self._kept[allowed] = (generation, state, view)
+            return view
+        view = kept[2]
+        rows = np.flatnonzero(state.version != view.version)
+        if rows.size:
+            assert state.mig_ok is not None and view.mig_ok is not None
+            m = mask[rows]
+            view.gpu_ok[rows] = state.gpu_ok[rows] & m
+            view.gpu_free[rows] = np.where(m, state.gpu_free[rows], 0)
+            view.mig_ok[rows] = state.mig_ok[rows] & m
+            view.mig_free[rows] = state.mig_free[rows] * m[:, :, None]
+            view.tags[rows] = state.tags[rows]
+            view.version[rows] = state.version[rows]
+        return view
 
     # -- start-up -------------------------------------------------------------------------
 
@@ -197,6 +216,22 @@ class Pools:
                 raise ConfigError(KEY, f"GPU {u} on {h} is in two pools: {', '.join(holders)}")
         if pairs and all(self.pool_of(h, u) != PEAK for h, u in pairs):
             raise ConfigError(KEY, "reserves every GPU: batch jobs (the peak pool) would get none")
+
+
+def _restricted(state: ClusterState, mask: np.ndarray) -> ClusterState:
+    """A copy of ``state`` without the GPU slots outside ``mask``; the arrays placement
+    only reads per host (CPU, memory, models) are shared, the ledger rewrites them in place."""
+    assert state.mig_ok is not None
+    return replace(
+        state,
+        gpu_ok=state.gpu_ok & mask,
+        gpu_free=np.where(mask, state.gpu_free, 0),
+        mig_ok=state.mig_ok & mask,
+        mig_free=state.mig_free * mask[:, :, None],
+        version=state.version.copy(),
+        tags=state.tags.copy(),
+        cache={},
+    )
 
 
 def parse_pools(
@@ -238,6 +273,25 @@ def parse_pools(
                 f"{borrowing!r} is not a window of JobManager.time_windows ({known})",
             )
     return Pools(pools, window, reserved_priority) if pools else None
+
+
+def check_borrowers_can_borrow(pools: Pools | None, preemptible_window: TimeWindow | None) -> None:
+    """Refuse a borrowing window that preemptible jobs, limited to their class's time
+    window, could never use: the two never open together in a week."""
+    if pools is None or pools.borrow_window is None or preemptible_window is None:
+        return
+    borrow = pools.borrow_window
+    start = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday; minute by minute over a week
+    for minute in range(7 * 24 * 60 + 1):
+        at = start + timedelta(minutes=minute)
+        if borrow.is_open(at) and preemptible_window.is_open(at):
+            return
+    raise ConfigError(
+        "JobManager.reserved_pool_borrowing",
+        f"{borrow.name!r} ({borrow.describe()}) never overlaps the time window preemptible "
+        f"jobs run in ({preemptible_window.name!r}, {preemptible_window.describe()}): "
+        "they could never borrow",
+    )
 
 
 def _strings(value: Any, key: str) -> list[str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -324,3 +325,49 @@ def test_pools_are_refused_for_an_engine_that_places_jobs_itself(tmp_path):
     app = SimpleNamespace(job_backend="slurm", log=None)
     with pytest.raises(ConfigError, match=r"JobManager\.reserved_pools.*Slurm partitions"):
         check_job_settings(app, manager)  # type: ignore[arg-type]
+
+
+def test_a_borrowing_window_preemptible_jobs_can_never_use_is_refused(tmp_path):
+    windows = {"night": "02:00-06:00", "day": "mon-fri 09:00-17:00"}
+    with pytest.raises(ConfigError, match="never overlaps the time window preemptible jobs"):
+        manager_with(
+            tmp_path,
+            reserved_pools=PEOPLE,
+            reserved_pool_borrowing="night",
+            time_windows=windows,
+            class_time_windows={"preemptible": "day"},
+        )
+    manager_with(
+        tmp_path,
+        reserved_pools=PEOPLE,
+        reserved_pool_borrowing="day",
+        time_windows=windows,
+        class_time_windows={"preemptible": "day"},
+    )
+
+
+def test_the_kept_restricted_arrays_follow_every_change_of_the_ledger(tmp_path):
+    """The ledger keeps each pool set's arrays between decisions (FGD's scores survive):
+    after any mix of allocations and releases they equal arrays restricted afresh."""
+    import numpy as np
+
+    from gpuslice_hub.pools import PEAK, _restricted
+
+    ledger = manager_with(tmp_path, n_hosts=3, reserved_pools=PEOPLE).ledger
+    held = []
+    for i in range(30):
+        purpose = "batch" if i % 3 else "interactive"
+        profile = ("share-250", "gpu-1", "gpu-2")[i % 3]
+        with contextlib.suppress(Refused):
+            held.append(ledger.allocate(person(f"u{i}"), profile, f"s{i}", purpose=purpose)[0])
+        if i % 4 == 3:
+            ledger.release(held.pop(0)["id"], "test", "churn")
+        with ledger.db.reading() as s:
+            inv = ledger.inventory_cache.get(s)
+            with ledger.cluster_cache.use(inv, ledger.active_cache.get(s)) as state:
+                assert state is not None
+                for allowed in (frozenset({PEAK}), frozenset({"people"})):
+                    kept = ledger._within(state, allowed, inv.generation, keep=True)
+                    fresh = _restricted(state, ledger.pools.mask(state, allowed, None))
+                    for name in ("gpu_ok", "gpu_free", "mig_ok", "mig_free", "cpu_free"):
+                        assert np.array_equal(getattr(kept, name), getattr(fresh, name)), name

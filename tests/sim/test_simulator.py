@@ -114,6 +114,17 @@ def test_a_spawn_preempts_a_batch_job_which_loses_only_its_unsaved_work(tmp_path
     assert r.batch_useful + r.interactive_useful == pytest.approx(useful)
 
 
+def test_a_multi_gpu_job_counts_the_work_of_every_gpu_it_keeps_busy(tmp_path: Path):
+    # A four-GPU job keeping each of its GPUs 80 % busy for 2 hours does 4 x 800 milli-GPUs
+    # of work for 7 200 s (not one GPU's: the openb trace gives its milli per GPU), and the
+    # samples see four GPUs' worth of use while it runs.
+    job = BatchJob(0, "b0", "g", 0, "gpu-4", 7200, 800, 1, 600.0, gpus=4)
+    r = run(Workload(0.5, [], [job]), "4", tmp_path)
+    assert r.batch_useful == pytest.approx(4 * 800 * 7200)
+    running = [s["busy"] for s in r.samples if 0 < s["t"] < 7200]
+    assert running and all(used == 3200 for used in running)
+
+
 def test_policies_see_the_same_arrivals(tmp_path: Path):
     # the same workload through policy 1 and 4: the first request of every session is made
     # at the same time, and the same jobs are submitted at the same times

@@ -29,7 +29,7 @@ from ..db.models import utcnow
 from ..errors import ConfigError, Refused
 from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
-from ..pools import parse_pools
+from ..pools import check_borrowers_can_borrow, parse_pools
 from ..profiles import Profile
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
@@ -260,6 +260,8 @@ class JobManager(LoggingConfigurable):
             self.windows,
             reserved_priority=100 * PRIORITY_CLASSES["high"],
         )
+        window = self.class_time_windows.get("preemptible")
+        check_borrowers_can_borrow(self.pools, self.windows.get(window) if window else None)
         # placement, the spawn form and refusals all read the split from the ledger
         if ledger is not None:  # (None: a settings check without a ledger)
             ledger.pools = self.pools

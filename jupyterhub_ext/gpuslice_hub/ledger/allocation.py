@@ -184,7 +184,7 @@ class AllocationMixin(CapacityMixin):
                     for i, allowed in enumerate(tries):
                         if state is None:
                             break
-                        usable = self._within(state, allowed, inv.generation)
+                        usable = self._within(state, allowed, inv.generation, keep=True)
                         # one request, however many pools it is tried in
                         result = place_in(
                             request, usable, self.policy, learn=learn and not i, host=host

@@ -118,14 +118,19 @@ class LedgerBase:
         return self.pools.access(purpose, groups, priority, may_borrow)
 
     def _within(
-        self, state: ClusterState, allowed: frozenset[str] | None, generation: int | None
+        self,
+        state: ClusterState,
+        allowed: frozenset[str] | None,
+        generation: int | None,
+        keep: bool = False,
     ) -> ClusterState:
         """``state`` limited to the ``allowed`` pools (all of it for None). ``generation``:
         the inventory generation ``state`` was built from, for the pools' mask cache (None:
-        a state of another layout, not cached)."""
+        a state of another layout, not cached). ``keep``: ``state`` is the ledger's own
+        (``ClusterCache``), whose restricted copy is kept up to date between decisions."""
         if allowed is None or self.pools is None:
             return state
-        return self.pools.restrict(state, allowed, generation)
+        return self.pools.restrict(state, allowed, generation, keep)
 
     def effective_quotas(self, s: Session) -> Quotas:
         """The configured quotas with the admins' runtime overrides applied.

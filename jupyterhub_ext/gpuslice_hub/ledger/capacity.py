@@ -39,7 +39,7 @@ class CapacityMixin(LedgerBase):
     ) -> Refused:
         allowed = access.widest if access is not None else None
         total = self._totals(inv, allowed)[profile.name]
-        usable = None if state is None else self._within(state, allowed, inv.generation)
+        usable = None if state is None else self._within(state, allowed, inv.generation, True)
         others = []
         for other in self.profiles.values():
             if other.name == profile.name or not other.allowed_for(caller.groups):
@@ -69,7 +69,7 @@ class CapacityMixin(LedgerBase):
         others = frozenset(pools.reserved) - access.widest
         if not others:
             return ""
-        free = count_fits(profile.request(), pools.restrict(state, others, generation))
+        free = count_fits(profile.request(), pools.restrict(state, others, generation, keep=True))
         if not free:
             return ""
         names = ", ".join(sorted(others))
@@ -108,7 +108,7 @@ class CapacityMixin(LedgerBase):
             return capacity
         totals = self._totals(inv, allowed)
         with self.cluster_cache.use(inv, self.active_cache.get(s)) as state:
-            usable = None if state is None else self._within(state, allowed, inv.generation)
+            usable = None if state is None else self._within(state, allowed, inv.generation, True)
             capacity = {
                 name: (count_fits(p.request(), usable), totals[name])
                 for name, p in self.profiles.items()
@@ -137,7 +137,7 @@ class CapacityMixin(LedgerBase):
         hosts = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
         empty = from_hosts(hosts) if hosts else None
         if empty is not None:
-            empty = self._within(empty, allowed, inv.generation)
+            empty = self._within(empty, allowed, None)
         return {name: count_fits(p.request(), empty) for name, p in self.profiles.items()}
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
