@@ -505,7 +505,7 @@ class Scheduler:
                     moved = ""
                     if shape not in planned:
                         planned.add(shape)
-                        moved = self._defragment(job, access, borrow, now)
+                        moved = self._defragment(job, access, now)
                     if moved:
                         reasons[job.id] = moved
                     elif rank > 0:
@@ -585,7 +585,7 @@ class Scheduler:
             out[job_id] = "moving" if any(s in ACTIVE for s in states) else "ready"
         return out
 
-    def _defragment(self, job: Any, access: Access | None, borrow: bool, now: datetime) -> str:
+    def _defragment(self, job: Any, access: Access | None, now: datetime) -> str:
         """Move the fewest preemptible jobs that make room for ``job`` (defrag.py), within
         the hourly budget; the waiting reason it then has, or "" when nothing moves."""
         left = self.budget.left(now)
@@ -608,9 +608,15 @@ class Scheduler:
                 )
             )
 
+        pools = self.jobs.pools
+        window_open = pools is not None and pools.borrowing_open(now)
+
         def access_of(other: Any) -> Access | None:
+            # where a moved job may go again: its own pools (a preemptible one borrows too
+            # while the borrowing window is open)
             rank = 100 * PRIORITY_CLASSES[other.priority_class]
-            return self.jobs.ledger.access("batch", other.groups or (), rank, borrow)
+            borrows = window_open and other.priority_class == "preemptible"
+            return self.jobs.ledger.access("batch", other.groups or (), rank, borrows)
 
         move = plan_move(
             self.jobs.ledger, job.id, profile, access, candidates, access_of, max_moves=left
