@@ -109,7 +109,7 @@ def split_free_capacity(tmp_path: Path, moves_per_hour: int) -> tuple[Scheduler,
 
 def test_a_job_refused_for_split_capacity_gets_it_by_moving_a_preemptible_job(tmp_path):
     scheduler, first, second, wide = split_free_capacity(tmp_path, moves_per_hour=4)
-    t = datetime(2026, 12, 7, 9, 1, tzinfo=UTC)
+    t = datetime(2026, 12, 7, 9, 10, tzinfo=UTC)
 
     scheduler.tick(t)
     assert job(scheduler, wide).state == "queued"
@@ -144,7 +144,7 @@ def test_a_job_refused_for_split_capacity_gets_it_by_moving_a_preemptible_job(tm
 
 def test_without_defragmentation_the_job_waits_beside_the_split_capacity(tmp_path):
     scheduler, first, second, wide = split_free_capacity(tmp_path, moves_per_hour=0)
-    scheduler.tick(datetime(2026, 12, 7, 9, 1, tzinfo=UTC))
+    scheduler.tick(datetime(2026, 12, 7, 9, 10, tzinfo=UTC))
     assert job(scheduler, wide).state == "queued"
     assert (job(scheduler, first).state, job(scheduler, second).state) == ("starting",) * 2
     assert job(scheduler, wide).waiting_reason.startswith("No gpu-1 free")  # type: ignore[union-attr]
@@ -154,7 +154,7 @@ def test_nothing_moves_when_the_moved_job_would_not_fit_elsewhere(tmp_path):
     scheduler, first, second, wide = split_free_capacity(tmp_path, moves_per_hour=4)
     # a person takes the other half of one GPU: a move would leave its job nowhere to go
     scheduler.jobs.ledger.allocate(Caller("pat", (), "pat"), "share-500", "")
-    scheduler.tick(datetime(2026, 12, 7, 9, 1, tzinfo=UTC))
+    scheduler.tick(datetime(2026, 12, 7, 9, 10, tzinfo=UTC))
     assert job(scheduler, wide).state == "queued"
     assert (job(scheduler, first).state, job(scheduler, second).state) == ("starting",) * 2
     assert scheduler.jobs.moved_jobs == 0
@@ -172,3 +172,13 @@ def test_the_hourly_budget_bounds_the_moves():
 def test_a_negative_budget_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="defragment_moves_per_hour"):
         scheduler_with(tmp_path, -1)
+
+
+def test_a_job_that_started_lately_is_not_moved(tmp_path):
+    # the jobs started at 09:00 and 09:00:01; five minutes must pass before either moves
+    scheduler, first, second, wide = split_free_capacity(tmp_path, moves_per_hour=4)
+    scheduler.tick(datetime(2026, 12, 7, 9, 4, tzinfo=UTC))
+    assert (job(scheduler, first).state, job(scheduler, second).state) == ("starting",) * 2
+    assert job(scheduler, wide).waiting_reason.startswith("No gpu-1 free")  # type: ignore[union-attr]
+    scheduler.tick(datetime(2026, 12, 7, 9, 10, tzinfo=UTC))
+    assert scheduler.jobs.moved_jobs == 1

@@ -28,6 +28,8 @@ from ..profiles import Profile
 # Jobs that may be moved: running, and preemptible (a checkpoint and a restart is all a
 # move costs them).
 MOVABLE_STATES = ("starting", "running")
+# Hosts a plan looks at, the likeliest first: each costs a rebuild of the cluster's arrays
+MAX_HOSTS = 16
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class Move:
     jobs: tuple[int, ...]
     # milli-GPUs the moved jobs hold: the work that checkpoints and restarts
     moved_milli: int
+    # the allocations the moved jobs give back: the move is done once none is held
+    freed: frozenset[int] = frozenset()
 
 
 def plan_move(
@@ -62,18 +66,41 @@ def plan_move(
     for job in candidates:
         if job.state not in MOVABLE_STATES or job.priority_class != "preemptible":
             continue
-        held = [by_id.get(int(i)) for i in job.allocation_ids or []]
-        if held and all(a is not None for a in held):
+        found = [by_id.get(int(i)) for i in job.allocation_ids or []]
+        held = [a for a in found if a is not None]
+        if held and len(held) == len(found):
             movable.append((job, held))
     if not movable:
         return None
     request = profile.request()
     allowed = access.widest if access is not None else None
+    built = build_hosts(hosts, gpus, active)
+    if not built:
+        return None
+    state = ledger._within(from_hosts(built), allowed, None)
+    # Moves change where capacity is free, never how much: without enough free in all,
+    # no move can make room (the common case on a full cluster: no plan is tried)
+    need = request.gpu_milli if request.kind == "share" else 1000 * request.count
+    if request.kind in ("share", "gpu") and int(state.free_gpu_total().sum()) < need:
+        return None
+    # the hosts most likely to make room first: free plus movable capacity, a bounded
+    # number of them (each costs a rebuild of the cluster's arrays)
+    free_on = dict(zip(state.names, state.free_gpu_total().tolist(), strict=True))
+    movable_on: dict[str, int] = {}
+    for _, held in movable:
+        for a in held:
+            movable_on[a.host] = movable_on.get(a.host, 0) + a.gpu_milli
+    ranked = sorted(movable_on, key=lambda h: -(movable_on[h] + free_on.get(h, 0)))
     best: Move | None = None
-    for host in sorted({a.host for _, held in movable for a in held}):
+    for host in ranked[:MAX_HOSTS]:
         on_host = [(job, held) for job, held in movable if any(a.host == host for a in held)]
-        # the largest first: fewest moves
-        on_host.sort(key=lambda jh: -sum(a.gpu_milli for a in jh[1] if a.host == host))
+        # the largest first (fewest moves), then the least work since a checkpoint
+        on_host.sort(
+            key=lambda jh: (
+                -sum(a.gpu_milli for a in jh[1] if a.host == host),
+                -_saved_at(jh[0]),
+            )
+        )
         removed = _enough(ledger, hosts, gpus, active, host, request, allowed, on_host)
         if removed is None or len(removed) > max_moves:
             continue
@@ -84,10 +111,16 @@ def plan_move(
         ):
             continue
         milli = sum(a.gpu_milli for _, held in removed for a in held)
-        best = Move(for_job, host, tuple(job.id for job, _ in removed), milli)
+        freed = frozenset(a.id for _, held in removed for a in held)
+        best = Move(for_job, host, tuple(job.id for job, _ in removed), milli, freed)
         if len(best.jobs) == 1:
             break
     return best
+
+
+def _saved_at(job: Any) -> float:
+    saved = getattr(job, "last_checkpoint_at", None) or getattr(job, "attempt_started_at", None)
+    return saved.timestamp() if saved else 0.0
 
 
 def _enough(

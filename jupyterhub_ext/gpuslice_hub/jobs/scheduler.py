@@ -452,8 +452,12 @@ class Scheduler:
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
         ordered = queue_order(ready, now, self.jobs.aging_seconds)
-        # a job whose room was made by moving others takes it first (stable: else in order)
-        ordered.sort(key=lambda j: j.id not in moving or moving[j.id] != "ready")
+        # The plan's order: the job whose room is made takes it first, then the jobs moved
+        # for it go where the plan found room for them, then the rest (stable sort).
+        came_back = {i for j, st in moving.items() if st == "ready" for i in self.moves[j][0].jobs}
+        ordered.sort(
+            key=lambda j: 0 if moving.get(j.id) == "ready" else 1 if j.id in came_back else 2
+        )
         for job in ordered:
             rank = PRIORITY_CLASSES[job.priority_class]
             if moving.get(job.id) == "moving":
@@ -491,7 +495,9 @@ class Scheduler:
             refusal = refused.get(shape) or refused.get(mine)
             granted = None
             if refusal is None:
-                granted, refusal = self._allocate(job, first, access, borrow, only)
+                # no job takes the room being made for another (people may: they come first)
+                avoid = frozenset(m.host for i, (m, _) in self.moves.items() if i != job.id)
+                granted, refusal = self._allocate(job, first, access, borrow, only, avoid)
                 if refusal is not None:
                     capacity = refusal.code == "no_capacity"
                     refused[shape if capacity else mine] = refusal
@@ -527,6 +533,7 @@ class Scheduler:
         access: Access | None = None,
         borrow: bool = False,
         only: frozenset[str] | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> tuple[list[dict[str, Any]], None] | tuple[None, Refused]:
         caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
         if job.slices > 1:
@@ -554,6 +561,7 @@ class Scheduler:
                     learn=learn and not got,
                     may_borrow=borrow,
                     only=only,
+                    avoid=avoid,
                 )
             except Refused as e:
                 self.jobs.release(
@@ -581,8 +589,15 @@ class Scheduler:
             if job_id not in queued or now >= until:
                 self.moves.pop(job_id, None)
                 continue
-            states = [row.state if (row := self.jobs.row(i)) else None for i in move.jobs]
-            out[job_id] = "moving" if any(s in ACTIVE for s in states) else "ready"
+            rows = [self.jobs.row(i) for i in move.jobs]
+            # done once every moved job has given back what the plan freed (one that
+            # checkpointed first and started again elsewhere is done too)
+            still = any(
+                row is not None
+                and (row.state == "preempting" or move.freed & set(row.allocation_ids or []))
+                for row in rows
+            )
+            out[job_id] = "moving" if still else "ready"
         return out
 
     def _defragment(self, job: Any, access: Access | None, now: datetime) -> str:
@@ -593,17 +608,21 @@ class Scheduler:
         if (
             not left
             or job.slices != 1
-            or job.id in self.moves
+            # one move at a time: two plans under way would count on the same free places
+            or self.moves
             or (last and now - last < DEFRAG_RETRY)
         ):
             return ""
         self._planned[job.id] = now
         profile = self.jobs.ledger.profiles[job.profile]
         with self.jobs.db.reading() as s:
+            # not a job that (re)started lately: it would be moved again and again
             candidates = list(
                 s.connection().execute(
                     select(JOBS).where(
-                        JOBS.c.state.in_(MOVABLE_STATES), JOBS.c.priority_class == "preemptible"
+                        JOBS.c.state.in_(MOVABLE_STATES),
+                        JOBS.c.priority_class == "preemptible",
+                        JOBS.c.attempt_started_at <= now - DEFRAG_RETRY,
                     )
                 )
             )
@@ -627,15 +646,16 @@ class Scheduler:
         self.moves[job.id] = (move, now + timedelta(seconds=self.jobs.preempt_grace + 120))
         self._planned.pop(job.id, None)
         for other in move.jobs:
-            # (Refused: it ended meanwhile; its room is free the sooner)
-            with contextlib.suppress(Refused):
+            try:
                 self.jobs.preempt(
                     other,
                     "scheduler",
                     f"moved to make room for job {job.id} (the free capacity it needs is split "
                     "across GPUs); resumes elsewhere from its checkpoint",
                 )
-        self.jobs.moved_jobs += len(move.jobs)
+            except Refused:
+                continue  # it ended meanwhile: its room is free the sooner, nothing moved
+            self.jobs.moved_jobs += 1
         self.jobs.moved_milli += move.moved_milli
         self.log.info("job %s: moving jobs %s off %s to make room", job.id, move.jobs, move.host)
         return (

@@ -76,6 +76,7 @@ class AllocationMixin(CapacityMixin):
         learn: bool = True,
         may_borrow: bool = False,
         only: frozenset[str] | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, Any], bool]:
         """Allocate a slice; returns (allocation, created). Raises Refused, or Pending (below).
 
@@ -87,7 +88,8 @@ class AllocationMixin(CapacityMixin):
         ``may_borrow``: a preemptible batch job inside the reserved pools' borrowing window
         may take idle reserved GPUs (pools.py); the pools a request may use are tried in
         their order. ``only``: of those, these pools only (the scheduler keeps a job out of
-        the pools a job ahead of it waits for).
+        the pools a job ahead of it waits for). ``avoid``: hosts it may not be placed on
+        (room being made there for another job by moving preemptible ones).
         An interactive spawn that finds no capacity, of a profile with ``preempt_batch``,
         gets ``Pending`` (ask again later) when ``preempt_hook`` starts freeing a slice, but
         only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
@@ -104,7 +106,15 @@ class AllocationMixin(CapacityMixin):
                 if access is None:
                     raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
             return self._allocate(
-                caller, profile, server_name, purpose, priority, preemptible, learn, access=access
+                caller,
+                profile,
+                server_name,
+                purpose,
+                priority,
+                preemptible,
+                learn,
+                access=access,
+                avoid=avoid,
             )
         except Refused as refused:
             e = refused
@@ -146,6 +156,7 @@ class AllocationMixin(CapacityMixin):
         host: str | None = None,
         enforce_quota: bool = True,
         access: Access | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, Any], bool]:
         if not profile.allowed_for(caller.groups) and enforce_quota:
             raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
@@ -187,7 +198,12 @@ class AllocationMixin(CapacityMixin):
                         usable = self._within(state, allowed, inv.generation, keep=True)
                         # one request, however many pools it is tried in
                         result = place_in(
-                            request, usable, self.policy, learn=learn and not i, host=host
+                            request,
+                            usable,
+                            self.policy,
+                            learn=learn and not i,
+                            host=host,
+                            avoid=avoid,
                         )
                         if isinstance(result, Placement):
                             break

@@ -51,10 +51,12 @@ def place_in(
     *,
     learn: bool = True,
     host: str | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> Placement | Refusal:
     """``place`` on arrays the caller keeps (the service's ``ClusterCache``); not modified
-    except for the policy's score cache. ``host``: on that host or nowhere."""
-    chosen = select(state, request, policy, learn, host)
+    except for the policy's score cache. ``host``: on that host or nowhere; ``avoid``: not
+    on these hosts."""
+    chosen = select(state, request, policy, learn, host, avoid)
     if chosen is None:
         if host is not None:
             return Refusal(f"no room on {host}")

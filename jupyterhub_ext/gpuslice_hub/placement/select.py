@@ -16,6 +16,7 @@ def select(
     policy: Policy,
     learn: bool = True,
     host: str | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> tuple[int, list[int]] | None:
     """(host index, GPU slots) for ``request``, or None when no host can take it.
 
@@ -31,6 +32,8 @@ def select(
     candidates = np.flatnonzero(feasible_mask(state, request))
     if host is not None:
         candidates = candidates[[state.names[i] == host for i in candidates]]
+    if avoid:
+        candidates = candidates[[state.names[i] not in avoid for i in candidates]]
     if candidates.size == 0:
         return None
     return policy.choose(state, request, candidates)
