@@ -355,13 +355,14 @@ class Simulation:
         ``until``, the stretch playing at ``until``, and when that stretch began."""
         t, useful = live.since, 0.0
         stretches = live.session.stretches
+        gpus = live.session.gpus
         for k in range(live.stretch, len(stretches)):
             st = stretches[k]
             if t + st.seconds > until:
                 # cut here: the part of an active stretch played so far did not finish
-                lost = st.busy_milli * (min(until, self.horizon) - t) if st.active else 0.0
+                lost = gpus * st.busy_milli * (min(until, self.horizon) - t) if st.active else 0.0
                 return useful, max(lost, 0.0), k, t
-            useful += st.busy_milli * max(0.0, min(t + st.seconds, self.horizon) - t)
+            useful += gpus * st.busy_milli * max(0.0, min(t + st.seconds, self.horizon) - t)
             t += st.seconds
         return useful, 0.0, len(stretches), t
 
@@ -479,7 +480,7 @@ class Simulation:
             t = live.since
             for st in live.session.stretches[live.stretch :]:
                 if t + st.seconds > at:
-                    busy += st.busy_milli
+                    busy += st.busy_milli * live.session.gpus
                     break
                 t += st.seconds
         runs = self.backend.progress(at)

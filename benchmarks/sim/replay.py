@@ -107,7 +107,11 @@ def export(
         profile = catalog_profile(a.kind, a.gpu_milli, mig_of.get(a.id, ""))
         group = (a.groups or ["(no group)"])[0]
         arrival = (a.created_at - start).total_seconds()
-        sessions.append(Session(len(sessions), a.user, group, arrival, profile, tuple(stretches)))
+        # a server of several whole GPUs: the stretches are per GPU (drawn for one GPU)
+        gpus = max(1, a.gpu_milli // 1000) if a.kind == "gpu" else 1
+        sessions.append(
+            Session(len(sessions), a.user, group, arrival, profile, tuple(stretches), gpus)
+        )
     batch: list[BatchJob] = []
     for j in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):
         if not start <= j.submitted_at <= end:

@@ -35,7 +35,8 @@ class Stretch:
 @dataclass(frozen=True)
 class Session:
     """A researcher's server: asks for ``profile`` (the slice they would pick) at
-    ``arrival``; then its stretches play. Once the stretches are over, it stops."""
+    ``arrival``; then its stretches play. Once the stretches are over, it stops. A server of
+    several whole GPUs keeps each of its ``gpus`` as busy as a stretch says."""
 
     id: int
     user: str
@@ -43,6 +44,7 @@ class Session:
     arrival: float
     profile: str
     stretches: tuple[Stretch, ...]
+    gpus: int = 1
 
     @property
     def length(self) -> float:

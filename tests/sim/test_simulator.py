@@ -37,6 +37,17 @@ def test_one_session_gives_the_exact_allocation_and_utilization(tmp_path: Path):
     assert s["wait_p50"] == 0 and s["requests"] == 1 and s["refused_share"] == 0
 
 
+def test_a_server_of_two_gpus_counts_the_work_of_both(tmp_path: Path):
+    # an hour with each of its two GPUs 40 % busy (the stretches are per GPU), then stopped
+    two = Session(0, "user0", "g", 600, "gpu-2", (Stretch(3600, 400),), gpus=2)
+    r = run(Workload(1, [two]), "1", tmp_path)
+    s = summary(r)
+    assert s["allocation_rate"] == pytest.approx(2000 * 3600 / (8000 * DAY))
+    assert r.interactive_useful == pytest.approx(2 * 400 * 3600)
+    busy = [x["busy"] for x in r.samples if 600 < x["t"] < 4200]
+    assert busy and all(b == 800 for b in busy)
+
+
 def test_a_ninth_session_waits_for_the_first_to_stop(tmp_path: Path):
     # Eight whole GPUs held from 0 to 1 000 s. The ninth asks at 100 s, is refused, and
     # tries again every 300 s (Settings.retry_after_refusal): 400, 700, then 1 000 s, when
