@@ -43,6 +43,7 @@ from .admin.sampler import start_sampler
 from .api.admin import admin_handlers
 from .api.admin_views import (
     AdminCapacityHandler,
+    AdminOvercommitHandler,
     AdminOverviewHandler,
     AdminPoolsHandler,
     AdminUsageHandler,
@@ -75,7 +76,14 @@ from .kubecluster import (
 )
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
-from .metrics import DefragCollector, SplitPoolCollector, TimeWindowCollector, make_registry
+from .metrics import (
+    DefragCollector,
+    OvercommitCollector,
+    SplitPoolCollector,
+    TimeWindowCollector,
+    make_registry,
+)
+from .overcommit import MAX_RATIO, OvercommitHistory, OvercommitSettings
 from .overrides import AdminSettings
 from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
@@ -301,6 +309,38 @@ class GPUSliceService(Application):
         "sum is rounded up to a multiple of 50 (a twentieth of a GPU).",
     ).tag(config=True)
 
+    share_overcommit_ratio = Float(
+        1.0,
+        help="""Overcommit of time-sliced shares from history (1: off; at most 2). A holder
+        whose observed peak memory over ``share_overcommit_days`` leaves room is charged
+        less than their share promises — their peak times ``share_overcommit_headroom``,
+        never less than the promise divided by this ratio — so a GPU takes up to this many
+        times its memory in memory caps (and its compute in shares). Each holder's memory
+        cap stays what they asked for and is still enforced per kernel; the admin panel's
+        *Overcommit* section shows what was overcommitted and the memory-cap warnings and
+        kills it cost. Only share profiles with a ``gpu_memory_mib`` cap are overcommitted,
+        and only with gpuslice's own placement (not with Slurm or Kubernetes placing).""",
+    ).tag(config=True)
+
+    share_overcommit_headroom = Float(
+        1.2,
+        help="An overcommitted share is charged its holder's observed peak memory times this "
+        "(from 1 to 3), rounded up, never more than its cap.",
+    ).tag(config=True)
+
+    share_overcommit_days = Float(
+        30.0,
+        help="""Days of history overcommit looks at: the most memory each user's allocations of
+        each share profile reported. At most 90, and at most ``history_retention_days`` when
+        that is set.""",
+    ).tag(config=True)
+
+    share_overcommit_min_hours = Float(
+        24.0,
+        help="Hours a user must have held a share profile (with usage reports) in "
+        "``share_overcommit_days`` before their history is trusted to overcommit it (>= 1).",
+    ).tag(config=True)
+
     ip = Unicode(help="Address to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(
         config=True
     )
@@ -320,6 +360,7 @@ class GPUSliceService(Application):
     admin_settings: AdminSettings | None = None
     capacity: CapacityCheckCache | None = None
     suggestion_settings: SuggestionSettings
+    overcommit_settings: OvercommitSettings
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
     jobs: JobManager | None = None
@@ -417,6 +458,7 @@ class GPUSliceService(Application):
                 "admin panel's longest window",
             )
         self.suggestion_settings = self._parse_suggestion_settings()
+        self.overcommit_settings = self._parse_overcommit_settings()
         if self.inventory_refresh_interval < 0:
             raise ConfigError(
                 "inventory_refresh_interval", "must be >= 0 seconds (0: at start only)"
@@ -460,6 +502,59 @@ class GPUSliceService(Application):
             self.quota_suggestion_factor,
             self.quota_suggestion_buffer_slices,
             self.quota_suggestion_buffer_milli,
+        )
+
+    def _parse_overcommit_settings(self) -> OvercommitSettings:
+        """The overcommit settings, refused when out of range or when they would do nothing."""
+        ratio = self.share_overcommit_ratio
+        if not 1.0 <= ratio <= MAX_RATIO:
+            raise ConfigError("share_overcommit_ratio", f"must be from 1 (off) to {MAX_RATIO:g}")
+        configured = self.config.GPUSliceService
+        if ratio == 1.0:
+            for key in (
+                "share_overcommit_headroom",
+                "share_overcommit_days",
+                "share_overcommit_min_hours",
+            ):
+                if key in configured:
+                    raise ConfigError(
+                        key, "does nothing while share_overcommit_ratio is 1 (overcommit off)"
+                    )
+            return OvercommitSettings()
+        if not 1.0 <= self.share_overcommit_headroom <= 3.0:
+            raise ConfigError("share_overcommit_headroom", "must be from 1 to 3")
+        days = self.share_overcommit_days
+        if not 0 < days <= 90:
+            raise ConfigError("share_overcommit_days", "must be > 0 and at most 90 days")
+        if 0 < self.history_retention_days < days:
+            raise ConfigError(
+                "share_overcommit_days",
+                f"is longer than history_retention_days ({self.history_retention_days:g}): "
+                "the allocations it would look at are deleted before then",
+            )
+        if self.share_overcommit_min_hours < 1:
+            raise ConfigError("share_overcommit_min_hours", "must be >= 1 hour")
+        engines = [
+            f"{key} = {getattr(self, key)!r}"
+            for key in ("gpu_backend", "job_backend")
+            if getattr(self, key) in ("slurm", "kubernetes")
+        ]
+        if engines:
+            raise ConfigError(
+                "share_overcommit_ratio",
+                f"is applied by gpuslice's own placement; with {' and '.join(engines)} the "
+                "engine counts the shares (Slurm's shard counts, the device plugin's replicas)",
+            )
+        if not any(
+            p.kind == "share" and p.gpu_memory_mib > 0 for p in self.parsed_profiles.values()
+        ):
+            raise ConfigError(
+                "share_overcommit_ratio",
+                "no profile could be overcommitted: only share profiles with a gpu_memory_mib "
+                "cap are",
+            )
+        return OvercommitSettings(
+            ratio, self.share_overcommit_headroom, days, self.share_overcommit_min_hours
         )
 
     def _parse_idle_policy(self) -> PolicyConfig:
@@ -521,6 +616,7 @@ class GPUSliceService(Application):
             self.policy,
             on_refusal=lambda profile, code: self.refusals.labels(profile, code).inc(),
         )
+        self.ledger.overcommit = OvercommitHistory(self.overcommit_settings)
         learned = self.ledger.learn_from_history()
         if learned:
             self.log.info("placement policy: learned from the last %d requests", learned)
@@ -547,6 +643,7 @@ class GPUSliceService(Application):
             (url_path_join(api, "admin/usage"), AdminUsageHandler),
             (url_path_join(api, "admin/capacity"), AdminCapacityHandler),
             (url_path_join(api, "admin/pools"), AdminPoolsHandler),
+            (url_path_join(api, "admin/overcommit"), AdminOvercommitHandler),
             (url_path_join(api, "admin/quota-suggestions"), QuotaSuggestionsHandler),
             (url_path_join(prefix, "admin"), AdminPageHandler),
             (url_path_join(prefix, "metrics"), MetricsHandler),
@@ -617,6 +714,8 @@ class GPUSliceService(Application):
             self.registry.register(TimeWindowCollector(self.jobs))
         if self.ledger.pools is not None:
             self.registry.register(SplitPoolCollector(self.ledger))
+        if self.overcommit_settings.on:
+            self.registry.register(OvercommitCollector(self.ledger))
         if self.jobs is not None and self.jobs.defragment_moves_per_hour:
             self.registry.register(DefragCollector(self.jobs))
         ip, port = self._service_url()

@@ -12,7 +12,7 @@ from typing import Any
 from .placement import GPUState, HostState, MigSlotState, Placement, Request
 from .placement.fit import fit_counts
 from .placement.state import ClusterState, fill_row, from_hosts
-from .snapshot import InventoryView
+from .snapshot import InventoryView, taken
 
 
 def build_hosts(
@@ -64,7 +64,7 @@ class _Layout:
             for c in a.claims:
                 held = by_uuid.get(c.gpu_uuid) if c.active else None
                 if held is not None:
-                    _take(held, c.mig_uuid, c.milli, c.memory_mib)
+                    _take(held, c.mig_uuid, *taken(c))
         return state
 
 

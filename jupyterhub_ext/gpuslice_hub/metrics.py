@@ -21,6 +21,7 @@ from .db.jobs_models import JobRow
 from .db.models import EventRow, utcnow
 from .jobs.manager import JobManager
 from .ledger import Ledger
+from .snapshot import taken
 
 
 class LedgerCollector(Collector):
@@ -364,6 +365,35 @@ class SplitPoolCollector(Collector):
                 "1 while preemptible jobs may borrow the reserved pools",
                 value=1 if standing["borrowing"]["open"] else 0,
             )
+
+
+class OvercommitCollector(Collector):
+    """Overcommitted shares held now (``GPUSliceService.share_overcommit_ratio``): how many,
+    and how much memory their caps promise beyond what they are charged. What it costs is
+    ``gpuslice_idle_events_total{kind="memory-warning"|"memory-culled"}`` and the admin
+    panel's *Overcommit* section (per holder)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        _, _, active = self.ledger.snapshot()
+        claims = [c for a in active for c in a.claims if c.active and c.charged_milli is not None]
+        yield GaugeMetricFamily(
+            "gpuslice_overcommit_shares",
+            "Shares held now that are charged less than they promise (overcommitted)",
+            value=len(claims),
+        )
+        yield GaugeMetricFamily(
+            "gpuslice_overcommit_memory_mib",
+            "Memory (MiB) the caps of overcommitted shares promise beyond what they are charged",
+            value=sum(c.memory_mib - taken(c)[1] for c in claims),
+        )
+        yield GaugeMetricFamily(
+            "gpuslice_overcommit_milli",
+            "Milli-GPU overcommitted shares promise beyond what they are charged",
+            value=sum(c.milli - taken(c)[0] for c in claims),
+        )
 
 
 def make_registry(

@@ -45,6 +45,9 @@ def allocation_json(a: Any, gpus: Mapping[str, Any] | None = None) -> dict[str, 
                 "memory_mib": c.memory_mib,
                 "mig_uuid": c.mig_uuid,
                 "mig_profile": mig_profile,
+                # an overcommitted share: what it takes of the GPU (null: milli and memory_mib)
+                "charged_milli": c.charged_milli,
+                "charged_memory_mib": c.charged_memory_mib,
             }
         )
     return {

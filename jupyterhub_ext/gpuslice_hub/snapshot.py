@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
@@ -70,6 +71,16 @@ class ClaimView:
     memory_mib: int
     exclusive_key: str | None
     active: bool
+    charged_milli: int | None = None
+    charged_memory_mib: int | None = None
+
+
+def taken(claim: Any) -> tuple[int, int]:
+    """What a claim (a view or a row) takes of its GPU: its milli-GPU and memory, less than
+    its nominal share when overcommitted (``overcommit.py``)."""
+    milli = claim.milli if claim.charged_milli is None else claim.charged_milli
+    memory = claim.memory_mib if claim.charged_memory_mib is None else claim.charged_memory_mib
+    return milli, memory
 
 
 @dataclass

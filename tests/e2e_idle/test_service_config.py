@@ -132,3 +132,78 @@ def test_quota_suggestion_settings_are_read():
     app.load_settings()
     s = app.suggestion_settings
     assert (s.days, s.factor, s.buffer_slices, s.buffer_milli) == (14.0, 1.5, 1.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "profiles", "key", "needle"),
+    [
+        ({"share_overcommit_ratio": 0.9}, PROFILES, "share_overcommit_ratio", "1 (off) to 2"),
+        ({"share_overcommit_ratio": 2.5}, PROFILES, "share_overcommit_ratio", "1 (off) to 2"),
+        # settings that would do nothing with overcommit off
+        ({"share_overcommit_headroom": 1.5}, PROFILES, "share_overcommit_headroom", "off"),
+        ({"share_overcommit_days": 7.0}, PROFILES, "share_overcommit_days", "off"),
+        ({"share_overcommit_min_hours": 2.0}, PROFILES, "share_overcommit_min_hours", "off"),
+        (
+            {"share_overcommit_ratio": 1.2, "share_overcommit_headroom": 0.9},
+            PROFILES,
+            "share_overcommit_headroom",
+            "1 to 3",
+        ),
+        (
+            {"share_overcommit_ratio": 1.2, "share_overcommit_days": 91.0},
+            PROFILES,
+            "share_overcommit_days",
+            "at most 90",
+        ),
+        (
+            {
+                "share_overcommit_ratio": 1.2,
+                "share_overcommit_days": 60.0,
+                "history_retention_days": 45.0,
+            },
+            PROFILES,
+            "share_overcommit_days",
+            "history_retention_days (45)",
+        ),
+        (
+            {"share_overcommit_ratio": 1.2, "share_overcommit_min_hours": 0.5},
+            PROFILES,
+            "share_overcommit_min_hours",
+            ">= 1 hour",
+        ),
+        # nothing it could apply to: shares without a memory cap are not overcommitted
+        (
+            {"share_overcommit_ratio": 1.2},
+            [{"name": "share", "kind": "share", "gpu_milli": 250}],
+            "share_overcommit_ratio",
+            "no profile could be overcommitted",
+        ),
+        # an engine that counts the shares itself
+        (
+            {"share_overcommit_ratio": 1.2, "job_backend": "slurm"},
+            PROFILES,
+            "share_overcommit_ratio",
+            "job_backend = 'slurm'",
+        ),
+    ],
+)
+def test_bad_overcommit_settings_are_refused_naming_the_key(settings, profiles, key, needle):
+    config = Config()
+    config.GPUSliceService.profiles = profiles
+    for name, value in settings.items():
+        setattr(config.GPUSliceService, name, value)
+    with pytest.raises(ConfigError) as e:
+        GPUSliceService(config=config).load_settings()
+    assert e.value.key == key and needle in str(e.value), str(e.value)
+
+
+def test_overcommit_settings_are_read():
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.share_overcommit_ratio = 1.3
+    config.GPUSliceService.share_overcommit_days = 14.0
+    config.GPUSliceService.share_overcommit_min_hours = 8.0
+    app = GPUSliceService(config=config)
+    app.load_settings()
+    s = app.overcommit_settings
+    assert (s.on, s.ratio, s.headroom, s.days, s.min_hours) == (True, 1.3, 1.2, 14.0, 8.0)

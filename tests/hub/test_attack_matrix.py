@@ -152,6 +152,7 @@ TABLE: dict[tuple[str, str], tuple[dict[str, str], frozenset[int]]] = {
     ("GET", "/api/admin/usage"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/capacity"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/pools"): (ADMIN_SCOPE, frozenset()),
+    ("GET", "/api/admin/overcommit"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/quota-suggestions"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/metrics"): (ADMIN_SCOPE, frozenset()),
 }
@@ -983,6 +984,7 @@ def test_the_admin_read_side_is_still_healthy(world: World):
         "/api/admin/usage",
         "/api/admin/capacity",
         "/api/admin/pools",
+        "/api/admin/overcommit",
         "/api/admin/quota-suggestions",
         "/api/admin/quotas",
         "/api/admin/actions",

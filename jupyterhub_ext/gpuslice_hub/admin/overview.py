@@ -82,6 +82,8 @@ def _gpu(
                 "mig_profile": None,
                 "milli": c.milli,
                 "memory_mib": c.memory_mib,
+                "charged_milli": c.charged_milli,
+                "charged_memory_mib": c.charged_memory_mib,
                 "holder": _holder(pool, a),
             }
             for a, c in sorted(held, key=lambda ac: ac[0].id)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..ledger import Ledger
 from ..pools import PEAK, Pools
+from ..snapshot import taken
 
 USES = ("interactive", "batch", "borrowed", "external")
 
@@ -47,7 +48,7 @@ def pool_standing(ledger: Ledger, now: datetime) -> dict[str, Any]:
             figures[where][f"{use}_milli"] += c.milli
             if c.gpu_uuid not in drained:
                 # (a drained GPU's holders keep it, but it offers nothing more)
-                figures[where]["free_milli"] -= c.milli
+                figures[where]["free_milli"] -= taken(c)[0]
     window = pools.borrow_window
     return {
         "pools": list(figures.values()),

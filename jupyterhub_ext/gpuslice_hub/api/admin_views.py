@@ -6,6 +6,7 @@ import asyncio
 from datetime import timedelta
 
 from ..admin.accounting import group_usage
+from ..admin.overcommit import overcommit_view
 from ..admin.overview import overview
 from ..admin.quota_suggestions import quota_suggestions
 from ..admin.split_pools import pool_standing
@@ -81,6 +82,17 @@ class AdminPoolsHandler(AdminBase):
     async def get(self) -> None:
         self.admin("the split pools")
         self.write_json(await asyncio.to_thread(pool_standing, self.ledger, utcnow()))
+
+
+class AdminOvercommitHandler(AdminBase):
+    """``GET api/admin/overcommit``: the settings, each GPU holding an overcommitted share
+    (memory promised, charged and in use), the memory-cap warnings and kills of
+    overcommitted holders, and who is charged less at their next spawn."""
+
+    @api_authenticated
+    async def get(self) -> None:
+        self.admin("overcommit")
+        self.write_json(await asyncio.to_thread(overcommit_view, self.ledger, utcnow()))
 
 
 class QuotaSuggestionsHandler(AdminBase):

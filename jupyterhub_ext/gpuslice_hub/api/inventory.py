@@ -42,6 +42,8 @@ class InventoryHandler(BaseHandler):
                     "purpose": a.purpose,
                     "milli": c.milli,
                     "memory_mib": c.memory_mib,
+                    "charged_milli": c.charged_milli,
+                    "charged_memory_mib": c.charged_memory_mib,
                     "since": iso(a.created_at),
                 }
                 holders.setdefault(c.mig_uuid or c.gpu_uuid, []).append(entry)

@@ -21,6 +21,8 @@ class UsageReportRow(Base):
     # percent of the busiest device the holder's processes use, as NVML reports it
     utilization: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the most memory any report of this allocation gave (overcommit's history)
+    peak_memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
     idle_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     interval_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 

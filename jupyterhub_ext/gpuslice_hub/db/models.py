@@ -142,6 +142,10 @@ class ClaimRow(Base):
     # the interleaving of writers.
     exclusive_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
+    # What an overcommitted share takes of its GPU (less than milli and memory_mib, which
+    # stay what the holder was promised: its memory cap); NULL: the nominal figures.
+    charged_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    charged_memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allocation: Mapped[AllocationRow] = relationship(back_populates="claims")
 
     __table_args__ = (

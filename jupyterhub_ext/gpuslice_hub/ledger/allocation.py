@@ -160,9 +160,11 @@ class AllocationMixin(CapacityMixin):
     ) -> tuple[dict[str, Any], bool]:
         if not profile.allowed_for(caller.groups) and enforce_quota:
             raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
-        request = profile.request()
         try:
             with self.db.writing() as s:
+                # a share of a holder whose history leaves room is placed as less than it
+                # promises (overcommit.py); everything else as the profile asks
+                request = self.overcommit.request_for(s, caller.user, profile)
                 if purpose == "interactive":
                     held = (
                         s.connection()
@@ -277,7 +279,12 @@ class AllocationMixin(CapacityMixin):
             "charged_group": charge.group,
             "borrowed": charge.borrowed,
             "quota_weight": profile.quota_weight,
-            "gpu_milli": sum(a.milli for a in placement.assignments),
+            # what the slice promises (an overcommitted share is placed as less: see below)
+            "gpu_milli": (
+                profile.gpu_milli
+                if profile.kind == "share"
+                else sum(a.milli for a in placement.assignments)
+            ),
             "cpu_milli": profile.cpu_milli,
             "memory_mib": profile.memory_mib,
             "active": True,
@@ -298,9 +305,18 @@ class AllocationMixin(CapacityMixin):
                 # whole GPUs and MIG instances have one holder at a time; shares don't
                 "exclusive_key": a.mig_uuid or (a.gpu_uuid if profile.kind == "gpu" else None),
                 "active": True,
+                "charged_milli": None,
+                "charged_memory_mib": None,
             }
             for a in placement.assignments
         ]
+        if profile.kind == "share" and claims[0]["milli"] < profile.gpu_milli:
+            # placed as charged (overcommit.py): the claim keeps what it promises, the
+            # holder's cap, and records what it takes of the GPU
+            claims[0]["charged_milli"] = claims[0]["milli"]
+            claims[0]["charged_memory_mib"] = claims[0]["memory_mib"]
+            claims[0]["milli"] = profile.gpu_milli
+            claims[0]["memory_mib"] = profile.gpu_memory_mib
         conn.execute(insert(CLAIMS), claims)
         detail: dict[str, Any] = {
             "host": placement.host,

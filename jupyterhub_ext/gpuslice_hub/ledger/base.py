@@ -22,6 +22,7 @@ from ..db.models import (
     EventRow,
     utcnow,
 )
+from ..overcommit import OvercommitHistory, OvercommitSettings
 from ..overrides import apply_overrides
 from ..placement.engine import Policy
 from ..placement.state import ClusterState
@@ -86,6 +87,8 @@ class LedgerBase:
         ] = lambda caller, profile, server_name, wait_seconds: None
         # Set by the job manager when an admin split the cluster (pools.py)
         self.pools: Pools | None = None
+        # Replaced by the service when GPUSliceService.share_overcommit_ratio > 1
+        self.overcommit = OvercommitHistory(OvercommitSettings())
         self.inventory_cache = InventoryCache()
         self.active_cache = ActiveCache()
         self.cluster_cache = ClusterCache()

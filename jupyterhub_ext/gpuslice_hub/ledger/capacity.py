@@ -201,4 +201,7 @@ class CapacityMixin(LedgerBase):
                 return "every GPU that offers it is drained for maintenance"
             return f"no host has {p.summary()}"
         more = f"; {drained} more on GPUs drained for maintenance" if drained > 0 else ""
+        if self.overcommit.settings.on and p.kind == "share" and p.gpu_memory_mib > 0:
+            # the count is of shares charged in full: holders charged less hold more
+            more += ", and more held through overcommit"
         return f"all in use ({total} of {total} in use{more})"

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table, case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -112,10 +112,19 @@ class RecordsMixin(LedgerBase):
         }
         reports = cast(Table, UsageReportRow.__table__)
         upsert = pg_insert if not self.db.is_sqlite else sqlite_insert
-        stmt = upsert(reports).values(allocation_id=alloc_id, **values)
+        stmt = upsert(reports).values(allocation_id=alloc_id, peak_memory_mib=memory_mib, **values)
+        # The most memory the holder ever reported, for overcommit's history: the greater of
+        # the kept peak and this report's (a report without memory keeps the peak).
+        kept = reports.c.peak_memory_mib
+        peak = case(
+            (stmt.excluded.memory_mib > func.coalesce(kept, -1.0), stmt.excluded.memory_mib),
+            else_=kept,
+        )
         # One statement, safe without the ledger lock: 500 servers reporting every minute
         # do not queue behind spawns.
-        stmt = stmt.on_conflict_do_update(index_elements=[reports.c.allocation_id], set_=values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[reports.c.allocation_id], set_={**values, "peak_memory_mib": peak}
+        )
         with self.db.writing(lock=False) as s:
             s.connection().execute(stmt)
         return now

@@ -70,6 +70,8 @@
 
   const gpus = milli =>
     milli === null || milli === undefined ? '–' : (milli / 1000).toFixed(2).replace(/\.?0+$/, '');
+  const gib = mib =>
+    mib === null || mib === undefined ? '–' : (mib / 1024).toFixed(1).replace(/\.0$/, '');
   const pct = v => (v === null || v === undefined ? '–' : `${Math.round(v)}%`);
 
   function ago(iso) {
@@ -208,7 +210,10 @@
   function sliceLabel(s) {
     if (s.kind === 'mig') return `MIG ${s.mig_profile}`;
     if (s.kind === 'gpu') return 'whole GPU';
-    return `share ${gpus(s.milli)} GPU, ${Math.round(s.memory_mib / 1024)} GiB`;
+    const label = `share ${gpus(s.milli)} GPU, ${Math.round(s.memory_mib / 1024)} GiB`;
+    return s.charged_memory_mib === null || s.charged_memory_mib === undefined
+      ? label
+      : `${label} (overcommitted: charged ${gib(s.charged_memory_mib)} GiB)`;
   }
 
   function renderInventory(ov) {
@@ -830,6 +835,69 @@
     document.querySelector('#gs-pools-table tbody').replaceChildren(...rows);
   }
 
+  // -- overcommit -------------------------------------------------------------------------
+
+  function renderOvercommit(view) {
+    // the section shows only where shares are overcommitted
+    document.getElementById('gs-overcommit').hidden = !view.settings.enabled;
+    const s = view.settings;
+    const t = view.totals;
+    const c = view.cost;
+    document.getElementById('gs-overcommit-summary').textContent =
+      `Up to ${s.ratio}× a GPU's memory in caps; a holder is charged their peak × ${s.headroom} ` +
+      `over ${s.days} days once they have held the profile ${s.min_hours} hours. Now: ` +
+      `${t.overcommitted_shares} overcommitted shares on ${t.gpus} GPUs, ` +
+      `${gib(t.promised_beyond_memory_mib)} GiB promised beyond those GPUs' memory. ` +
+      `Last ${c.days} days: ${c.overcommitted_allocations} overcommitted allocations, ` +
+      `${c.memory_warnings} memory-cap warnings, ${c.memory_culled} kernels stopped at their cap.`;
+    const rows = view.gpus.map(g =>
+      h(
+        'tr',
+        { dataset: { gpu: g.gpu_uuid } },
+        h('th', { scope: 'row' }, `${g.host} #${g.gpu_index}`),
+        h('td', {}, `${gib(g.memory_mib)} GiB`),
+        h('td', {}, `${gib(g.promised_memory_mib)} GiB`),
+        h('td', {}, `${gib(g.charged_memory_mib)} GiB`),
+        h('td', {}, g.in_use_memory_mib === null ? 'no report' : `${gib(g.in_use_memory_mib)} GiB`),
+        h(
+          'td',
+          {},
+          g.holders
+            .map(
+              x =>
+                `${x.user} (${x.profile}` +
+                (x.charged_memory_mib === null
+                  ? ''
+                  : `, charged ${gib(x.charged_memory_mib)} GiB`) +
+                (x.memory_mib === null ? '' : `, using ${gib(x.memory_mib)} GiB`) +
+                ')'
+            )
+            .join('; ')
+        )
+      )
+    );
+    if (!rows.length) {
+      rows.push(h('tr', {}, h('td', { colspan: 6 }, 'No share is overcommitted now.')));
+    }
+    document.querySelector('#gs-overcommit-table tbody').replaceChildren(...rows);
+    const next = view.next_charges.map(n =>
+      h(
+        'tr',
+        { dataset: { user: n.user, profile: n.profile } },
+        h('td', {}, n.user),
+        h('td', {}, n.profile),
+        h('td', {}, `${gib(n.cap_memory_mib)} GiB`),
+        h('td', {}, `${gib(n.peak_memory_mib)} GiB`),
+        h('td', {}, `${n.hours}`),
+        h('td', {}, `${Math.round(n.charge * 100)}% of the share`)
+      )
+    );
+    if (!next.length) {
+      next.push(h('tr', {}, h('td', { colspan: 6 }, 'Nobody has the history to be charged less.')));
+    }
+    document.querySelector('#gs-overcommit-next tbody').replaceChildren(...next);
+  }
+
   // -- the capacity check -----------------------------------------------------------------
 
   function renderCapacity(check) {
@@ -1068,6 +1136,9 @@
       }),
       section('gs-quotas-error', async () => renderQuotas(await api('GET', 'admin/quotas'))),
       section('gs-pools-error', async () => renderPools(await api('GET', 'admin/pools'))),
+      section('gs-overcommit-error', async () =>
+        renderOvercommit(await api('GET', 'admin/overcommit'))
+      ),
       section('gs-exemptions-error', async () =>
         renderExemptions(await api('GET', 'admin/exemptions'))
       ),
