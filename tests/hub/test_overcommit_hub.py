@@ -24,9 +24,7 @@ OVERCOMMIT = "/api/admin/overcommit"
 
 @pytest.mark.hub
 @pytest.mark.browser
-def test_a_holder_with_room_gets_more_shares_and_keeps_their_cap(
-    hub_factory: Any, tmp_path: Path
-):
+def test_a_holder_with_room_gets_more_shares_and_keeps_their_cap(hub_factory: Any, tmp_path: Path):
     need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
     sync_api = need_module("playwright.sync_api")
     spec = yaml.safe_load(SPEC_PATH.read_text())

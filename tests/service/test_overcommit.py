@@ -235,4 +235,3 @@ def test_the_history_is_read_again_only_after_a_while(make_ledger: Any):
     ledger.overcommit.forget()
     (a,) = spawn(ledger, "ann", "s2")["assignments"]
     assert a["charged_milli"] == 200
-
