@@ -36,6 +36,7 @@ from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.jobs.states import PRIORITY_CLASSES
 from gpuslice_hub.jobs.windows import parse_windows
 from gpuslice_hub.ledger import Caller, Ledger
+from gpuslice_hub.overcommit import OvercommitHistory, OvercommitSettings
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.pools import parse_pools
 from gpuslice_hub.profiles import parse_profiles
@@ -127,6 +128,14 @@ class Result:
     # defragmentation: jobs moved, and the milli-GPUs they held (JobManager's counters)
     moved_jobs: int = 0
     moved_milli: int = 0
+    # overcommit: shares granted, how many charged less than they promise, and grants after
+    # which the holders of that GPU would, at their peaks, use more memory than it has
+    share_grants: int = 0
+    overcommitted_grants: int = 0
+    memory_collisions: int = 0
+    # milli-GPU-seconds of compute the holders of a GPU asked beyond its 1000 at once
+    # (estimated at each sample): time slicing divides it, so it is not extra work done
+    contention_milli_seconds: float = 0.0
     wall_seconds: float = 0.0
 
 
@@ -170,6 +179,16 @@ class Simulation:
         inventory = discover("simulated", cluster)
         self.ledger.sync_inventory(inventory)
         self.capacity_milli = 1000 * sum(len(h.gpus) for h in inventory.hosts)
+        self.gpu_memory = {g.uuid: g.memory_mib for h in inventory.hosts for g in h.gpus}
+        # the most memory each share allocation's session uses (MiB), by allocation id
+        self.peak_mib: dict[int, float] = {}
+        overcommit = p.overcommit_settings()
+        if overcommit is not None:
+            # the service's own overcommit, charging from the usage reports the sessions send
+            ratio, min_hours = overcommit
+            self.ledger.overcommit = OvercommitHistory(
+                OvercommitSettings(ratio=ratio, min_hours=min_hours)
+            )
         self.jobs_by_id: dict[int, BatchJob] = {}
         self.backend = SimBackend(
             self.jobs_by_id, self.now, self._tick_at, EPOCH.timestamp(), s.exit_delay
@@ -340,6 +359,8 @@ class Simulation:
             return
         live.alloc, live.since = alloc, now
         live.request.granted = now
+        if alloc["kind"] == "share":
+            self._share_granted(live, alloc)
         self.result.requests.append(live.request)
         self.asking.pop(id(live.request), None)
         self.live[s.id] = live
@@ -372,8 +393,30 @@ class Simulation:
         self.result.interactive_useful += useful
         self._release(live, "server stopped")
 
+    def _share_granted(self, live: Live, alloc: dict[str, Any]) -> None:
+        """Count a granted share, whether it is overcommitted, and whether the holders of its
+        GPU would now, each at its peak, use more memory than the GPU has (batch jobs'
+        shares count at their whole cap: nothing better is known of their memory)."""
+        (claim,) = alloc["assignments"]
+        cap = claim["memory_mib"]
+        self.peak_mib[alloc["id"]] = live.session.peak_memory_share * cap
+        self.result.share_grants += 1
+        self.result.overcommitted_grants += claim.get("charged_milli") is not None
+        gpu = claim["gpu_uuid"]
+        used = 0.0
+        for a in self.ledger.snapshot()[2]:
+            for c in a.claims:
+                if c.active and c.gpu_uuid == gpu:
+                    used += self.peak_mib.get(a.id, c.memory_mib)
+        if used > self.gpu_memory[gpu]:
+            self.result.memory_collisions += 1
+
     def _release(self, live: Live, reason: str) -> None:
         assert live.alloc is not None
+        peak = self.peak_mib.pop(live.alloc["id"], None)
+        if peak is not None and self.policy.overcommit:
+            # the peak its server extension reported while it held the slice
+            self.ledger.record_usage(live.alloc["id"], None, peak, 0.0, 60.0)
         self.ledger.release(live.alloc["id"], live.session.user, reason, server_stopped=True)
         live.alloc = None
         self.live.pop(live.session.id, None)
@@ -489,10 +532,40 @@ class Simulation:
             busy += job.busy_total
         return busy
 
+    def _contention(self, at: float) -> int:
+        """Milli-GPU asked of shared GPUs beyond their 1000 at ``at`` (overcommitted shares
+        can together keep more than a GPU busy; time slicing divides it among them)."""
+        sessions = {live.alloc["id"]: live for live in self.live.values() if live.alloc}
+        running = self.backend.progress(at)
+        asked: dict[str, int] = {}
+        for a in self.ledger.snapshot()[2]:
+            if a.kind != "share":
+                continue
+            busy = 0
+            live = sessions.get(a.id)
+            if live is not None:
+                t = live.since
+                for st in live.session.stretches[live.stretch :]:
+                    if t + st.seconds > at:
+                        busy = st.busy_milli
+                        break
+                    t += st.seconds
+            elif a.server_name.startswith("job-"):
+                job_id = int(a.server_name.removeprefix("job-"))
+                if job_id in running:
+                    busy = self.jobs_by_id[job_id].busy_milli
+            for c in a.claims:
+                asked[c.gpu_uuid] = asked.get(c.gpu_uuid, 0) + busy
+        return sum(max(0, milli - 1000) for milli in asked.values())
+
     def _sample(self) -> None:
         now = self.now()
         figures = totals(read_pool(self.ledger), self.clock.now())
         busy = self._busy_now(now)
+        if self.policy.overcommit:
+            self.result.contention_milli_seconds += (
+                self._contention(now) * self.settings.sample_every
+            )
         self.result.samples.append(
             {
                 "t": now,

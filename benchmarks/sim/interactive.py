@@ -1,7 +1,8 @@
 """Interactive sessions from a generator whose parameters live in ``interactive.toml``.
 
-Every random draw comes from one ``random.Random(seed)``: the same file and seed give the
-same sessions, whichever policy replays them.
+Every draw of times and stretches comes from one ``random.Random(seed)``, the sessions'
+memory peaks from a second stream of the same seed: the same file and seed give the same
+sessions, whichever policy replays them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,11 @@ def _check(p: dict[str, Any]) -> None:
             raise ParameterError(f"session.{key} must be from 0 to 1")
     if not 0 <= s["silent_share"] <= 1:
         raise ParameterError("stretches.silent_share must be from 0 to 1")
+    m = p["memory"]
+    if not 0 < m["peak_median_share"] <= 1:
+        raise ParameterError("memory.peak_median_share must be > 0 and at most 1")
+    if m["user_sigma"] < 0 or not 0 <= m["session_jitter"] < 1:
+        raise ParameterError("memory: need user_sigma >= 0 and 0 <= session_jitter < 1")
 
 
 def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
@@ -103,11 +110,25 @@ def generate(
                     )
                 )
     sessions.sort(key=lambda s: (s.arrival, s.id))
-    return [Session(first_id + i, *_fields(s)) for i, s in enumerate(sessions)]
+    peaks = memory_peaks(params["memory"], seed, [s.user for s in sessions])
+    return [
+        replace(s, id=first_id + i, peak_memory_share=peak)
+        for i, (s, peak) in enumerate(zip(sessions, peaks, strict=True))
+    ]
 
 
-def _fields(s: Session) -> tuple[Any, ...]:
-    return (s.user, s.group, s.arrival, s.profile, s.stretches)
+def memory_peaks(mem: dict[str, Any], seed: int, users: list[str]) -> list[float]:
+    """Each session's peak memory share (see ``[memory]`` in interactive.toml), from a
+    random stream of its own so the rest of the workload does not move with it."""
+    rng = random.Random(f"memory-{seed}")
+    habit: dict[str, float] = {}
+    out = []
+    for user in users:
+        if user not in habit:
+            habit[user] = min(1.0, _lognormal(rng, mem["peak_median_share"], mem["user_sigma"]))
+        jitter = rng.uniform(-mem["session_jitter"], mem["session_jitter"])
+        out.append(round(min(1.0, max(0.01, habit[user] * (1 + jitter))), 4))
+    return out
 
 
 def draw_stretches(

@@ -6,7 +6,9 @@ and from the simulation's own truth where only it knows (work done, work lost).
   (the admin panel's GPU-hours: each allocation's life times its GPU share) over capacity;
 - effective utilization: useful GPU work (busy milli-GPU-seconds of session stretches that
   were played, batch work that was kept; work a cull or a preemption threw away is not
-  useful) over capacity x time.
+  useful) over capacity x time. With overcommit, holders of one GPU can together ask more
+  than its 1000 milli-GPU at once; what they ask beyond it (sampled every ``sample_every``)
+  is taken off, since time slicing divides the GPU rather than adding to it.
 """
 
 from __future__ import annotations
@@ -110,7 +112,11 @@ def summary(r: Result) -> dict[str, Any]:
         "policy": r.policy.name,
         "title": r.policy.title,
         "allocation_rate": r.allocated_milli_seconds / cap,
-        "effective_utilization": (r.interactive_useful + r.batch_useful) / cap,
+        # work asked of a GPU beyond its capacity at once (overcommit) was not done
+        "effective_utilization": (
+            r.interactive_useful + r.batch_useful - r.contention_milli_seconds
+        )
+        / cap,
         "interactive_utilization": r.interactive_useful / cap,
         "batch_utilization": r.batch_useful / cap,
         "requests": len(r.requests),
@@ -135,6 +141,10 @@ def summary(r: Result) -> dict[str, Any]:
         "batch_lost_gpu_hours": r.batch_lost / 1000 / 3600,
         "fragmented_share": (statistics.fmean(frag) / r.capacity_milli) if frag else 0.0,
         "jobs_moved": r.moved_jobs,
+        "overcommitted_grants": r.overcommitted_grants,
+        "share_grants": r.share_grants,
+        "memory_collisions": r.memory_collisions,
+        "contention_gpu_hours": r.contention_milli_seconds / 1000 / 3600,
         "wall_seconds": r.wall_seconds,
         # what the admin panel's capacity check says of this run (its verdicts' codes)
         "capacity_check": " ".join(v["code"] for v in (r.capacity_check or {}).get("verdicts", [])),

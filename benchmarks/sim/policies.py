@@ -36,6 +36,7 @@ VARIABLE = (
     "batch_window",
     "reserved",
     "defrag",
+    "overcommit",
 )
 BATCH_CLASSES = ("normal", "preemptible")
 
@@ -60,6 +61,9 @@ class Policy:
     # defragmentation: preemptible jobs moved per hour at most
     # (JobManager.defragment_moves_per_hour); 0: off
     defrag: int = 0
+    # overcommit of shares from history (GPUSliceService.share_overcommit_ratio), as "RATIO"
+    # or "RATIO@HOURS" (share_overcommit_min_hours, default 24); "": off
+    overcommit: str = ""
     # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
     changed: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -70,9 +74,26 @@ class Policy:
             raise ValueError(f"batch must be one of {BATCH_CLASSES}, got {self.batch!r}")
         if self.reclaim != "none" and not 0 < self.warning_lead < self.idle_timeout:
             raise ValueError("need 0 < warning_lead < idle_timeout")
+        if self.overcommit:
+            try:
+                ratio, hours = self.overcommit_settings() or (1.0, 24.0)
+            except ValueError:
+                ratio, hours = 0.0, 0.0
+            if not (1.0 < ratio <= 2.0 and hours >= 1):
+                raise ValueError(
+                    f"overcommit must be 'RATIO' or 'RATIO@HOURS' with 1 < RATIO <= 2 and "
+                    f"HOURS >= 1, got {self.overcommit!r}"
+                )
         count, _, _spans = self.reserved.partition("@")
         if self.reserved and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")
+
+    def overcommit_settings(self) -> tuple[float, float] | None:
+        """(ratio, min_hours) of ``overcommit``, None when off."""
+        if not self.overcommit:
+            return None
+        ratio, _, hours = self.overcommit.partition("@")
+        return float(ratio), float(hours) if hours else 24.0
 
     def reserved_pool(self) -> tuple[int, list[str]]:
         """(hosts reserved, borrowing window spans) of ``reserved``."""

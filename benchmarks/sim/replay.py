@@ -9,6 +9,9 @@ modelled, and the report says so:
   of each allocation, so stretches are drawn from the interactive generator's parameters
   (``interactive.toml`` or ``--interactive``), seeded; a session the reclaimer culled ends
   with the idle time it recorded;
+- a session's peak memory: the most its server reported (schema revision 0007 on), as a
+  share of the memory its slice held (its cap); 1 (the whole cap) where nothing was
+  reported;
 - a job's GPU activity (``--batch-busy`` of its request) and the work of one that did not
   complete in the window (the run time it had, a lower bound);
 - profiles are mapped onto the simulator's catalog (``policies.PROFILES``) by kind and
@@ -24,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from gpuslice_hub.db.admin_models import UsageReportRow
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, MigRow
@@ -32,6 +36,22 @@ from .interactive import draw_stretches
 from .workload import BatchJob, Session, Stretch, Workload
 
 DAY = 86400.0
+
+
+def _peak_shares(s: Any) -> dict[int, float]:
+    """Per allocation with a reported peak, the peak as a share of the memory it held."""
+    held: dict[int, int] = {}
+    for alloc_id, memory in s.execute(select(ClaimRow.allocation_id, ClaimRow.memory_mib)):
+        held[alloc_id] = held.get(alloc_id, 0) + memory
+    out = {}
+    for alloc_id, peak in s.execute(
+        select(UsageReportRow.allocation_id, UsageReportRow.peak_memory_mib).where(
+            UsageReportRow.peak_memory_mib.is_not(None)
+        )
+    ):
+        if held.get(alloc_id):
+            out[alloc_id] = round(min(1.0, max(0.01, peak / held[alloc_id])), 4)
+    return out
 
 
 def catalog_profile(kind: str, gpu_milli: int, mig_profile: str = "") -> str:
@@ -84,6 +104,7 @@ def export(
                 )
             }
             mig_of = _mig_profiles(s)
+            peaks = _peak_shares(s)
             jobs = list(s.scalars(select(JobRow)))
     finally:
         db.dispose()
@@ -110,7 +131,16 @@ def export(
         # a server of several whole GPUs: the stretches are per GPU (drawn for one GPU)
         gpus = max(1, a.gpu_milli // 1000) if a.kind == "gpu" else 1
         sessions.append(
-            Session(len(sessions), a.user, group, arrival, profile, tuple(stretches), gpus)
+            Session(
+                len(sessions),
+                a.user,
+                group,
+                arrival,
+                profile,
+                tuple(stretches),
+                gpus,
+                peaks.get(a.id, 1.0),
+            )
         )
     batch: list[BatchJob] = []
     for j in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):

@@ -28,6 +28,8 @@ COLUMNS = (
     ("reclaimed_gpu_hours", "reclaimed (GPU-h)", "{:.0f}"),
     ("fragmented_share", "fragmented", "{:.1%}"),
     ("jobs_moved", "jobs moved (defrag)", "{}"),
+    ("overcommitted_grants", "shares overcommitted", "{}"),
+    ("memory_collisions", "memory collisions", "{}"),
     ("capacity_check", "capacity check says", "{}"),
 )
 

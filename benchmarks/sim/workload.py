@@ -36,7 +36,10 @@ class Stretch:
 class Session:
     """A researcher's server: asks for ``profile`` (the slice they would pick) at
     ``arrival``; then its stretches play. Once the stretches are over, it stops. A server of
-    several whole GPUs keeps each of its ``gpus`` as busy as a stretch says."""
+    several whole GPUs keeps each of its ``gpus`` as busy as a stretch says.
+    ``peak_memory_share``: the most GPU memory it uses, as a share of its profile's memory
+    cap (held from its first use to its end: what a notebook's tensors and a framework's
+    caching allocator do); 1 where nothing better is known."""
 
     id: int
     user: str
@@ -45,6 +48,7 @@ class Session:
     profile: str
     stretches: tuple[Stretch, ...]
     gpus: int = 1
+    peak_memory_share: float = 1.0
 
     @property
     def length(self) -> float:

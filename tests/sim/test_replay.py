@@ -46,6 +46,9 @@ def history(tmp_path: Path) -> str:
         at.advance(3600)
         bob = Caller("bob", ("chem",), "bob")
         b, _ = ledger.allocate(bob, "gpu-1", "")
+        # ann's server reported at most 5 GiB of its 20 GiB cap
+        ledger.record_usage(a["id"], 40.0, 5120.0, 0.0, 60.0)
+        ledger.record_usage(a["id"], 10.0, 3000.0, 0.0, 60.0)
         at.advance(3600)
         ledger.release(a["id"], "ann", "server stopped", server_stopped=True)
         at.advance(3600)
@@ -77,6 +80,8 @@ def test_the_ledger_gives_the_sessions_their_times_profiles_and_culled_idle_tail
         # still running at the end of the window: its length so far
         ("cy", "(no group)", base + 3 * 3600, "mig-1g.10gb", 3600),
     ]
+    # ann's peak memory as a share of her cap; nothing reported by bob's or cy's: the cap
+    assert [s.peak_memory_share for s in w.sessions] == [0.25, 1.0, 1.0]
     bobs = w.sessions[1].stretches
     # culled after 30 idle minutes: the session ends with that idle time
     assert bobs[-1].seconds == 1800 and not bobs[-1].active
