@@ -102,6 +102,10 @@ class LedgerBase:
         self._capacity_cache: (
             tuple[tuple[int, Any], dict[frozenset[str] | None, dict[str, tuple[int, int]]]] | None
         ) = None
+        # the pools with nothing held, per (inventory generation, drains ignored, pools)
+        self._empty_cache: dict[
+            tuple[int, bool, frozenset[str] | None], tuple[ClusterState | None]
+        ] = {}
         self._totals_cache: (
             tuple[int, dict[tuple[frozenset[str] | None, bool], dict[str, int]]] | None
         ) = None

@@ -134,11 +134,43 @@ class CapacityMixin(LedgerBase):
     def _count_empty(
         self, inv: InventoryView, ignore_drain: bool, allowed: frozenset[str] | None
     ) -> dict[str, int]:
-        hosts = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
-        empty = from_hosts(hosts) if hosts else None
-        if empty is not None:
-            empty = self._within(empty, allowed, None)
+        empty = self._empty(inv, ignore_drain, allowed)
         return {name: count_fits(p.request(), empty) for name, p in self.profiles.items()}
+
+    def _empty(
+        self, inv: InventoryView, ignore_drain: bool, allowed: frozenset[str] | None
+    ) -> ClusterState | None:
+        """The ``allowed`` pools with nothing held (kept per inventory generation)."""
+        key = (inv.generation, ignore_drain, allowed)
+        cached = self._empty_cache.get(key)
+        if cached is None:
+            if len(self._empty_cache) > 64:
+                self._empty_cache.clear()
+            hosts = build_hosts(inv.hosts, inv.gpus, [], ignore_drain=ignore_drain)
+            empty = from_hosts(hosts) if hosts else None
+            if empty is not None:
+                empty = self._within(empty, allowed, None)
+            cached = self._empty_cache[key] = (empty,)
+        return cached[0]
+
+    def _charged_capacity(
+        self, s: Session, inv: InventoryView, user: str, allowed: frozenset[str] | None
+    ) -> dict[str, tuple[int, int]]:
+        """(free, total) of the share profiles ``user`` is charged less than in full
+        (overcommit.py): what fits for them, not for a holder charged in full."""
+        charged = {}
+        for p in self.profiles.values():
+            request = self.overcommit.request_for(s, user, p)
+            if request != p.request():
+                charged[p.name] = request
+        if not charged:
+            return {}
+        empty = self._empty(inv, False, allowed)
+        with self.cluster_cache.use(inv, self.active_cache.get(s)) as state:
+            usable = None if state is None else self._within(state, allowed, inv.generation, True)
+            return {
+                name: (count_fits(r, usable), count_fits(r, empty)) for name, r in charged.items()
+            }
 
     def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not: for a
@@ -160,6 +192,9 @@ class CapacityMixin(LedgerBase):
                 # what a batch job (other than high) may take at any hour: the peak pool
                 batch = self._capacity(s, inv, batch_access.widest)
             holdings = holdings_of(self.active_cache.get(s))
+            if self.overcommit.settings.on:
+                # the counts for this user, charged from their history
+                capacity = {**capacity, **self._charged_capacity(s, inv, user, widest)}
             out = []
             for p in self.profiles.values():
                 entry = p.to_json()
