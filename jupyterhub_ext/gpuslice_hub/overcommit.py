@@ -16,6 +16,8 @@ shares fit on a GPU:
 * a holder without enough history (``share_overcommit_min_hours`` of reported use of that
   profile in ``share_overcommit_days``), a share without a memory cap, and every whole GPU
   and MIG instance are charged in full;
+* servers and batch jobs are told apart: a batch job is charged from its owner's batch
+  jobs of that profile (their runners' reports), a server from their servers';
 * quotas count the promise, not the charge: overcommit is the site's risk, not a discount
   on a researcher's quota.
 
@@ -69,18 +71,23 @@ class OvercommitSettings:
 
 @dataclass(frozen=True)
 class Observed:
-    """One user's use of one share profile over the history window."""
+    """One user's use of one share profile, for one purpose, over the history window."""
 
     peak_mib: float  # the most memory any of their allocations reported
     hours: float  # how long they held it, counting allocations with a report only
 
 
-def read_history(s: Session, since: datetime, now: datetime) -> dict[tuple[str, str], Observed]:
-    """Per (user, profile) of share allocations held since ``since``: peak and hours."""
+Key = tuple[str, str, str]  # (user, profile, purpose)
+
+
+def read_history(s: Session, since: datetime, now: datetime) -> dict[Key, Observed]:
+    """Per (user, profile, purpose) of share allocations held since ``since``: the peak
+    and the hours held (of the part of each allocation inside the window)."""
     rows = s.execute(
         select(
             AllocationRow.user,
             AllocationRow.profile,
+            AllocationRow.purpose,
             AllocationRow.created_at,
             AllocationRow.released_at,
             UsageReportRow.peak_memory_mib,
@@ -92,10 +99,10 @@ def read_history(s: Session, since: datetime, now: datetime) -> dict[tuple[str, 
             or_(AllocationRow.released_at.is_(None), AllocationRow.released_at >= since),
         )
     )
-    peak: dict[tuple[str, str], float] = defaultdict(float)
-    hours: dict[tuple[str, str], float] = defaultdict(float)
-    for user, profile, created, released, mib in rows:
-        key = (user, profile)
+    peak: dict[Key, float] = defaultdict(float)
+    hours: dict[Key, float] = defaultdict(float)
+    for user, profile, purpose, created, released, mib in rows:
+        key = (user, profile, purpose)
         peak[key] = max(peak[key], float(mib or 0.0))
         held = min(released or now, now) - max(created, since)
         hours[key] += max(held.total_seconds(), 0.0) / 3600
@@ -131,9 +138,9 @@ class OvercommitHistory:
         self.settings = settings
         self._lock = threading.Lock()
         self._read_at: datetime | None = None
-        self._seen: dict[tuple[str, str], Observed] = {}
+        self._seen: dict[Key, Observed] = {}
 
-    def observed(self, s: Session) -> dict[tuple[str, str], Observed]:
+    def observed(self, s: Session) -> dict[Key, Observed]:
         now = clock_now()
         with self._lock:
             if self._read_at is None or not self._read_at <= now < self._read_at + REFRESH:
@@ -147,10 +154,11 @@ class OvercommitHistory:
         with self._lock:
             self._read_at = None
 
-    def request_for(self, s: Session, user: str, profile: Profile) -> Request:
-        """What a share of ``profile`` for ``user`` is placed as: charged from history."""
+    def request_for(self, s: Session, user: str, profile: Profile, purpose: str) -> Request:
+        """What a slice of ``profile`` for ``user``'s ``purpose`` (a server, a batch job)
+        is placed as: a share charged from history, anything else as it asks."""
         request = profile.request()
         if not self.settings.on or profile.kind != "share" or profile.gpu_memory_mib <= 0:
             return request
-        seen = self.observed(s).get((user, profile.name))
+        seen = self.observed(s).get((user, profile.name, purpose))
         return charged_request(request, charge_factor(profile, seen, self.settings))

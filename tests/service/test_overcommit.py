@@ -6,6 +6,7 @@ test writes."""
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from gpuslice_hub.admin.overcommit import overcommit_view
 from gpuslice_hub.db.admin_models import UsageReportRow
 from gpuslice_hub.db.models import AllocationRow, ClaimRow, utcnow
 from gpuslice_hub.errors import Refused
+from gpuslice_hub.jobs.victims import pick_victim
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.metrics import OvercommitCollector
 from gpuslice_hub.overcommit import (
@@ -30,7 +32,8 @@ from gpuslice_hub.profiles import parse_profiles
 HOUR = timedelta(hours=1)
 SHARE = {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480}
 UNCAPPED = {"name": "share-half", "kind": "share", "gpu_milli": 500}
-PROFILES = [SHARE, UNCAPPED, {"name": "gpu-1", "kind": "gpu", "count": 1}]
+SMALL = {"name": "share-100", "kind": "share", "gpu_milli": 100, "gpu_memory_mib": 8192}
+PROFILES = [SHARE, UNCAPPED, {"name": "gpu-1", "kind": "gpu", "count": 1}, SMALL]
 ONE_GPU = [
     {
         "name": "node-a",
@@ -49,6 +52,7 @@ def history(
     held: timedelta,
     ended_ago: timedelta = HOUR,
     profile: str = "share-250",
+    purpose: str = "interactive",
 ) -> None:
     """A released share allocation of ``user``, held for ``held`` and ended ``ended_ago``,
     whose reports peaked at ``peak_mib``."""
@@ -61,7 +65,7 @@ def history(
                 server_name="old",
                 profile=profile,
                 kind="share",
-                purpose="interactive",
+                purpose=purpose,
                 host="node-a",
                 groups=[],
                 gpu_milli=250,
@@ -88,14 +92,16 @@ def overcommitting(make_ledger: Any, settings: OvercommitSettings = ON) -> Ledge
     return ledger
 
 
-def spawn(ledger: Ledger, user: str, server: str, profile: str = "share-250") -> dict[str, Any]:
-    alloc, created = ledger.allocate(Caller(user, (), user), profile, server)
+def spawn(
+    ledger: Ledger, user: str, server: str, profile: str = "share-250", purpose: str = "interactive"
+) -> dict[str, Any]:
+    alloc, created = ledger.allocate(Caller(user, (), user), profile, server, purpose=purpose)
     assert created
     return alloc
 
 
 def test_the_charge_is_the_peak_with_headroom_bounded_by_the_ratio():
-    (share, uncapped, gpu) = parse_profiles(PROFILES).values()
+    (share, uncapped, gpu, _) = parse_profiles(PROFILES).values()
     # 8 GiB peak x 1.2 = 9.6 of 20 GiB: 0.48, but never under 1 / 1.25
     assert charge_factor(share, Observed(8192, 48), ON) == pytest.approx(0.8)
     # 15 GiB x 1.2 = 18 of 20 GiB
@@ -250,3 +256,51 @@ def test_the_spawn_form_counts_what_fits_for_each_user(make_ledger: Any):
         spawn(ledger, "ann", f"s{i}")
     # 600 milli and 49 152 MiB charged: two more of ann's 200, one of bob's 250
     assert free("ann") == (2, 5) and free("bob") == (1, 4)
+
+
+def test_a_charge_just_under_the_share_keeps_the_whole_cap(make_ledger: Any):
+    ledger = overcommitting(make_ledger)
+    # 17 015 x 1.2 / 20 480 = 0.99697: 249.2 milli rounds up to 250, memory to 20 418 MiB
+    history(ledger, "ann", 17015, held=30 * HOUR)
+    (a,) = spawn(ledger, "ann", "")["assignments"]
+    assert (a["milli"], a["memory_mib"]) == (250, 20480)  # the cap the server is told
+    assert (a["charged_milli"], a["charged_memory_mib"]) == (250, 20418)
+
+
+def test_servers_and_batch_jobs_are_charged_from_their_own_history(make_ledger: Any):
+    ledger = overcommitting(make_ledger)
+    history(ledger, "ann", 6000, held=30 * HOUR)  # servers
+    history(ledger, "bob", 6000, held=30 * HOUR, purpose="batch")  # batch jobs
+    (a,) = spawn(ledger, "ann", "job-1", purpose="batch")["assignments"]
+    assert a["charged_milli"] is None  # ann's servers say nothing of her jobs
+    (b,) = spawn(ledger, "bob", "job-2", purpose="batch")["assignments"]
+    assert b["charged_milli"] == 200
+    (c,) = spawn(ledger, "bob", "")["assignments"]
+    assert c["charged_milli"] is None
+    rows = {(r["user"], r["purpose"]) for r in overcommit_view(ledger, utcnow())["next_charges"]}
+    assert rows == {("ann", "interactive"), ("bob", "batch")}
+
+
+def test_a_preemption_makes_room_for_the_share_as_it_will_be_charged(make_ledger: Any):
+    ledger = overcommitting(make_ledger)
+    history(ledger, "ann", 6000, held=30 * HOUR)
+    for i in range(3):
+        spawn(ledger, "ann", f"s{i}")  # 3 x (200 milli, 16 384 MiB)
+    spawn(ledger, "bob", "a", "share-100")
+    spawn(ledger, "bob", "b", "share-100")
+    job_alloc = spawn(ledger, "cy", "job-7", "share-100", purpose="batch")
+    # 900 milli and 73 728 MiB taken; the job's 100 / 8 192 freed leaves 200 / 16 384:
+    # enough for ann's share as charged, not for a full one
+    job = SimpleNamespace(
+        id=7,
+        priority_class="preemptible",
+        state="running",
+        attempt_started_at=utcnow(),
+        allocation_ids=[job_alloc["id"]],
+    )
+    share = ledger.profiles["share-250"]
+    charged = ledger.request_for("ann", share, "interactive")
+    assert (charged.gpu_milli, charged.gpu_memory_mib) == (200, 16384)
+    assert pick_victim(ledger, share, [job], below_rank=9, request=charged) is job
+    assert pick_victim(ledger, share, [job], below_rank=9) is None
+    assert ledger.request_for("bob", share, "interactive") == share.request()

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from ..db.admin_models import UsageReportRow
 from ..db.models import AllocationRow, ClaimRow, EventRow
 from ..ledger import Ledger
-from ..overcommit import charge_factor
+from ..overcommit import Key, Observed, charge_factor
 from ..snapshot import taken
 
 MEMORY_KINDS = ("memory-warning", "memory-culled")
@@ -134,11 +134,12 @@ def _holder(a: Any, c: Any, report: Any) -> dict[str, Any]:
     }
 
 
-def _next_charges(ledger: Ledger, seen: dict[tuple[str, str], Any]) -> list[dict[str, Any]]:
-    """Who is charged less than their share at their next spawn: lowest charge first."""
+def _next_charges(ledger: Ledger, seen: dict[Key, Observed]) -> list[dict[str, Any]]:
+    """Who is charged less than their share at their next server or batch job of a
+    profile: lowest charge first."""
     settings = ledger.overcommit.settings
     rows = []
-    for (user, name), observed in seen.items():
+    for (user, name, purpose), observed in seen.items():
         profile = ledger.profiles.get(name)
         if profile is None:
             continue
@@ -148,6 +149,7 @@ def _next_charges(ledger: Ledger, seen: dict[tuple[str, str], Any]) -> list[dict
                 {
                     "user": user,
                     "profile": name,
+                    "purpose": purpose,
                     "cap_memory_mib": profile.gpu_memory_mib,
                     "peak_memory_mib": observed.peak_mib,
                     "hours": round(observed.hours, 1),

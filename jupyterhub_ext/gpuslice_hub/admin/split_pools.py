@@ -45,10 +45,13 @@ def pool_standing(ledger: Ledger, now: datetime) -> dict[str, Any]:
             if where is None or not c.active:
                 continue
             use = _use(pools, a.purpose, a.groups, a.priority, where)
-            figures[where][f"{use}_milli"] += c.milli
+            # what the claim takes of the GPU (an overcommitted share less than it promises),
+            # so that held and free add up to the pool's capacity
+            milli = taken(c)[0]
+            figures[where][f"{use}_milli"] += milli
             if c.gpu_uuid not in drained:
                 # (a drained GPU's holders keep it, but it offers nothing more)
-                figures[where]["free_milli"] -= taken(c)[0]
+                figures[where]["free_milli"] -= milli
     window = pools.borrow_window
     return {
         "pools": list(figures.values()),

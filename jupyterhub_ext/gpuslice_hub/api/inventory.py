@@ -42,8 +42,9 @@ class InventoryHandler(BaseHandler):
                     "purpose": a.purpose,
                     "milli": c.milli,
                     "memory_mib": c.memory_mib,
-                    "charged_milli": c.charged_milli,
-                    "charged_memory_mib": c.charged_memory_mib,
+                    # another user's charge would tell their memory use (peak x headroom)
+                    "charged_milli": c.charged_milli if visible else None,
+                    "charged_memory_mib": c.charged_memory_mib if visible else None,
                     "since": iso(a.created_at),
                 }
                 holders.setdefault(c.mig_uuid or c.gpu_uuid, []).append(entry)

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..clusterview import build_hosts
 from ..ledger import Ledger
+from ..placement import Request
 from ..placement.select import select
 from ..placement.state import ClusterState, from_hosts
 from ..pools import Access
@@ -53,11 +54,13 @@ def plan_move(
     candidates: Sequence[Any],
     access_of: Callable[[Any], Access | None],
     max_moves: int,
+    request: Request | None = None,
 ) -> Move | None:
     """The fewest of ``candidates`` (running preemptible jobs) to move so that one slice of
     ``profile`` fits in the pools of ``access``, each moved job fitting again elsewhere (in
     its own pools, ``access_of(job)``), at most ``max_moves`` of them; None when no such
-    move exists."""
+    move exists. ``request``: what will be placed (a share charged less than ``profile``
+    promises, when overcommitted; default: the profile's request)."""
     if max_moves <= 0:
         return None
     hosts, gpus, active = ledger.snapshot()
@@ -72,7 +75,7 @@ def plan_move(
             movable.append((job, held))
     if not movable:
         return None
-    request = profile.request()
+    request = request or profile.request()
     allowed = access.widest if access is not None else None
     built = build_hosts(hosts, gpus, active)
     if not built:

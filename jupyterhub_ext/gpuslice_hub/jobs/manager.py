@@ -636,6 +636,7 @@ class JobManager(LoggingConfigurable):
             candidates,
             below_rank=len(PRIORITY_CLASSES),
             access=self.ledger.access("interactive", caller.groups),
+            request=self.ledger.request_for(caller.user, profile, "interactive"),
         )
         if victim is None:
             return None

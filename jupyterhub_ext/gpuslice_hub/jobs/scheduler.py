@@ -638,7 +638,14 @@ class Scheduler:
             return self.jobs.ledger.access("batch", other.groups or (), rank, borrows)
 
         move = plan_move(
-            self.jobs.ledger, job.id, profile, access, candidates, access_of, max_moves=left
+            self.jobs.ledger,
+            job.id,
+            profile,
+            access,
+            candidates,
+            access_of,
+            max_moves=left,
+            request=self.jobs.ledger.request_for(job.user, profile, "batch"),
         )
         if move is None:
             return ""
@@ -673,7 +680,14 @@ class Scheduler:
                     )
                 )
             )
-        victim = pick_victim(self.jobs.ledger, profile, candidates, below_rank=rank, access=access)
+        victim = pick_victim(
+            self.jobs.ledger,
+            profile,
+            candidates,
+            below_rank=rank,
+            access=access,
+            request=self.jobs.ledger.request_for(job.user, profile, "batch"),
+        )
         if victim is not None and victim.state != "preempting":
             self.jobs.preempt(
                 victim.id, "scheduler", f"job {job.id} ({job.priority_class}) needs its slice"

@@ -14,7 +14,7 @@ from typing import Any
 from ..clusterview import build_hosts
 from ..db.jobs_models import JobRow
 from ..ledger import Ledger
-from ..placement import Placement, place_in
+from ..placement import Placement, Request, place_in
 from ..placement.state import from_hosts
 from ..pools import Access
 from ..profiles import Profile
@@ -27,9 +27,12 @@ def pick_victim(
     candidates: list[JobRow],
     below_rank: int,
     access: Access | None = None,
+    request: Request | None = None,
 ) -> JobRow | None:
     """``candidates``: preemptible jobs holding slices (running or already preempting).
-    ``access``: the pools the request may use (split pools): a victim must free room there."""
+    ``access``: the pools the request may use (split pools): a victim must free room there.
+    ``request``: what will be placed (a share charged less than ``profile`` promises, when
+    overcommitted; default: the profile's request)."""
     hosts, gpus, active = ledger.snapshot()
     eligible = [j for j in candidates if PRIORITY_CLASSES[j.priority_class] < below_rank]
     first = _in_first_pools(ledger, active, access)
@@ -44,7 +47,7 @@ def pick_victim(
             -(j.attempt_started_at.timestamp() if j.attempt_started_at else 0),
         )
     )
-    request = profile.request()
+    request = request or profile.request()
     for job in eligible:
         freed = set(job.allocation_ids or [])
         remaining = build_hosts(hosts, gpus, [a for a in active if a.id not in freed])

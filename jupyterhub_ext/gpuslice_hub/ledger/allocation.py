@@ -18,7 +18,7 @@ from ..db.models import (
     utcnow,
 )
 from ..errors import Pending, Refused
-from ..placement import Placement, Refusal, place_in
+from ..placement import Placement, Refusal, Request, place_in
 from ..pools import Access
 from ..profiles import Profile
 from ..quotas import Charge
@@ -164,7 +164,7 @@ class AllocationMixin(CapacityMixin):
             with self.db.writing() as s:
                 # a share of a holder whose history leaves room is placed as less than it
                 # promises (overcommit.py); everything else as the profile asks
-                request = self.overcommit.request_for(s, caller.user, profile)
+                request = self.overcommit.request_for(s, caller.user, profile, purpose)
                 if purpose == "interactive":
                     held = (
                         s.connection()
@@ -216,7 +216,16 @@ class AllocationMixin(CapacityMixin):
                             )
                         raise self._no_capacity(inv, caller, profile, state, access)
                 row = self._write_allocation(
-                    s, caller, profile, result, server_name, purpose, priority, preemptible, charge
+                    s,
+                    caller,
+                    profile,
+                    result,
+                    server_name,
+                    purpose,
+                    priority,
+                    preemptible,
+                    charge,
+                    overcommitted=request != profile.request(),
                 )
                 return allocation_json(row, self._gpus(s)), True
         except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
@@ -264,6 +273,7 @@ class AllocationMixin(CapacityMixin):
         priority: int,
         preemptible: bool,
         charge: Charge,
+        overcommitted: bool = False,
     ) -> AllocationView:
         # Core inserts, not the ORM unit of work: this is the hot path of every spawn.
         values: dict[str, Any] = {
@@ -310,7 +320,7 @@ class AllocationMixin(CapacityMixin):
             }
             for a in placement.assignments
         ]
-        if profile.kind == "share" and claims[0]["milli"] < profile.gpu_milli:
+        if overcommitted:
             # placed as charged (overcommit.py): the claim keeps what it promises, the
             # holder's cap, and records what it takes of the GPU
             claims[0]["charged_milli"] = claims[0]["milli"]
@@ -330,6 +340,15 @@ class AllocationMixin(CapacityMixin):
         view = AllocationView(id=alloc_id, **values)
         view.claims = [ClaimView(id=0, **c) for c in claims]
         return view
+
+    def request_for(self, user: str, profile: Profile, purpose: str) -> Request:
+        """What a slice of ``profile`` for ``user``'s ``purpose`` is placed as (a share may
+        be charged less than it promises: overcommit.py); for preemption and moves, which
+        must make room for what will be placed."""
+        if not self.overcommit.settings.on:
+            return profile.request()
+        with self.db.reading() as s:
+            return self.overcommit.request_for(s, user, profile, purpose)
 
     def observe(self, profile_name: str) -> None:
         """Count a request for ``profile_name`` that was not tried (a job refused for the

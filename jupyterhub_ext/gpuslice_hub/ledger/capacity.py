@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from ..clusterview import build_hosts, count_fits
 from ..errors import Refused
+from ..placement import Request
 from ..placement.state import ClusterState, from_hosts
 from ..pools import Access
 from ..profiles import Profile
@@ -153,16 +154,25 @@ class CapacityMixin(LedgerBase):
             cached = self._empty_cache[key] = (empty,)
         return cached[0]
 
-    def _charged_capacity(
-        self, s: Session, inv: InventoryView, user: str, allowed: frozenset[str] | None
-    ) -> dict[str, tuple[int, int]]:
-        """(free, total) of the share profiles ``user`` is charged less than in full
-        (overcommit.py): what fits for them, not for a holder charged in full."""
+    def _charged_requests(self, s: Session, user: str) -> dict[str, Request]:
+        """The share profiles a server of ``user`` is charged less than in full for
+        (overcommit.py), as placed."""
         charged = {}
         for p in self.profiles.values():
-            request = self.overcommit.request_for(s, user, p)
+            request = self.overcommit.request_for(s, user, p, "interactive")
             if request != p.request():
                 charged[p.name] = request
+        return charged
+
+    def _charged_capacity(
+        self,
+        s: Session,
+        inv: InventoryView,
+        charged: dict[str, Request],
+        allowed: frozenset[str] | None,
+    ) -> dict[str, tuple[int, int]]:
+        """(free, total) of ``charged`` requests: what fits for their user, not for a
+        holder charged in full."""
         if not charged:
             return {}
         empty = self._empty(inv, False, allowed)
@@ -192,9 +202,11 @@ class CapacityMixin(LedgerBase):
                 # what a batch job (other than high) may take at any hour: the peak pool
                 batch = self._capacity(s, inv, batch_access.widest)
             holdings = holdings_of(self.active_cache.get(s))
+            charged: dict[str, Request] = {}
             if self.overcommit.settings.on:
                 # the counts for this user, charged from their history
-                capacity = {**capacity, **self._charged_capacity(s, inv, user, widest)}
+                charged = self._charged_requests(s, user)
+                capacity = {**capacity, **self._charged_capacity(s, inv, charged, widest)}
             out = []
             for p in self.profiles.values():
                 entry = p.to_json()
@@ -204,7 +216,7 @@ class CapacityMixin(LedgerBase):
                 if not allowed:
                     reason = "not allowed for your groups"
                 elif free == 0:
-                    reason = self._none_free(p, total, inv, widest)
+                    reason = self._none_free(p, total, inv, widest, charged.get(p.name))
                 else:
                     want = quota_usage(p, inv)
                     charge = self.effective_quotas(s).check(user, groups, want, holdings)
@@ -227,10 +239,20 @@ class CapacityMixin(LedgerBase):
             return self.effective_quotas(s).standing(user, tuple(groups), holdings)
 
     def _none_free(
-        self, p: Profile, total: int, inv: InventoryView, allowed: frozenset[str] | None
+        self,
+        p: Profile,
+        total: int,
+        inv: InventoryView,
+        allowed: frozenset[str] | None,
+        charged: Request | None = None,
     ) -> str:
-        """Why none of ``p`` is free, saying so when a drain is (part of) the reason."""
-        drained = self._totals(inv, allowed, ignore_drain=True)[p.name] - total
+        """Why none of ``p`` is free, saying so when a drain is (part of) the reason.
+        ``charged``: the request as placed for this user, when overcommit charges it less
+        (``total`` then counts those)."""
+        if charged is None:
+            drained = self._totals(inv, allowed, ignore_drain=True)[p.name] - total
+        else:
+            drained = count_fits(charged, self._empty(inv, True, allowed)) - total
         if total == 0:
             if drained > 0:
                 return "every GPU that offers it is drained for maintenance"

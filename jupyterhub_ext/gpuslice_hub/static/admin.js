@@ -849,7 +849,8 @@
       `${t.overcommitted_shares} overcommitted shares on ${t.gpus} GPUs, ` +
       `${gib(t.promised_beyond_memory_mib)} GiB promised beyond those GPUs' memory. ` +
       `Last ${c.days} days: ${c.overcommitted_allocations} overcommitted allocations, ` +
-      `${c.memory_warnings} memory-cap warnings, ${c.memory_culled} kernels stopped at their cap.`;
+      `${c.memory_warnings} memory-cap warnings, ${c.memory_culled} kernels stopped at their cap ` +
+      "(peaks and memory-cap events as the holders' own servers report them).";
     const rows = view.gpus.map(g =>
       h(
         'tr',
@@ -883,9 +884,9 @@
     const next = view.next_charges.map(n =>
       h(
         'tr',
-        { dataset: { user: n.user, profile: n.profile } },
+        { dataset: { user: n.user, profile: n.profile, purpose: n.purpose } },
         h('td', {}, n.user),
-        h('td', {}, n.profile),
+        h('td', {}, n.purpose === 'batch' ? `${n.profile} (batch jobs)` : n.profile),
         h('td', {}, `${gib(n.cap_memory_mib)} GiB`),
         h('td', {}, `${gib(n.peak_memory_mib)} GiB`),
         h('td', {}, `${n.hours}`),
