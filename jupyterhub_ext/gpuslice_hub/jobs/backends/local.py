@@ -86,7 +86,7 @@ class LocalBackend:
             return RunStatus(False, code if code >= 0 else None)
         # Not our child (the service restarted): alive if the same process still exists,
         # and its outcome from the state file the runner wrote last.
-        if pid and _create_time(pid) == ref.get("create_time"):
+        if pid and _same_process(pid, ref):
             with contextlib.suppress(psutil.Error):
                 if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                     return RunStatus(True)
@@ -107,7 +107,7 @@ class LocalBackend:
 
     def _signal(self, ref: dict[str, Any], sig: int, group: bool = False) -> None:
         pid = int(ref.get("pid") or 0)
-        if not pid or _create_time(pid) != ref.get("create_time"):
+        if not pid or not _same_process(pid, ref):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if group:
@@ -126,6 +126,20 @@ def _is_kernel(pid: int, job_dir: str, uid: int | None) -> bool:
         return "kernel" in " ".join(proc.cmdline()) and proc.cwd() == job_dir
     except psutil.Error:
         return False
+
+
+# How far two readings of one process's start time may differ. psutil derives it from the
+# boot time, which Linux reports in whole seconds computed from the wall clock: while NTP
+# steers the clock, two readings a minute apart can differ by a second. A pid reused by
+# another process within that second is not a risk worth a preemption signal lost (seen:
+# a job never told to checkpoint, then killed at the end of its grace).
+SAME_START = 1.5
+
+
+def _same_process(pid: int, ref: dict[str, Any]) -> bool:
+    """Whether ``pid`` is still the process ``ref`` recorded (its start time)."""
+    now, then = _create_time(pid), ref.get("create_time")
+    return now is not None and isinstance(then, int | float) and abs(now - then) <= SAME_START
 
 
 def _create_time(pid: int) -> float | None:
