@@ -77,6 +77,7 @@ from .kubecluster import (
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
 from .metrics import (
+    BurstCollector,
     DefragCollector,
     OvercommitCollector,
     SplitPoolCollector,
@@ -718,6 +719,8 @@ class GPUSliceService(Application):
             self.registry.register(OvercommitCollector(self.ledger))
         if self.jobs is not None and self.jobs.defragment_moves_per_hour:
             self.registry.register(DefragCollector(self.jobs))
+        if self.jobs is not None and self.jobs.burst_partition:
+            self.registry.register(BurstCollector(self.jobs))
         ip, port = self._service_url()
         # Tornado refuses anything larger before buffering it; the handlers apply the limits.
         limit = max(self.max_body_bytes, self.max_notebook_bytes)

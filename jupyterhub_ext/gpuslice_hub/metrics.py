@@ -20,6 +20,7 @@ from .admin.split_pools import USES, pool_standing
 from .db.jobs_models import JobRow
 from .db.models import EventRow, utcnow
 from .jobs.manager import JobManager
+from .jobs.states import ACTIVE
 from .ledger import Ledger
 from .snapshot import taken
 
@@ -329,6 +330,48 @@ class DefragCollector(Collector):
             "gpuslice_defrag_moved_milli",
             "Milli-GPUs the moved jobs held (since the service started)",
             value=self.jobs.moved_milli,
+        )
+
+
+class BurstCollector(Collector):
+    """Burst (``JobManager.burst_partition``), from the jobs table: what was sent to the
+    burst partition and what it ran there, all time (the jobs' own records: a restart
+    loses nothing), and how many jobs are there now."""
+
+    def __init__(self, jobs: JobManager) -> None:
+        self.jobs = jobs
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        with self.jobs.db.reading() as s:
+            moves, seconds = s.execute(
+                select(
+                    func.coalesce(func.sum(JobRow.bursts), 0),
+                    func.coalesce(func.sum(JobRow.burst_gpu_seconds), 0.0),
+                )
+            ).one()
+            there = [
+                r
+                for (r,) in s.execute(
+                    select(JobRow.backend_ref).where(
+                        JobRow.burstable.is_(True), JobRow.state.in_(ACTIVE)
+                    )
+                )
+                if (r or {}).get("burst")
+            ]
+        yield CounterMetricFamily(
+            "gpuslice_burst_moves",
+            "Times a waiting burstable job was sent to the burst partition",
+            value=int(moves),
+        )
+        yield CounterMetricFamily(
+            "gpuslice_burst_gpu_hours",
+            "GPU-hours jobs ran in the burst partition (capacity bought, not this cluster's)",
+            value=float(seconds) / 3600,
+        )
+        yield GaugeMetricFamily(
+            "gpuslice_burst_jobs_running",
+            "Jobs running in the burst partition now",
+            value=len(there),
         )
 
 

@@ -202,8 +202,13 @@ export class JobsPanel extends Widget {
     );
     card.append(head);
     const window = job.time_window ? ` · window ${job.time_window}` : '';
+    const burst = job.on_burst ? ' · in the burst partition' : '';
     card.append(
-      el('div', 'jp-gpuslice-job-meta', `${job.profile} · ${job.priority}${window} · #${job.id}`)
+      el(
+        'div',
+        'jp-gpuslice-job-meta',
+        `${job.profile} · ${job.priority}${window}${burst} · #${job.id}`
+      )
     );
 
     const prog = progress(job);

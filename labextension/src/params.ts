@@ -106,6 +106,8 @@ export interface ISubmitForm {
   parameters: string;
   /** A time window's name, or '' for any time. */
   timeWindow: string;
+  /** May be sent to the site's burst partition when it waits too long. */
+  burstable: boolean;
 }
 
 /** All problems with the form at once, or the request body to send. */
@@ -152,6 +154,9 @@ export function buildSubmitRequest(
   }
   if (form.timeWindow) {
     value.time_window = form.timeWindow;
+  }
+  if (form.burstable) {
+    value.burstable = true;
   }
   return { ok: true, value };
 }

@@ -8,7 +8,7 @@ import { formatDuration } from './format';
 import { buildSubmitRequest, type ISubmitForm } from './params';
 import { pollIntervals } from './pollsettings';
 import { defaultProfile, profileLabel, refusalMessage } from './refusal';
-import { PRIORITIES, type IJob, type IProfile, type ITimeWindow } from './types';
+import { PRIORITIES, type IBurst, type IJob, type IProfile, type ITimeWindow } from './types';
 
 function field(label: string, input: HTMLElement, hint?: string): HTMLLabelElement {
   const row = document.createElement('label');
@@ -32,6 +32,8 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
   private readonly parameters = document.createElement('textarea');
   private readonly window = document.createElement('select');
   private readonly windowHint = document.createElement('small');
+  private readonly burstable = document.createElement('input');
+  private readonly burstHint = document.createElement('small');
   private classWindows: Record<string, string> = {};
   private readonly notice = document.createElement('div');
   private timer: number | undefined;
@@ -81,6 +83,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       field('Checkpoint interval', this.checkpoint),
       field('Max runtime', this.runtime),
       this.windowField(),
+      this.burstField(),
       field('Parameters', this.parameters, 'name = value per line, or a JSON object')
     );
     // What was wrong with the last try no longer applies once the user changes something.
@@ -98,7 +101,8 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       checkpointInterval: this.checkpoint.value,
       maxRuntime: this.runtime.value,
       parameters: this.parameters.value,
-      timeWindow: this.window.value
+      timeWindow: this.window.value,
+      burstable: this.burstable.checked
     };
   }
 
@@ -107,6 +111,32 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     row.appendChild(this.windowHint);
     row.hidden = true; // until the service says which windows there are
     return row;
+  }
+
+  private burstField(): HTMLLabelElement {
+    this.burstable.type = 'checkbox';
+    this.burstable.name = 'burstable';
+    this.burstable.checked = this.initial.burstable;
+    const row = field('Burst', this.burstable);
+    row.appendChild(this.burstHint);
+    row.hidden = true; // until the service says it has a burst partition
+    return row;
+  }
+
+  private showBurst(burst: IBurst | null | undefined): void {
+    const row = this.burstable.closest('label');
+    row?.toggleAttribute('hidden', !burst);
+    if (!burst) {
+      this.burstable.checked = false;
+      return;
+    }
+    const high = burst.allocated_above
+      ? `, or at once while this cluster is over ${Math.round(burst.allocated_above * 100)}% allocated`
+      : '';
+    this.burstHint.textContent =
+      `may run in the partition ${burst.partition} if it waits ` +
+      `${Math.round(burst.after_wait * 100)}% of its max runtime${high}; ` +
+      'it resumes there from its checkpoint';
   }
 
   // A class with a window of its own runs every job in it: the field shows it, fixed.
@@ -164,6 +194,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
         this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime)`;
         this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
         this.showWindows(jobs.windows ?? [], jobs.class_windows ?? {});
+        this.showBurst(jobs.burst);
       }
     } catch (error) {
       this.showErrors([refusalMessage(error, 'Loading GPU profiles')]);
@@ -193,7 +224,8 @@ export const EMPTY_FORM: Omit<ISubmitForm, 'path'> = {
   checkpointInterval: '',
   maxRuntime: '',
   parameters: '',
-  timeWindow: ''
+  timeWindow: '',
+  burstable: false
 };
 
 /**

@@ -96,6 +96,15 @@ export interface ITimeWindow {
   closes_at: string | null;
 }
 
+/** The site's burst partition (the admin's JobManager.burst_partition). */
+export interface IBurst {
+  partition: string;
+  /** the fraction of its max runtime a job waits before it is sent */
+  after_wait: number;
+  /** or at once while the cluster has been allocated above this for 10 minutes (0: never) */
+  allocated_above: number;
+}
+
 export interface IJobDefaults {
   checkpoint_interval: number;
   max_runtime: number;
@@ -103,6 +112,8 @@ export interface IJobDefaults {
   windows?: ITimeWindow[];
   /** priority class -> the window every job of the class runs in */
   class_windows?: Record<string, string>;
+  /** Where a burstable job may be sent when it waits too long (null: nowhere). */
+  burst?: IBurst | null;
 }
 
 export interface IProfiles {
@@ -143,6 +154,10 @@ export interface IJob {
   waiting_reason?: string | null;
   /** The time window the job may run in (null: any time). */
   time_window?: string | null;
+  burstable?: boolean;
+  /** In the site's burst partition now (capacity bought elsewhere). */
+  on_burst?: boolean;
+  burst_gpu_hours?: number;
   error: string | null;
   /** The job's folder (or output notebook), relative to the user's notebook root. */
   output_path: string | null;
@@ -162,6 +177,7 @@ export interface ISubmitRequest {
   max_runtime?: number;
   parameters: Record<string, unknown>;
   time_window?: string;
+  burstable?: boolean;
 }
 
 export const JOBS_SCHEMA_ID = 'https://events.gpuslice.dev/jobs/v1';

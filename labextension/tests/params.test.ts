@@ -57,8 +57,16 @@ describe('buildSubmitRequest', () => {
     checkpointInterval: '10m',
     maxRuntime: '2h',
     parameters: 'epochs = 3',
-    timeWindow: ''
+    timeWindow: '',
+    burstable: false
   };
+
+  it('asks to burst only when the box was ticked', () => {
+    const ticked = buildSubmitRequest({ ...form, burstable: true });
+    expect(ticked.ok && ticked.value.burstable).toBe(true);
+    const not = buildSubmitRequest(form);
+    expect(not.ok && 'burstable' in not.value).toBe(false);
+  });
 
   it('names the time window only when one was chosen', () => {
     const chosen = buildSubmitRequest({ ...form, timeWindow: 'night' });

@@ -65,7 +65,14 @@ def node_hosts(names: tuple[str, ...] = NODE_NAMES) -> list[dict[str, Any]]:
     ]
 
 
-def start_nodes(root: Path, names: tuple[str, ...] = NODE_NAMES) -> SlurmCluster:
+def start_nodes(
+    root: Path,
+    names: tuple[str, ...] = NODE_NAMES,
+    partitions: dict[str, tuple[str, ...]] | None = None,
+) -> SlurmCluster:
+    """The cluster of ``names``; ``partitions``: name -> its nodes, the first the default
+    (default: one partition ``batch`` of every node)."""
+    partitions = partitions or {"batch": names}
     host, hw = _node_hardware()
     hardware = " ".join(f"{k}={v}" for k, v in hw.items())
     for sub in ("state", "spool", "log", "run", "jobs", "dev"):
@@ -86,12 +93,13 @@ def start_nodes(root: Path, names: tuple[str, ...] = NODE_NAMES) -> SlurmCluster
         f"{n.hardware} Gres={n.gres} State=UNKNOWN"
         for n, port in zip(nodes, node_ports, strict=True)
     )
-    partition = Partition("batch", priority_tier=1, default=True)
+    partition_lines = "".join(
+        f"PartitionName={name} Nodes={','.join(members)} Default={'YES' if i == 0 else 'NO'} "
+        "MaxTime=INFINITE State=UP\n"
+        for i, (name, members) in enumerate(partitions.items())
+    )
     (root / "slurm.conf").write_text(
-        base_conf(root, host, ctld_port, None)
-        + node_lines
-        + f"\nPartitionName=batch Nodes={','.join(names)} Default=YES MaxTime=INFINITE "
-        "State=UP\n"
+        base_conf(root, host, ctld_port, None) + node_lines + "\n" + partition_lines
     )
     (root / "gres.conf").write_text("\n".join(gres) + "\n")
 
@@ -100,7 +108,10 @@ def start_nodes(root: Path, names: tuple[str, ...] = NODE_NAMES) -> SlurmCluster
         root=root,
         env=env,
         node=nodes[0],
-        partitions={partition.name: partition},
+        partitions={
+            name: Partition(name, priority_tier=1, default=i == 0)
+            for i, name in enumerate(partitions)
+        },
         gpus=all_gpus,
         ports=(ctld_port, *node_ports),
         nodes=nodes,
@@ -129,6 +140,29 @@ def start_nodes(root: Path, names: tuple[str, ...] = NODE_NAMES) -> SlurmCluster
 def slurm_nodes_cluster() -> Iterator[SlurmCluster]:
     with running_cluster(start_nodes, "gpuslice-slurm-nodes-", ("unshare",)) as cluster:
         yield cluster
+
+
+BURST_NODES = ("gsb1", "gsb2")
+# gsb1 is this site's partition, gsb2 the burst partition (in production, a cloud's nodes)
+BURST_PARTITIONS = {"batch": ("gsb1",), "cloud": ("gsb2",)}
+
+
+def _start_burst(root: Path) -> SlurmCluster:
+    return start_nodes(root, BURST_NODES, BURST_PARTITIONS)
+
+
+@pytest.fixture(scope="session")
+def slurm_burst_cluster() -> Iterator[SlurmCluster]:
+    """Two nodes in two partitions: ``batch`` (gsb1) and ``cloud`` (gsb2)."""
+    with running_cluster(_start_burst, "gpuslice-slurm-burst-", ("unshare",)) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def slurm_burst(slurm_burst_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    slurm_burst_cluster.cancel_all()
+    yield slurm_burst_cluster
+    slurm_burst_cluster.cancel_all()
 
 
 @pytest.fixture

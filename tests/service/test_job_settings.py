@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.errors import ConfigError
 from gpuslice_hub.jobs.backends import LocalBackend
 from gpuslice_hub.jobs.manager import JobManager
@@ -102,3 +103,76 @@ def test_aging_set_for_a_slurm_queue_is_refused_as_doing_nothing(tmp_path):
     assert e.value.key == "JobManager.aging_seconds" and "Slurm queues the jobs" in str(e.value)
     jobs.run_jobs_as_service_user = True  # (the folder checks are another test's)
     check_job_settings(app("local"), jobs)  # where gpuslice queues, it is what it says
+
+
+HOMES = {"preemptible": "batch", "normal": "batch", "high": "batch"}
+
+
+@pytest.mark.parametrize(
+    ("backend", "settings", "key", "needle"),
+    [
+        ("local", {"burst_partition": "cloud"}, "JobManager.burst_partition", "job_backend"),
+        ("kubernetes", {"burst_partition": "cloud"}, "JobManager.burst_partition", "'kubernetes'"),
+        # a job preempted in the burst partition comes back to its own: it must be named
+        (
+            "slurm",
+            {"burst_partition": "cloud", "slurm_partitions": {**HOMES, "high": ""}},
+            "JobManager.slurm_partitions",
+            "high",
+        ),
+        (
+            "slurm",
+            {"burst_partition": "batch", "slurm_partitions": HOMES},
+            "JobManager.burst_partition",
+            "a class's own partition",
+        ),
+        # settings that would do nothing without a burst partition
+        ("slurm", {"burst_after_wait": 1.0}, "JobManager.burst_after_wait", "nothing"),
+        (
+            "slurm",
+            {"burst_when_allocated_above": 0.5},
+            "JobManager.burst_when_allocated_above",
+            "nothing",
+        ),
+    ],
+)
+def test_bad_burst_settings_are_refused_naming_the_key(tmp_path, backend, settings, key, needle):
+    from traitlets.config import Config
+
+    config = Config()
+    for name, value in settings.items():
+        setattr(config.JobManager, name, value)
+    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
+    jobs.run_jobs_as_service_user = True
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app(backend), jobs)
+    assert e.value.key == key and needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"burst_after_wait": 0.0}, "JobManager.burst_after_wait"),
+        ({"burst_after_wait": 11.0}, "JobManager.burst_after_wait"),
+        ({"burst_when_allocated_above": 1.0}, "JobManager.burst_when_allocated_above"),
+        ({"burst_when_allocated_above": -0.1}, "JobManager.burst_when_allocated_above"),
+    ],
+)
+def test_burst_thresholds_out_of_range_are_refused(tmp_path, settings, key):
+    with pytest.raises(ConfigError) as e:
+        manager(tmp_path, **settings)
+    assert e.value.key == key
+
+
+def test_burst_settings_are_read(tmp_path):
+    from traitlets.config import Config
+
+    config = Config()
+    config.JobManager.burst_partition = "cloud"
+    config.JobManager.slurm_partitions = HOMES
+    config.JobManager.burst_after_wait = 0.25
+    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
+    jobs.run_jobs_as_service_user = True
+    check_job_settings(app("slurm"), jobs)
+    standing = jobs.window_standing(utcnow())["burst"]
+    assert standing == {"partition": "cloud", "after_wait": 0.25, "allocated_above": 0.8}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .models import Base, UTCDateTime, utcnow
@@ -47,6 +47,11 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # the JobManager.time_windows name the job may run in (None: any time)
     time_window: Mapped[str | None] = mapped_column(String(64))
+    # may be sent to the burst partition when it waits too long (JobManager.burst_partition);
+    # how many times it was, and the GPU-seconds it ran there (capacity bought)
+    burstable: Mapped[bool] = mapped_column(Boolean, default=False)
+    bursts: Mapped[int] = mapped_column(Integer, default=0)
+    burst_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     # Loaded when read (a page of jobs loads them with ``selectinload``): the scheduler's
     # pass reads and writes hundreds of rows and never needs their history.
     transitions: Mapped[list[JobTransitionRow]] = relationship(

@@ -41,14 +41,23 @@ from .backends.base import (
     SubmitUnsure,
     current_ref,
 )
+from .burst import Burst
 from .runner_state import ATTEMPT_ID
 from .states import ACTIVE, PRIORITY_CLASSES, transition
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
-# What a pass reads of each queued job
-QUEUED_COLUMNS = (JobRow.id, JobRow.backend_ref, JobRow.not_before, JobRow.waiting_reason)
+# What a pass reads of each queued job (the last five for burst.py)
+QUEUED_COLUMNS = (
+    JobRow.id,
+    JobRow.backend_ref,
+    JobRow.not_before,
+    JobRow.waiting_reason,
+    JobRow.burstable,
+    JobRow.max_runtime,
+    JobRow.submitted_at,
+)
 # Submissions per pass: a backlog of thousands goes to the engine over a few passes, and the
 # running jobs are watched in between (each sbatch is a fork and a round trip, each Job a
 # create call).
@@ -62,6 +71,8 @@ class DelegatedPass:
         self.log = scheduler.log
         self.backend = cast(QueueingBackend, self.jobs.backend)
         self.engine = self.backend.engine
+        # burstable jobs moved to a second partition when they wait too long (Slurm)
+        self.burst = Burst(self.jobs, self.log) if self.jobs.burst_partition else None
 
     def _current(self, ref: dict[str, Any] | None) -> bool:
         """Whether ``ref`` names an engine's job the service has not accounted the end of."""
@@ -112,6 +123,8 @@ class DelegatedPass:
                     started.append((waits.id, status))
             elif status is not None and status.alive:
                 waiting[waits.id] = status.waiting
+                if (waits.backend_ref or {}).get("burst"):
+                    waiting[waits.id] += f" in the burst partition {self.jobs.burst_partition}"
             elif status is not None:
                 unseen.append((waits.id, status))  # its engine's job ended between two passes
             elif (waits.not_before or now) <= now:
@@ -125,6 +138,11 @@ class DelegatedPass:
         for job_id in submit[:SUBMIT_BATCH]:
             self._each(job_id, f"submitting it to {self.engine}", partial(self._submit, now=now))
         self.scheduler._waiting({j.id: j.waiting_reason for j in queued}, waiting)
+        if self.burst is not None and polled is not None:
+            try:
+                self.burst.pass_(queued, statuses, now)
+            except Exception:
+                self.log.exception("moving waiting jobs to the burst partition failed; will retry")
 
     def _each(self, job_id: int, what: str, act: Callable[[JobRow], None]) -> None:
         """``act`` on the job's whole row if it is still queued; its trouble is its own."""
@@ -137,6 +155,8 @@ class DelegatedPass:
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         runner = self.scheduler.runner_files.claims(job.job_dir, fresh=not status.alive)
+        if self.burst is not None and (not status.alive or not _same_run(job, status)):
+            self.burst.account(job, now)  # a run in the burst partition ended
         if not status.alive:
             # its engine's job is over: as with any backend; back in the queue, it is handed
             # to the engine afresh
@@ -155,6 +175,8 @@ class DelegatedPass:
             code = EXIT_PREEMPTED if preempted else None
             why = f"{self.engine} requeued it (a preemption or a node failure)"
             self.scheduler._finished(job, RunStatus(False, code), runner, now, outside=why)
+            if self.burst is not None and ref.get("burst"):
+                self.burst.come_back(job.id, job.priority_class)
             return
         # (a runner that says "preempted" while the engine still runs it is waited for: the
         # engine then either requeues the job or ends it, and that decides)
@@ -199,7 +221,8 @@ class DelegatedPass:
         caller = Caller(job.user, tuple(job.groups or ()), self.backend.name)
         got: list[dict[str, Any]] = []
         why = ""
-        for _ in range(job.slices):
+        burst = bool((job.backend_ref or {}).get("burst"))
+        for _ in range(0 if burst else job.slices):
             try:
                 got.append(
                     self.jobs.ledger.record_placed(
@@ -215,6 +238,9 @@ class DelegatedPass:
                 why = e.message
                 break
         said = f"{self.engine} started it on {node}"
+        if burst:
+            # another partition's nodes: capacity bought, not this cluster's
+            said += f" in the burst partition {self.jobs.burst_partition}"
         if why:
             # the engine runs it regardless: the external mirror holds what it holds there
             self.jobs.release([g["id"] for g in got], f"job {job.id}: {why}")

@@ -56,6 +56,7 @@ SUBMIT_FIELDS = {
     "groups",
     "workdir",
     "time_window",
+    "burstable",
 }
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -234,6 +235,29 @@ class JobManager(LoggingConfigurable):
         backend only.""",
     ).tag(config=True)
 
+    burst_partition = Unicode(
+        "",
+        help="""Burst: a second Slurm partition (another cluster's nodes, in production a
+        cloud partition) that jobs submitted as ``burstable`` are moved to when they wait
+        too long in their own (see ``burst_after_wait`` and ``burst_when_allocated_above``).
+        They resume there from their checkpoint; a job preempted or requeued there comes
+        back to its own partition's queue. Their GPU-hours there are counted as bought
+        (admin panel, ``/metrics``), never as this cluster's. Empty: off. Slurm backend
+        only, with every priority class's own partition named in ``slurm_partitions`` (the
+        partition a job comes back to).""",
+    ).tag(config=True)
+    burst_after_wait = Float(
+        0.5,
+        help="A burstable job waiting in its own partition is moved to the burst partition "
+        "once it has waited this fraction of its expected run time (its max_runtime): 0.5 "
+        "is half. From 0.01 to 10.",
+    ).tag(config=True)
+    burst_when_allocated_above = Float(
+        0.8,
+        help="Also move a waiting burstable job when the cluster's allocated share of its "
+        "GPUs in service has stayed above this for 10 minutes (0: only ``burst_after_wait``).",
+    ).tag(config=True)
+
     def __init__(
         self, ledger: Ledger, db: Database, backend: Backend, root: Path, **kw: Any
     ) -> None:
@@ -251,6 +275,12 @@ class JobManager(LoggingConfigurable):
                 )
         if self.defragment_moves_per_hour < 0:
             raise ConfigError("JobManager.defragment_moves_per_hour", "must be 0 (off) or more")
+        if not 0.01 <= self.burst_after_wait <= 10:
+            raise ConfigError("JobManager.burst_after_wait", "must be from 0.01 to 10")
+        if not 0 <= self.burst_when_allocated_above < 1:
+            raise ConfigError(
+                "JobManager.burst_when_allocated_above", "must be from 0 (off) to below 1"
+            )
         # jobs moved by defragmentation since start, and the milli-GPUs they held (metrics)
         self.moved_jobs = 0
         self.moved_milli = 0
@@ -408,7 +438,16 @@ class JobManager(LoggingConfigurable):
             raise Refused("bad_request", "field 'name' must be a string")
         name = name or Path(path).stem or "notebook"
         name = _NAME.sub("-", name).strip("-.")[:60] or "notebook"
+        burstable = body.get("burstable", False)
+        if not isinstance(burstable, bool):
+            raise Refused("bad_request", "field 'burstable' must be true or false")
+        if burstable and not self.burst_partition:
+            raise Refused(
+                "bad_request",
+                "field 'burstable': this site has no burst partition (JobManager.burst_partition)",
+            )
         return {
+            "burstable": burstable,
             "time_window": self._window_of(body.get("time_window"), priority),
             "name": name,
             "profile": profile,
@@ -439,6 +478,16 @@ class JobManager(LoggingConfigurable):
         return {
             "windows": [w.standing(now) for _, w in sorted(self.windows.items())],
             "class_windows": dict(self.class_time_windows),
+            # where a burstable job may go, and when (None: no burst partition)
+            "burst": (
+                {
+                    "partition": self.burst_partition,
+                    "after_wait": self.burst_after_wait,
+                    "allocated_above": self.burst_when_allocated_above,
+                }
+                if self.burst_partition
+                else None
+            ),
         }
 
     # -- queries -------------------------------------------------------------------------

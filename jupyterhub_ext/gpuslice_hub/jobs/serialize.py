@@ -38,6 +38,11 @@ def job_json(job: JobRow, log_tail: str = "") -> dict[str, Any]:
         "finished_at": iso(job.finished_at),
         "waiting_reason": job.waiting_reason,
         "time_window": job.time_window,
+        "burstable": bool(job.burstable),
+        "bursts": job.bursts or 0,
+        # in the burst partition now (sent there and not come back)
+        "on_burst": bool((job.backend_ref or {}).get("burst")),
+        "burst_gpu_hours": round((job.burst_gpu_seconds or 0.0) / 3600, 4),
         "error": job.error,
         "output_path": output_path(job),
         "allocation_ids": list(job.allocation_ids or []),

@@ -141,6 +141,33 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
                 else "the cluster queues the jobs (its scheduler, or Kueue's queues)"
             ),
         )
+    if manager.burst_partition:
+        if app.job_backend != "slurm":
+            raise ConfigError(
+                "JobManager.burst_partition",
+                f"moves waiting Slurm jobs to a second partition (job_backend = 'slurm'), "
+                f"not {app.job_backend!r} jobs",
+            )
+        homes = {cls: manager.slurm_partitions.get(cls, "") for cls in PRIORITY_CLASSES}
+        unnamed = sorted(cls for cls, p in homes.items() if not p)
+        if unnamed:
+            raise ConfigError(
+                "JobManager.slurm_partitions",
+                f"must name the partition of {', '.join(unnamed)} jobs with burst_partition "
+                "set: a job preempted in the burst partition comes back to it",
+            )
+        if manager.burst_partition in homes.values():
+            raise ConfigError(
+                "JobManager.burst_partition",
+                f"{manager.burst_partition!r} is a class's own partition (slurm_partitions)",
+            )
+    elif any(k in configured for k in ("burst_after_wait", "burst_when_allocated_above")):
+        raise ConfigError(
+            "JobManager.burst_after_wait"
+            if "burst_after_wait" in configured
+            else "JobManager.burst_when_allocated_above",
+            "does nothing without burst_partition",
+        )
     if app.job_backend in ("slurm", "kubernetes") and manager.windows:
         # a setting that would do nothing: gpuslice's own scheduler enforces the windows
         raise ConfigError(

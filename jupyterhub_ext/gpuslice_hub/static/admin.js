@@ -613,7 +613,9 @@
             'td',
             {},
             `${job.profile}${job.slices > 1 ? ` ×${job.slices}` : ''} · ${job.priority}` +
-              (job.time_window ? ` · window ${job.time_window}` : '')
+              (job.time_window ? ` · window ${job.time_window}` : '') +
+              (job.on_burst ? ' · in the burst partition' : job.burstable ? ' · burstable' : '') +
+              (job.burst_gpu_hours ? ` · ${job.burst_gpu_hours.toFixed(2)} GPU-h bought` : '')
           ),
           h(
             'td',

@@ -358,6 +358,17 @@ class SlurmBackend:
         (``BeginTime``, set with ``StartTime=``) for a while after a requeue."""
         self._run("scontrol", "update", f"jobid={ref['slurm_job_id']}", "StartTime=now", ref=ref)
 
+    def home_partition(self, priority: str) -> str:
+        """The partition a job of ``priority`` is submitted to ("": Slurm's default)."""
+        return self.partitions.get(priority, self.partition)
+
+    def move(self, ref: dict[str, Any], partition: str) -> None:
+        """Move a pending job to ``partition`` (burst, and back). Slurm refuses once the
+        job has started: the move then did not happen (RuntimeError)."""
+        self._run(
+            "scontrol", "update", f"jobid={ref['slurm_job_id']}", f"Partition={partition}", ref=ref
+        )
+
     def signal_preempt(self, ref: dict[str, Any]) -> None:
         self._run("scancel", "--batch", "--signal=TERM", str(ref["slurm_job_id"]), ref=ref)
 
