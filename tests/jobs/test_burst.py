@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from gpuslice_hub import clock
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.errors import Refused
 from gpuslice_hub.jobs.backends.base import RunStatus
 from gpuslice_hub.jobs.burst import Burst
 from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.jobs.states import transition
 from gpuslice_hub.ledger import Caller
 from tests.jobs.test_jobs_hub import nb_json
 from tests.service.conftest import build_ledger
@@ -29,16 +32,49 @@ HOMES = {"preemptible": "batch", "normal": "batch", "high": "batch"}
 
 
 class FakeSlurm:
+    """Slurm's queue as a test drives it: ``status[slurm id]`` is what the next pass sees;
+    ``move`` records each ``scontrol update Partition=`` (and fails while ``refuse``)."""
+
     name = "slurm"
+    schedules_itself = True
+    engine = "Slurm"
+    ref_key = "slurm_job_id"
 
     def __init__(self) -> None:
         self.moves: list[tuple[str, str]] = []
+        self.status: dict[str, RunStatus] = {}
+        self.refuse = ""
+        self.killed: list[str] = []
 
     def home_partition(self, priority: str) -> str:
         return HOMES[priority]
 
     def move(self, ref: dict[str, Any], partition: str) -> None:
+        if self.refuse:
+            raise RuntimeError(self.refuse)
         self.moves.append((ref["slurm_job_id"], partition))
+
+    def submit(self, job_id: int, job_dir: str, *args: Any, **kw: Any) -> dict[str, Any]:
+        sid = str(100 + job_id)
+        self.status[sid] = RunStatus(
+            True, waiting="pending in Slurm (Resources)", partition="batch"
+        )
+        return {"slurm_job_id": sid, "job_dir": job_dir, "attempt_id": kw.get("attempt", "")}
+
+    def poll_many(self, refs: Any) -> list[RunStatus]:
+        return [self.status.get(str(r.get("slurm_job_id")), RunStatus(False)) for r in refs]
+
+    def poll(self, ref: dict[str, Any]) -> RunStatus:
+        return self.poll_many([ref])[0]
+
+    def find(self, job_id: int, account: Any) -> str:
+        return ""
+
+    def signal_preempt(self, ref: dict[str, Any]) -> None:
+        pass
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        self.killed.append(ref["slurm_job_id"])
 
 
 @pytest.fixture
@@ -131,23 +167,91 @@ def test_allocation_that_drops_below_the_threshold_starts_the_ten_minutes_again(
     assert slurm.moves == [("31", "cloud")]
 
 
-def test_a_job_requeued_in_the_burst_partition_comes_back_and_its_hours_count(setup):
-    _, jobs, slurm, burst = setup
+def test_a_run_in_the_burst_partition_is_counted_once_when_it_ends(setup):
+    _, jobs, _, _ = setup
     job_id = submit(jobs, "41", max_runtime=600, burstable=True)
     now = utcnow()
     with jobs.db.writing() as s:
         row = s.get(JobRow, job_id)
         assert row is not None
-        row.backend_ref = {**row.backend_ref, "burst": True}
-        row.attempt_started_at = now - timedelta(hours=1)
+        row.state = "running"
+        row.backend_ref = {
+            **row.backend_ref,
+            "burst_started_at": (now - timedelta(hours=1)).isoformat(),
+            "burst_milli": 2000,  # two whole GPUs
+        }
+    with jobs.db.writing() as s:
+        row = s.get(JobRow, job_id)
+        assert row is not None
+        transition(s, row, "queued", "requeued")
+        transition(s, row, "cancelled", "no longer wanted")  # nothing more to count
     row = jobs.row(job_id)
-    burst.account(row, now)  # one whole GPU for an hour there
-    burst.come_back(job_id, "preemptible")
-    assert slurm.moves == [("41", "batch")]
+    assert row is not None and row.burst_gpu_seconds == pytest.approx(2 * 3600, rel=1e-3)
+    assert "burst_started_at" not in row.backend_ref
+
+
+def test_a_refused_move_is_said_and_tried_again_later(setup):
+    _, jobs, slurm, burst = setup
+    job_id = submit(jobs, "51", max_runtime=600, burstable=True)
+    t0 = rows(jobs)[0].submitted_at + timedelta(seconds=301)
+    slurm.refuse = "Access/permission denied"
+    burst.pass_(rows(jobs), waiting(jobs), t0)
     row = jobs.row(job_id)
-    assert row is not None and row.backend_ref["burst"] is False
-    assert row.burst_gpu_seconds == pytest.approx(3600)
-    assert row.waiting_reason == "preempted in the burst partition cloud; back in batch's queue"
+    assert row is not None and row.bursts == 0
+    assert "could not be sent to the burst partition cloud" in (row.waiting_reason or "")
+    slurm.refuse = ""
+    burst.pass_(rows(jobs), waiting(jobs), t0 + timedelta(minutes=9))
+    assert slurm.moves == []
+    burst.pass_(rows(jobs), waiting(jobs), t0 + timedelta(minutes=10))
+    assert slurm.moves == [("51", "cloud")]
+
+
+def test_the_pass_sends_records_where_slurm_runs_it_and_brings_it_back(setup):
+    """The whole path through the service's delegated pass, Slurm's answers scripted, on
+    the service's clock moved by the test."""
+    ledger, jobs, slurm, _ = setup
+    at = clock.ManualClock(utcnow())
+    with clock.installed(at):
+        scheduler = Scheduler(jobs)
+        body = {"notebook": nb_json(["1"]), "profile": "gpu-1", "max_runtime": 600}
+        job_id = int(jobs.submit(Caller("ann", (), "ann"), {**body, "burstable": True})["id"])
+        scheduler.tick(at.now())  # submitted to Slurm: pending in batch
+        sid = jobs.row(job_id).backend_ref["slurm_job_id"]  # type: ignore[union-attr]
+        at.advance(299)
+        scheduler.tick(at.now())
+        assert slurm.moves == []
+        at.advance(2)
+        scheduler.tick(at.now())
+        assert slurm.moves == [(sid, "cloud")]
+        slurm.status[sid] = RunStatus(
+            True, node="node-a", run=0, state="RUNNING", partition="cloud"
+        )
+        at.advance(60)
+        scheduler.tick(at.now())
+        j = jobs.get(job_id)
+        assert j is not None and j["state"] == "starting" and j["on_burst"]
+        reason = j["transitions"][-1]["reason"]
+        assert reason == "Slurm started it on node-a in the burst partition cloud"
+        assert ledger.snapshot()[2] == []  # nothing held in this cluster's ledger
+        # requeued there (its spot instance taken back): back to batch, its hour counted
+        slurm.status[sid] = RunStatus(
+            True, waiting="pending in Slurm (Resources)", run=1, partition="cloud"
+        )
+        at.advance(3600)
+        scheduler.tick(at.now())
+        assert slurm.moves[-1] == (sid, "batch")
+        j = jobs.get(job_id)
+        assert j is not None and j["state"] == "queued" and not j["on_burst"]
+        assert j["burst_gpu_hours"] == pytest.approx(1.0, rel=1e-3)
+        assert "back in batch's queue" in j["log_tail"]
+        # it waits from its requeue: not sent again 299 s later, sent at 300 s
+        slurm.status[sid] = RunStatus(True, waiting="pending", run=1, partition="batch")
+        at.advance(299)
+        scheduler.tick(at.now())
+        assert len(slurm.moves) == 2
+        at.advance(2)
+        scheduler.tick(at.now())
+        assert slurm.moves[-1] == (sid, "cloud") and jobs.get(job_id)["bursts"] == 2  # type: ignore[index]
 
 
 def test_asking_to_burst_where_there_is_no_burst_partition_is_refused(setup, tmp_path: Path):

@@ -168,6 +168,8 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         ({"parameters": {"1x": 2}}, 400, "not a Python identifier"),
         ({"parameters": {"x": object.__name__}, "slices": 0}, 400, "field 'slices'"),
         ({"checkpoint_interval": 0}, 400, "checkpoint_interval"),
+        ({"burstable": True}, 400, "no burst partition"),
+        ({"burstable": "yes"}, 400, "burstable"),
         ({"notebook": {"cells": "nope"}}, 400, "not a valid notebook"),
         ({"colour": "red"}, 400, "unknown field 'colour'"),
         ({"priority": {"a": 1}}, 400, "field 'priority'"),
@@ -190,6 +192,8 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         # no time windows configured: nothing to choose in the dialog
         "windows": [],
         "class_windows": {},
+        # no burst partition: the dialog offers no burst
+        "burst": None,
     }
     r = submit(
         hub,

@@ -3,12 +3,14 @@ second one (JobManager.burst_partition: another cluster's nodes, in production a
 partition), and comes back to its own when it is preempted or requeued there.
 
 Slurm still schedules everything: a move is ``scontrol update Partition=`` of a pending
-job, which Slurm refuses once the job has started (then nothing moved). When to move is
-gpuslice's: once a job has waited ``burst_after_wait`` of its expected run time (its
-max_runtime), or at once while the cluster has been more than ``burst_when_allocated_above``
-allocated for ``HIGH_FOR`` with jobs waiting. A run there resumes from the job's checkpoint
-like any run; it holds nothing in this cluster's ledger, and its GPU-hours are counted as
-bought (``JobRow.burst_gpu_seconds``).
+job (as its owner: Slurm checks the partition's access rules), which Slurm refuses once
+the job has started. When to move is gpuslice's: once a job has waited
+``burst_after_wait`` of its expected run time (its max_runtime), or, while this cluster
+has been more than ``burst_when_allocated_above`` allocated for ``HIGH_FOR``, once it has
+waited ``HIGH_MIN_WAIT``. Where a run is comes from Slurm (its partition in the pass's
+query), never from gpuslice's own record of what it asked for: a run in the burst
+partition holds nothing in this cluster's ledger, and its GPU-hours there are counted as
+bought when it ends (``states.transition``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,23 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..db.jobs_models import JobRow
-from ..ledger.base import quota_usage
 from .backends.base import RunStatus
 
 if TYPE_CHECKING:
     from .manager import JobManager
 
 HIGH_FOR = timedelta(minutes=10)
+# a job sent because the cluster is full has waited at least this (not one pass, nor
+# right after it came back)
+HIGH_MIN_WAIT = timedelta(minutes=5)
+# a move Slurm refused (the partition's access rules, a limit) is tried again after this
+RETRY = timedelta(minutes=10)
+
+
+def waiting_since(job: Any) -> datetime:
+    """Since when a queued job waits for this run: its last (re)submission or requeue."""
+    raw = (job.backend_ref or {}).get("waiting_since")
+    return datetime.fromisoformat(raw) if raw else job.submitted_at
 
 
 class Burst:
@@ -33,22 +45,20 @@ class Burst:
         self.jobs = jobs
         self.log = log
         self.partition = jobs.burst_partition
-        # since when each job has waited in the engine's queue (this service's life: after
-        # a restart a job's wait is counted from its submission, or from the restart when
-        # it ran before)
-        self._since: dict[int, datetime] = {}
         self._high_since: datetime | None = None
 
-    def _allocated_share(self) -> float:
-        """Allocated milli-GPU over the GPUs in service, now."""
+    def allocated_share(self) -> float:
+        """What is held of the GPUs in service (present, not drained), over them."""
         _, gpus, active = self.jobs.ledger.snapshot()
-        capacity = 1000 * sum(1 for g in gpus if g.present and not g.drained)
-        return sum(a.gpu_milli for a in active) / capacity if capacity else 0.0
+        serving = {g.uuid for g in gpus if g.present and not g.drained}
+        held = sum(c.milli for a in active for c in a.claims if c.active and c.gpu_uuid in serving)
+        return held / (1000 * len(serving)) if serving else 0.0
 
     def _high(self, now: datetime) -> bool:
-        """Whether allocation has stayed above the threshold for ``HIGH_FOR``."""
+        """Whether allocation has stayed above the threshold for ``HIGH_FOR`` (sampled at
+        every pass)."""
         above = self.jobs.burst_when_allocated_above
-        if not above or self._allocated_share() <= above:
+        if not above or self.allocated_share() <= above:
             self._high_since = None
             return False
         if self._high_since is None:
@@ -56,98 +66,94 @@ class Burst:
         return now - self._high_since >= HIGH_FOR
 
     def pass_(self, queued: Sequence[Any], statuses: dict[int, RunStatus], now: datetime) -> None:
-        """Move the waiting burstable jobs that are due (``queued``: the pass's rows)."""
-        waiting = [
-            job
-            for job in queued
-            if (st := statuses.get(job.id)) is not None and st.alive and not st.node
-        ]
-        seen = {job.id for job in waiting}
-        for job_id in list(self._since):
-            if job_id not in seen:
-                del self._since[job_id]
-        high: bool | None = None  # asked only when a burstable job waits
-        for job in waiting:
-            ref = job.backend_ref or {}
-            since = self._since.setdefault(job.id, job.submitted_at if "run" not in ref else now)
-            if not job.burstable or ref.get("burst"):
+        """Move the waiting burstable jobs that are due, and bring back those whose move
+        home failed (``queued``: the pass's rows)."""
+        high = self._high(now)
+        for job in queued:
+            st = statuses.get(job.id)
+            if st is None or not st.alive or st.node or not job.burstable:
                 continue
-            waited = (now - since).total_seconds()
+            ref = job.backend_ref or {}
+            if ref.get("return_to"):
+                self._return(job.id, ref, now)
+                continue
+            if ref.get("burst") or now < _at(ref.get("burst_retry_at"), now):
+                continue
+            waited = now - waiting_since(job)
             why = ""
-            if waited >= self.jobs.burst_after_wait * job.max_runtime:
+            if waited.total_seconds() >= self.jobs.burst_after_wait * job.max_runtime:
                 why = (
                     f"it waited {_duration(waited)}, {self.jobs.burst_after_wait:g} of its "
-                    f"expected run time ({_duration(job.max_runtime)})"
+                    f"expected run time ({_duration(timedelta(seconds=job.max_runtime))})"
                 )
-            else:
-                high = self._high(now) if high is None else high
-                if high:
-                    above = self.jobs.burst_when_allocated_above
-                    why = f"this cluster has been more than {above:.0%} allocated for 10 minutes"
+            elif high and waited >= HIGH_MIN_WAIT:
+                above = self.jobs.burst_when_allocated_above
+                why = f"this cluster has been more than {above:.0%} allocated for 10 minutes"
             if why:
-                self._send(job, ref, why)
+                self._send(job.id, ref, why, now)
 
-    def _send(self, job: Any, ref: dict[str, Any], why: str) -> None:
+    def _send(self, job_id: int, ref: dict[str, Any], why: str, now: datetime) -> None:
         backend: Any = self.jobs.backend
         try:
             backend.move(ref, self.partition)
+            moved, said = True, f"sent to the burst partition {self.partition}: {why}"
         except (RuntimeError, OSError) as e:
-            # started meanwhile (Slurm refuses to move a running job), or scontrol failed:
-            # the next pass looks again
-            self.log.info("job %s: not moved to %s: %s", job.id, self.partition, e)
-            return
+            # started meanwhile (then it is no longer waiting), or Slurm refused (the
+            # partition's access rules, a limit): said, and tried again later
+            moved = False
+            said = f"could not be sent to the burst partition {self.partition} ({e})"
         with self.jobs.db.writing() as s:
-            row = s.get(JobRow, job.id)
+            row = s.get(JobRow, job_id)
             if row is None or row.state != "queued":
                 return
-            row.backend_ref = {**(row.backend_ref or {}), "burst": True}
-            row.bursts = (row.bursts or 0) + 1
-            row.waiting_reason = f"sent to the burst partition {self.partition}: {why}"
-        self.log.info("job %s: sent to the burst partition %s: %s", job.id, self.partition, why)
+            if moved:
+                row.backend_ref = {**(row.backend_ref or {}), "burst": True}
+                row.bursts = (row.bursts or 0) + 1
+            else:
+                retry = (now + RETRY).isoformat()
+                row.backend_ref = {**(row.backend_ref or {}), "burst_retry_at": retry}
+            row.waiting_reason = said[:1024]
+        self.jobs.log_line(row, said)
+        self.log.info("job %s: %s", job_id, said)
 
-    def come_back(self, job_id: int, priority: str) -> None:
+    def come_back(self, job_id: int, priority: str, now: datetime) -> None:
         """A job preempted or requeued in the burst partition waits in its own again."""
-        backend: Any = self.jobs.backend
-        home = backend.home_partition(priority)
-        row = self.jobs.row(job_id)
-        if row is None or row.state != "queued":
-            return
-        ref = row.backend_ref or {}
+        home = self.jobs.backend.home_partition(priority)  # type: ignore[attr-defined]
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or row.state != "queued":
+                return
+            # remembered first: a move that fails is tried again at the next pass
+            ref = {**(row.backend_ref or {}), "return_to": home}
+            row.backend_ref = ref
+        self._return(job_id, ref, now)
+
+    def _return(self, job_id: int, ref: dict[str, Any], now: datetime) -> None:
+        home = ref["return_to"]
         try:
-            backend.move(ref, home)
+            self.jobs.backend.move(ref, home)  # type: ignore[attr-defined]
         except (RuntimeError, OSError) as e:
-            # already running again there: it stays a burst run, accounted as one
-            self.log.info("job %s: not moved back to %s: %s", job_id, home, e)
+            self.log.warning("job %s: not moved back to %s yet: %s", job_id, home, e)
             return
+        said = f"preempted in the burst partition {self.partition}; back in {home}'s queue"
         with self.jobs.db.writing() as s:
-            fresh = s.get(JobRow, job_id)
-            if fresh is not None and fresh.state == "queued":
-                fresh.backend_ref = {**(fresh.backend_ref or {}), "burst": False}
-                fresh.waiting_reason = (
-                    f"preempted in the burst partition {self.partition}; back in {home}'s queue"
-                )
-        self._since.pop(job_id, None)
-
-    def account(self, job: Any, now: datetime) -> None:
-        """Count the GPU-seconds of a run in the burst partition that just ended."""
-        ref = job.backend_ref or {}
-        started = job.attempt_started_at
-        if not ref.get("burst") or started is None:
-            return
-        profile = self.jobs.ledger.profiles.get(job.profile)
-        if profile is None:
-            return
-        with self.jobs.ledger.db.reading() as s:
-            milli = quota_usage(profile, self.jobs.ledger.inventory_cache.get(s)).milli
-        seconds = max(0.0, (now - started).total_seconds()) * milli / 1000 * job.slices
-        with self.jobs.db.writing() as s:
-            row = s.get(JobRow, job.id)
-            if row is not None:
-                row.burst_gpu_seconds = (row.burst_gpu_seconds or 0.0) + seconds
+            row = s.get(JobRow, job_id)
+            if row is None or row.state != "queued":
+                return
+            back = {**(row.backend_ref or {}), "burst": False, "waiting_since": now.isoformat()}
+            back.pop("return_to", None)
+            row.backend_ref = back
+            row.waiting_reason = said
+        self.jobs.log_line(row, said)
 
 
-def _duration(seconds: float) -> str:
-    """``seconds`` as people say it: "45 s", "12 min", "2 h 5 min"."""
+def _at(raw: Any, default: datetime) -> datetime:
+    return datetime.fromisoformat(raw) if isinstance(raw, str) else default
+
+
+def _duration(span: timedelta) -> str:
+    """A wait as people say it: "45 s", "12 min", "2 h 5 min"."""
+    seconds = span.total_seconds()
     if seconds < 60:
         return f"{seconds:.0f} s"
     minutes = round(seconds / 60)

@@ -31,8 +31,10 @@ from sqlalchemy import select
 from gpuslice.vocab import EXIT_BY_STATUS, EXIT_PREEMPTED
 
 from ..db.jobs_models import JobRow
+from ..db.models import utcnow
 from ..errors import Refused
 from ..ledger import Caller
+from ..ledger.base import quota_usage
 from .accounts import AccountError
 from .backends.base import (
     QueueingBackend,
@@ -123,8 +125,8 @@ class DelegatedPass:
                     started.append((waits.id, status))
             elif status is not None and status.alive:
                 waiting[waits.id] = status.waiting
-                if (waits.backend_ref or {}).get("burst"):
-                    waiting[waits.id] += f" in the burst partition {self.jobs.burst_partition}"
+                if self.burst is not None and status.partition == self.jobs.burst_partition:
+                    waiting[waits.id] += f" in the burst partition {status.partition}"
             elif status is not None:
                 unseen.append((waits.id, status))  # its engine's job ended between two passes
             elif (waits.not_before or now) <= now:
@@ -155,8 +157,6 @@ class DelegatedPass:
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         runner = self.scheduler.runner_files.claims(job.job_dir, fresh=not status.alive)
-        if self.burst is not None and (not status.alive or not _same_run(job, status)):
-            self.burst.account(job, now)  # a run in the burst partition ended
         if not status.alive:
             # its engine's job is over: as with any backend; back in the queue, it is handed
             # to the engine afresh
@@ -176,7 +176,9 @@ class DelegatedPass:
             why = f"{self.engine} requeued it (a preemption or a node failure)"
             self.scheduler._finished(job, RunStatus(False, code), runner, now, outside=why)
             if self.burst is not None and ref.get("burst"):
-                self.burst.come_back(job.id, job.priority_class)
+                self.burst.come_back(job.id, job.priority_class, now)
+            else:
+                self._waits_since(job.id, now)
             return
         # (a runner that says "preempted" while the engine still runs it is waited for: the
         # engine then either requeues the job or ends it, and that decides)
@@ -221,7 +223,9 @@ class DelegatedPass:
         caller = Caller(job.user, tuple(job.groups or ()), self.backend.name)
         got: list[dict[str, Any]] = []
         why = ""
-        burst = bool((job.backend_ref or {}).get("burst"))
+        # where Slurm runs it, not where gpuslice asked it to (an owner may move their own
+        # pending job back): the burst partition's nodes are not this cluster's capacity
+        burst = bool(self.burst is not None and status.partition == self.jobs.burst_partition)
         for _ in range(0 if burst else job.slices):
             try:
                 got.append(
@@ -269,6 +273,10 @@ class DelegatedPass:
                 ref = {**(row.backend_ref or {}), "node": node, "run": run}
                 ref.pop("preempted_by", None)  # that preemption is over
                 ref["unrecorded"] = bool(why)  # then the mirror holds it as the engine's
+                if burst:
+                    # counted as bought when the run ends (states.transition)
+                    ref["burst_started_at"] = now.isoformat()
+                    ref["burst_milli"] = self._milli(job)
                 row.backend_ref = ref
         if row is None:
             self.jobs.release([g["id"] for g in got], f"job {job.id} no longer queued")
@@ -325,11 +333,28 @@ class DelegatedPass:
             return
         self._submitted(job, ref)
 
+    def _milli(self, job: JobRow) -> int:
+        """The milli-GPUs a run of ``job`` holds (all its slices)."""
+        profile = self.jobs.ledger.profiles.get(job.profile)
+        if profile is None:
+            return 0
+        with self.jobs.ledger.db.reading() as s:
+            inv = self.jobs.ledger.inventory_cache.get(s)
+        return quota_usage(profile, inv).milli * job.slices
+
+    def _waits_since(self, job_id: int, now: datetime) -> None:
+        """A requeued job waits from now (burst.py counts its wait from here)."""
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job_id)
+            if row is not None and row.state == "queued":
+                row.backend_ref = {**(row.backend_ref or {}), "waiting_since": now.isoformat()}
+
     def _submitted(self, job: JobRow, ref: dict[str, Any]) -> None:
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is not None and row.state == "queued":
-                row.backend_ref = ref
+                # its wait for this submission starts now (burst.py)
+                row.backend_ref = {**ref, "waiting_since": utcnow().isoformat()}
                 row.not_before = None
                 name = ref[self.backend.ref_key]
                 row.waiting_reason = f"submitted to {self.engine} as job {name}"

@@ -20,6 +20,7 @@ from ..profiles import Profile
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend
 from .backends.kubernetes import LABEL_VALUE
+from .backends.slurm import NAME as SLURM_NAME
 from .backends.slurm import SlurmBackend
 from .manager import JobManager
 from .scheduler import Scheduler
@@ -142,6 +143,11 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
             ),
         )
     if manager.burst_partition:
+        if not SLURM_NAME.fullmatch(manager.burst_partition):
+            raise ConfigError(
+                "JobManager.burst_partition",
+                f"{manager.burst_partition!r} is not one Slurm partition name",
+            )
         if app.job_backend != "slurm":
             raise ConfigError(
                 "JobManager.burst_partition",

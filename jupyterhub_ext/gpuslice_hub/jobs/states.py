@@ -7,6 +7,8 @@ backoff) from starting, running or preempting.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
@@ -31,6 +33,21 @@ class InvalidTransition(RuntimeError):
     pass
 
 
+def _burst_run_ended(job: JobRow, now: datetime) -> None:
+    """A run in the burst partition is over (whatever ended it: completion, a requeue, a
+    cancel, its time limit): add its GPU-seconds there to what the job bought, once (the
+    start it was counted from is dropped with it)."""
+    ref = dict(job.backend_ref or {})
+    started = ref.pop("burst_started_at", None)
+    if started is None:
+        return
+    seconds = max(0.0, (now - datetime.fromisoformat(started)).total_seconds())
+    job.burst_gpu_seconds = (job.burst_gpu_seconds or 0.0) + seconds * ref.get(
+        "burst_milli", 0
+    ) / 1000
+    job.backend_ref = ref
+
+
 def transition(s: Session, job: JobRow, state: str, reason: str) -> None:
     old = job.state
     if state not in ALLOWED.get(old, frozenset()):
@@ -39,6 +56,8 @@ def transition(s: Session, job: JobRow, state: str, reason: str) -> None:
     now = utcnow()
     if state in TERMINAL:
         job.finished_at = now
+    if state not in ACTIVE:
+        _burst_run_ended(job, now)
     row = JobTransitionRow(from_state=old, state=state, at=now, reason=reason[:1024])
     if "transitions" in inspect(job).unloaded:
         # not read in this session: add the row without loading the job's whole history

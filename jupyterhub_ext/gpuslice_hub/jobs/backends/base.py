@@ -28,6 +28,7 @@ class RunStatus:
     run: int | str | None = None
     completing: bool = False  # ending on ``node`` (a run that ended, never a new one)
     state: str = ""  # the backend's word for it (Slurm: PENDING, CANCELLED, ...), for messages
+    partition: str = ""  # Slurm: the partition the job is in (burst.py)
 
 
 class Backend(Protocol):

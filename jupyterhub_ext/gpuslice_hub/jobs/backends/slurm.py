@@ -49,6 +49,7 @@ RECORD_FIELDS = (
     ("PriorityLong", "priority"),
     ("RestartCnt", "restart_cnt"),
     ("exit_code", "exit_code"),
+    ("Partition", "partition"),
 )
 # sbatch errors that trying again cannot mend: the job fails with Slurm's message
 PERMANENT = (
@@ -97,7 +98,7 @@ def default_prefix() -> list[str]:
     return ["sudo", "-n", "-u", "{username}", "--"]
 
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 ALIVE = {
     "PENDING",
@@ -144,7 +145,7 @@ def batch_script(
     lines += [f"#SBATCH {opt}" for opt in placement]
     for option, value in (("partition", partition), ("qos", qos)):
         if value:
-            if not _NAME.fullmatch(value):
+            if not NAME.fullmatch(value):
                 raise ValueError(f"{option} {value!r} is not a Slurm {option} name")
             lines.append(f"#SBATCH --{option}={value}")
     if time_limit_minutes:
@@ -334,6 +335,7 @@ class SlurmBackend:
                 run=run,
                 completing=state == "COMPLETING",
                 state=state,
+                partition=str(record.get("partition") or ""),
             )
         reason = str(record.get("state_reason") or "")
         if reason == "BeginTime":
@@ -351,6 +353,7 @@ class SlurmBackend:
             priority=priority if isinstance(priority, int) else None,
             run=run,
             state=state,
+            partition=str(record.get("partition") or ""),
         )
 
     def release_requeued(self, ref: dict[str, Any]) -> None:
