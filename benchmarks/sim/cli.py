@@ -120,11 +120,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="KEY=V1,V2",
         help="policy 5: the last policy with one setting changed (idle_timeout, "
         "warning_lead, placement, slices, batch_window, reserved, defrag, overcommit), once per "
-        "value; may be "
+        "value (and burst); may be "
         "repeated; batch_window and reserved values are separated by '|', a window's spans "
         "by ';' (UTC); reserved is N (the first N hosts reserved for interactive sessions) "
         "or N@spans (preemptible jobs borrow them in those spans); overcommit is RATIO or "
-        "RATIO@HOURS (share_overcommit_ratio and share_overcommit_min_hours)",
+        "RATIO@HOURS (share_overcommit_ratio and share_overcommit_min_hours); burst is AFTER "
+        "or AFTER@ALLOCATED (burst_after_wait, burst_when_allocated_above; every batch job "
+        "burstable, to capacity bought without limit)",
     )
     p.add_argument("--out", help="folder for report.md, summary.json and the plots")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")

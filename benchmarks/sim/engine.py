@@ -19,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, select
+
 from gpuslice.activity.idle import IdleTracker
 from gpuslice.extension.decisions import CULLED, WARNING
 from gpuslice.extension.reclaim import ExtensionRefused, Reclaimer
@@ -28,9 +30,11 @@ from gpuslice_hub import clock
 from gpuslice_hub.admin.pool import read_pool, totals
 from gpuslice_hub.admin.usage import FIELDS, store_sample
 from gpuslice_hub.db.engine import open_database
+from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.schema import ensure_schema
 from gpuslice_hub.errors import Pending, Refused
 from gpuslice_hub.idle import effective_policy, reclaim_record
+from gpuslice_hub.jobs.burst import Burst, reason_to_send
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.jobs.states import PRIORITY_CLASSES
@@ -43,7 +47,7 @@ from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import parse_quotas
 
 from .backend import SimBackend
-from .policies import PROFILES, Policy, hosts, whole_gpus
+from .policies import PROFILE_MILLI, PROFILES, Policy, hosts, whole_gpus
 from .workload import BatchJob, Session, Workload
 
 # A Monday: the generator's weekdays start here.
@@ -136,6 +140,8 @@ class Result:
     # milli-GPU-seconds of compute the holders of a GPU asked beyond its 1000 at once
     # (estimated at each sample): time slicing divides it, so it is not extra work done
     contention_milli_seconds: float = 0.0
+    # burst: per job sent, when (seconds), when it ends there, and the GPU-seconds bought
+    bursts: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     wall_seconds: float = 0.0
 
 
@@ -220,6 +226,14 @@ class Simulation:
             manager.pools.check_inventory((g.host, g.uuid) for h in inventory.hosts for g in h.gpus)
             self.ledger.pools = manager.pools
         self.manager = manager
+        self.burst: Burst | None = None
+        burst = p.burst_settings()
+        if burst is not None:
+            # the service's own decision (burst.py); the engine's side, a second partition
+            # without limit, is the simulator's
+            manager.burst_partition = "burst"
+            manager.burst_after_wait, manager.burst_when_allocated_above = burst
+            self.burst = Burst(manager, manager.log)
         self.ledger.preempt_hook = manager.preempt_for_interactive
         self.scheduler = Scheduler(manager)
         self.idle_config = PolicyConfig.parse(
@@ -284,6 +298,8 @@ class Simulation:
             while t < self.horizon:
                 self._at(t, self._sample)
                 t += self.settings.sample_every
+            if self.burst is not None:
+                self._at(0.0, self._burst_check)
             for edge in self._window_edges():
                 # a pass when a window opens or closes, as the service's loop would run one
                 self._tick_at(edge)
@@ -328,6 +344,42 @@ class Simulation:
         out = self.manager.submit(caller, body)
         self.jobs_by_id[int(out["id"])] = job
         self._tick_at(self.now())
+
+    def _burst_check(self) -> None:
+        """Every minute (the service's pass asks every second): each queued job the
+        service's burst decision would send leaves this cluster's queue and runs at once on
+        bought capacity, its remaining work from its last checkpoint."""
+        assert self.burst is not None
+        now, at = self.now(), self.clock.now()
+        high = self.burst.high(at)
+        with self.manager.db.reading() as s:
+            queued = set(s.scalars(select(JobRow.id).where(JobRow.state == "queued")))
+            since = dict(
+                s.execute(
+                    select(JobTransitionRow.job_id, func.max(JobTransitionRow.at))
+                    .where(JobTransitionRow.state == "queued")
+                    .group_by(JobTransitionRow.job_id)
+                ).all()
+            )
+        for job_id in sorted(queued):
+            job = self.jobs_by_id.get(job_id)
+            if job is None or job_id not in since:
+                continue
+            why = reason_to_send(
+                at - since[job_id],
+                job.work,  # the user's estimate of its run time, taken as exact
+                self.manager.burst_after_wait,
+                high,
+                self.manager.burst_when_allocated_above,
+            )
+            if not why:
+                continue
+            left = job.work - self.backend.saved.get(job_id, 0.0)
+            self.manager.cancel(job_id, "burst", f"sent to the burst partition: {why}")
+            held = PROFILE_MILLI[self.policy.profile(job.profile)] * job.slices / 1000
+            self.result.bursts[job_id] = (now, now + left, left * held)
+        if now + 60 < self.horizon:
+            self._at(now + 60, self._burst_check)
 
     # -- interactive sessions ----------------------------------------------------------------
 

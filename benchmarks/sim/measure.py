@@ -74,6 +74,25 @@ def finish(sim: Simulation) -> None:
 
     for row in jobs:
         spec = sim.jobs_by_id.get(row.id)
+        burst = r.bursts.get(row.id)
+        if burst is not None:
+            # sent to the burst partition: it started there at once, and ended there
+            sent, done, _ = burst
+            r.batch_jobs.append(
+                {
+                    "arrival": since(row.submitted_at),
+                    "first_start": since(row.started_at) if row.started_at else sent,
+                    "last_start": sent,
+                    "ended": done if done <= end else None,
+                    "state": "completed" if done <= end else "running",
+                    "preemptions": row.preemptions,
+                    "lost": row.lost_work_seconds,
+                    "work": spec.work if spec else 0.0,
+                    "milli": spec.busy_total if spec else 0,
+                    "burst": True,
+                }
+            )
+            continue
         r.batch_jobs.append(
             {
                 "arrival": since(row.submitted_at),
@@ -145,6 +164,10 @@ def summary(r: Result) -> dict[str, Any]:
         "share_grants": r.share_grants,
         "memory_collisions": r.memory_collisions,
         "contention_gpu_hours": r.contention_milli_seconds / 1000 / 3600,
+        # burst: jobs sent to capacity bought elsewhere, and its GPU-hours (the work of
+        # those jobs is not this cluster's: not in effective utilization)
+        "jobs_burst": len(r.bursts),
+        "burst_gpu_hours": sum(b[2] for b in r.bursts.values()) / 3600,
         "wall_seconds": r.wall_seconds,
         # what the admin panel's capacity check says of this run (its verdicts' codes)
         "capacity_check": " ".join(v["code"] for v in (r.capacity_check or {}).get("verdicts", [])),

@@ -37,6 +37,7 @@ VARIABLE = (
     "reserved",
     "defrag",
     "overcommit",
+    "burst",
 )
 BATCH_CLASSES = ("normal", "preemptible")
 
@@ -64,6 +65,9 @@ class Policy:
     # overcommit of shares from history (GPUSliceService.share_overcommit_ratio), as "RATIO"
     # or "RATIO@HOURS" (share_overcommit_min_hours, default 24); "": off
     overcommit: str = ""
+    # burst (JobManager.burst_after_wait, burst_when_allocated_above): every batch job is
+    # burstable, as "AFTER" or "AFTER@ALLOCATED"; "": off
+    burst: str = ""
     # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
     changed: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -84,9 +88,26 @@ class Policy:
                     f"overcommit must be 'RATIO' or 'RATIO@HOURS' with 1 < RATIO <= 2 and "
                     f"HOURS >= 1, got {self.overcommit!r}"
                 )
+        if self.burst:
+            try:
+                after, above = self.burst_settings() or (0.0, 0.0)
+            except ValueError:
+                after, above = 0.0, -1.0
+            if not (0.01 <= after <= 10 and 0 <= above < 1):
+                raise ValueError(
+                    "burst must be 'AFTER' or 'AFTER@ALLOCATED' with 0.01 <= AFTER <= 10 and "
+                    f"0 <= ALLOCATED < 1, got {self.burst!r}"
+                )
         count, _, _spans = self.reserved.partition("@")
         if self.reserved and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")
+
+    def burst_settings(self) -> tuple[float, float] | None:
+        """(burst_after_wait, burst_when_allocated_above) of ``burst``, None when off."""
+        if not self.burst:
+            return None
+        after, _, above = self.burst.partition("@")
+        return float(after), float(above) if above else 0.0
 
     def overcommit_settings(self) -> tuple[float, float] | None:
         """(ratio, min_hours) of ``overcommit``, None when off."""

@@ -30,6 +30,8 @@ COLUMNS = (
     ("jobs_moved", "jobs moved (defrag)", "{}"),
     ("overcommitted_grants", "shares overcommitted", "{}"),
     ("memory_collisions", "memory collisions", "{}"),
+    ("jobs_burst", "jobs burst", "{}"),
+    ("burst_gpu_hours", "burst (GPU-h bought)", "{:.0f}"),
     ("capacity_check", "capacity check says", "{}"),
 )
 

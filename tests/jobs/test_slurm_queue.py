@@ -311,11 +311,12 @@ def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said
 
 
 def test_squeues_records_are_read_field_by_field_and_a_strange_line_is_an_error():
-    # recorded from Slurm 22.05 (squeue --noheader --Format=JobID:|,State:|,...)
+    # recorded from Slurm 22.05 (squeue --noheader --Format=JobID:|,State:|,...), with the
+    # Partition field the pass reads since burst (last)
     out = (
-        "302|FAILED|vm|NonZeroExitCode|4294901458|0|768|\n"
-        "2|PENDING||Resources|4294901758|0|0|\n"
-        "1|RUNNING|vm|None|4294901759|1|0|\n"
+        "302|FAILED|vm|NonZeroExitCode|4294901458|0|768|batch|\n"
+        "2|PENDING||Resources|4294901758|0|0|cloud|\n"
+        "1|RUNNING|vm|None|4294901759|1|0|batch|\n"
     )
     records = parse_records(out)
     assert records["302"]["exit_code"] == 768 and records["302"]["nodes"] == "vm"
@@ -327,6 +328,7 @@ def test_squeues_records_are_read_field_by_field_and_a_strange_line_is_an_error(
         "priority": 4294901758,
         "restart_cnt": 0,
         "exit_code": 0,
+        "partition": "cloud",
     }
     assert records["1"]["restart_cnt"] == 1
     with pytest.raises(RuntimeError, match="unexpected line"):

@@ -34,6 +34,23 @@ HIGH_MIN_WAIT = timedelta(minutes=5)
 RETRY = timedelta(minutes=10)
 
 
+def reason_to_send(
+    waited: timedelta, expected_seconds: float, after_wait: float, high: bool, above: float
+) -> str:
+    """Why a job that has ``waited`` should be sent to the burst partition now ("": it
+    should not): it waited ``after_wait`` of its expected run time, or ``high`` (the
+    cluster has stayed above ``above`` allocated) and it waited ``HIGH_MIN_WAIT``. The
+    simulator asks the same question of its queue (benchmarks/sim)."""
+    if waited.total_seconds() >= after_wait * expected_seconds:
+        return (
+            f"it waited {_duration(waited)}, {after_wait:g} of its expected run time "
+            f"({_duration(timedelta(seconds=expected_seconds))})"
+        )
+    if high and waited >= HIGH_MIN_WAIT:
+        return f"this cluster has been more than {above:.0%} allocated for 10 minutes"
+    return ""
+
+
 def waiting_since(job: Any) -> datetime:
     """Since when a queued job waits for this run: its last (re)submission or requeue."""
     raw = (job.backend_ref or {}).get("waiting_since")
@@ -54,7 +71,7 @@ class Burst:
         held = sum(c.milli for a in active for c in a.claims if c.active and c.gpu_uuid in serving)
         return held / (1000 * len(serving)) if serving else 0.0
 
-    def _high(self, now: datetime) -> bool:
+    def high(self, now: datetime) -> bool:
         """Whether allocation has stayed above the threshold for ``HIGH_FOR`` (sampled at
         every pass)."""
         above = self.jobs.burst_when_allocated_above
@@ -68,7 +85,7 @@ class Burst:
     def pass_(self, queued: Sequence[Any], statuses: dict[int, RunStatus], now: datetime) -> None:
         """Move the waiting burstable jobs that are due, and bring back those whose move
         home failed (``queued``: the pass's rows)."""
-        high = self._high(now)
+        high = self.high(now)
         for job in queued:
             st = statuses.get(job.id)
             if st is None or not st.alive or st.node or not job.burstable:
@@ -79,16 +96,13 @@ class Burst:
                 continue
             if ref.get("burst") or now < _at(ref.get("burst_retry_at"), now):
                 continue
-            waited = now - waiting_since(job)
-            why = ""
-            if waited.total_seconds() >= self.jobs.burst_after_wait * job.max_runtime:
-                why = (
-                    f"it waited {_duration(waited)}, {self.jobs.burst_after_wait:g} of its "
-                    f"expected run time ({_duration(timedelta(seconds=job.max_runtime))})"
-                )
-            elif high and waited >= HIGH_MIN_WAIT:
-                above = self.jobs.burst_when_allocated_above
-                why = f"this cluster has been more than {above:.0%} allocated for 10 minutes"
+            why = reason_to_send(
+                now - waiting_since(job),
+                job.max_runtime,
+                self.jobs.burst_after_wait,
+                high,
+                self.jobs.burst_when_allocated_above,
+            )
             if why:
                 self._send(job.id, ref, why, now)
 
