@@ -37,7 +37,7 @@ def test_a_holder_with_room_gets_more_shares_and_keeps_their_cap(hub_factory: An
         db_url=url, extra_service_config="c.GPUSliceService.share_overcommit_ratio = 1.25\n"
     )
     admin, ann = hub.add_user("admin"), hub.add_user("ann")
-    hub.add_user("bob")
+    bob = hub.add_user("bob")
 
     # two whole GPUs take 8 shares of 250 charged in full, 10 of ann's charged 200
     allocs = []
@@ -73,6 +73,14 @@ def test_a_holder_with_room_gets_more_shares_and_keeps_their_cap(hub_factory: An
     }
     r = hub.api("POST", "/api/events", ann, json=event)
     assert r.status_code == 201, r.text
+
+    # another user sees that shares are held, not what ann is charged (her memory use)
+    inventory = hub.api("GET", "/api/inventory", bob).json()
+    seen = [h for g in inventory["hosts"] for gpu in g["gpus"] for h in gpu.get("holders", [])]
+    assert seen and all(h["charged_memory_mib"] is None for h in seen), seen
+    mine = hub.api("GET", "/api/inventory", ann).json()
+    mine_seen = [h for g in mine["hosts"] for gpu in g["gpus"] for h in gpu.get("holders", [])]
+    assert {h["charged_memory_mib"] for h in mine_seen} == {16384}
 
     r = hub.api("GET", OVERCOMMIT, ann)
     assert r.status_code == 403

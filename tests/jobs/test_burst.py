@@ -7,6 +7,7 @@ there counted."""
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import timedelta
 from pathlib import Path
@@ -267,3 +268,31 @@ def test_asking_to_burst_where_there_is_no_burst_partition_is_refused(setup, tmp
             jobs.submit(Caller("ann", (), "ann"), {**body, "burstable": value})
         assert refused.value.message == "field 'burstable' must be true or false"
     assert rows(jobs) == [] and rows(plain) == []
+
+
+def test_a_burst_run_past_its_max_runtime_is_stopped_in_slurm_and_counted(setup):
+    _, jobs, slurm, _ = setup
+    at = clock.ManualClock(utcnow())
+    with clock.installed(at):
+        scheduler = Scheduler(jobs)
+        body = {"notebook": nb_json(["1"]), "profile": "gpu-1", "max_runtime": 600}
+        job_id = int(jobs.submit(Caller("ann", (), "ann"), {**body, "burstable": True})["id"])
+        scheduler.tick(at.now())
+        sid = jobs.row(job_id).backend_ref["slurm_job_id"]  # type: ignore[union-attr]
+        at.advance(301)
+        scheduler.tick(at.now())  # sent
+        slurm.status[sid] = RunStatus(
+            True, node="node-a", run=0, state="RUNNING", partition="cloud"
+        )
+        scheduler.tick(at.now())  # started there: it holds nothing here
+        ref = jobs.row(job_id).backend_ref  # type: ignore[union-attr]
+        state = {"attempt_id": ref["attempt_id"], "status": "running", "attempt": 1}
+        (Path(ref["job_dir"]) / "state.json").write_text(json.dumps(state))
+        scheduler.tick(at.now())  # its runner says it runs
+        assert jobs.get(job_id)["state"] == "running"  # type: ignore[index]
+        at.advance(601)
+        scheduler.tick(at.now())
+        j = jobs.get(job_id)
+        assert j is not None and j["state"] == "timed-out", j["transitions"]
+        assert slurm.killed == [sid]
+        assert j["burst_gpu_hours"] == pytest.approx(601 / 3600, rel=1e-3)

@@ -182,12 +182,11 @@ class Scheduler:
             if row.state == "starting" and self._this_attempt(row, runner, "running"):
                 transition(s, row, "running", f"runner started (attempt {runner.get('attempt')})")
             timed_out = over_time and row.state in ("running", "preempting")
+            allocs: list[int] = []
             if timed_out:
                 transition(s, row, "timed-out", f"ran past its max runtime {job.max_runtime:g}s")
                 row.run_seconds += self._attempt_seconds(job, now)
-            allocs, row.allocation_ids = (
-                (list(row.allocation_ids or []), []) if timed_out else ([], row.allocation_ids)
-            )
+                allocs, row.allocation_ids = list(row.allocation_ids or []), []
         if timed_out:
             # (a run in a burst partition, or one the ledger could not record, holds no
             # allocation here but runs all the same)

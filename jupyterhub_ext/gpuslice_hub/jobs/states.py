@@ -42,9 +42,8 @@ def _burst_run_ended(job: JobRow, now: datetime) -> None:
     if started is None:
         return
     seconds = max(0.0, (now - datetime.fromisoformat(started)).total_seconds())
-    job.burst_gpu_seconds = (job.burst_gpu_seconds or 0.0) + seconds * ref.get(
-        "burst_milli", 0
-    ) / 1000
+    gpus = ref.get("burst_milli", 0) / 1000
+    job.burst_gpu_seconds = (job.burst_gpu_seconds or 0.0) + seconds * gpus
     job.backend_ref = ref
 
 
