@@ -8,15 +8,16 @@ Measured:
 
 * handing the queue to the cluster: the passes until every job has a Kubernetes Job (200
   creates per pass, as the service does), in seconds per 100 jobs;
-* a steady pass: two paged list calls (the Jobs, their pods) for all N jobs, their waiting
-  reasons and the priority order (median of ``--passes``), split into the list calls and
-  the rest.
+* a steady pass: the Jobs and their pods for all N jobs, their waiting reasons and the
+  priority order (median of ``--passes``), split into reading the cluster and the rest;
+  read with two paged list calls a pass (``lists``), and from a watch kept current between
+  passes (``watch``, the service's way: the pass reads what the watch holds).
 
 The API server's own work is the stand-in's (a Python dict and ``json.dumps``), so the
 list figures are what the client side costs plus a light server; a real API server's
 serving time comes on top.
 
-    .venv/bin/python benchmarks/kubernetes_pass.py [--jobs 100 1000 5000]
+    .venv/bin/python benchmarks/kubernetes_pass.py [--jobs 100 1000 5000] [--modes lists watch]
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def in_cluster(jobs: JobManager) -> int:
         )
 
 
-def measure(n: int, passes: int) -> tuple[float, float, float]:
+def measure(n: int, passes: int, watch: bool) -> tuple[float, float, float]:
     context = multiprocessing.get_context("fork")
     urls = context.Queue()
     server = context.Process(target=serve, args=(urls,), daemon=True)
@@ -80,7 +81,8 @@ def measure(n: int, passes: int) -> tuple[float, float, float]:
     try:
         folder = Path(tempfile.mkdtemp())
         ledger = build_ledger(f"sqlite:///{folder}/l.sqlite", profiles=PROFILES, hosts=HOSTS)
-        backend = KubernetesBackend(api_configuration(urls.get(timeout=30)), "gpuslice", "r", "c")
+        url = urls.get(timeout=30)
+        backend = KubernetesBackend(api_configuration(url), "gpuslice", "r", "c", watch=watch)
         jobs = JobManager(ledger, ledger.db, backend, folder / "jobs")
         jobs.log.setLevel(logging.ERROR)
         jobs.account = lambda user: OWNER  # type: ignore[method-assign]
@@ -91,6 +93,13 @@ def measure(n: int, passes: int) -> tuple[float, float, float]:
             scheduler.tick()
         handed = time.perf_counter() - start
         scheduler.tick()  # the waiting reasons become the scheduler's
+        if watch:
+            # the watch holds every Job and pod before the passes are timed
+            deadline = time.monotonic() + 600
+            while not all(len(i.snapshot() or ()) >= n for i in backend._informers or ()):
+                assert time.monotonic() < deadline, "the watch did not catch up"
+                time.sleep(0.05)
+        scheduler.tick()
         calls: list[float] = []
         real = backend.poll_many
 
@@ -108,6 +117,7 @@ def measure(n: int, passes: int) -> tuple[float, float, float]:
             scheduler.tick()
             totals.append(time.perf_counter() - start)
         ledger.db.dispose()
+        backend.close()
         return 100 * handed / n, 1000 * statistics.median(totals), 1000 * statistics.median(calls)
     finally:
         server.kill()
@@ -117,11 +127,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--jobs", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument(
+        "--modes", nargs="+", default=["lists", "watch"], choices=["lists", "watch"]
+    )
     args = parser.parse_args()
-    print(f"{'jobs':>6} {'handing to k8s':>15} {'steady pass':>12} {'of it the lists':>16}")
+    print(
+        f"{'jobs':>6} {'mode':>6} {'handing to k8s':>15} {'steady pass':>12} {'of it reading':>14}"
+    )
     for n in args.jobs:
-        handed, total, lists = measure(n, args.passes)
-        print(f"{n:>6} {handed:>9.2f} s/100 {total:>10.0f}ms {lists:>14.0f}ms", flush=True)
+        for mode in args.modes:
+            handed, total, read = measure(n, args.passes, mode == "watch")
+            print(
+                f"{n:>6} {mode:>6} {handed:>9.2f} s/100 {total:>10.1f}ms {read:>12.1f}ms",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

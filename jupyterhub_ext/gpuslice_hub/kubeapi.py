@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 from .errors import ConfigError
@@ -71,6 +71,15 @@ async def call(api_client: Any, api: str, method: str, *args: Any, **kwargs: Any
 async def list_items(api_client: Any, api: str, method: str, **kwargs: Any) -> list[Any]:
     """Every item of a list call, page by page, as the API's JSON (not the client's models:
     thousands of pods parse several times faster, and the shapes are the API's own)."""
+    items, _ = await list_versioned(api_client, api, method, **kwargs)
+    return items
+
+
+async def list_versioned(
+    api_client: Any, api: str, method: str, **kwargs: Any
+) -> tuple[list[Any], str]:
+    """:func:`list_items` and the list's ``resourceVersion`` (where a watch of the same
+    objects starts: every change after the list)."""
     from kubernetes_asyncio import client
 
     items: list[Any] = []
@@ -87,18 +96,71 @@ async def list_items(api_client: Any, api: str, method: str, **kwargs: Any) -> l
         )
         body = await response.read()
         if not 200 <= response.status < 300:
-            # (without the client's models, the client checks no status: an error's
-            # ``Status`` body has no items, and must never read as an empty list)
-            from kubernetes_asyncio.client.exceptions import ApiException
-
-            error = ApiException(status=response.status, reason=response.reason)
-            error.body = body.decode(errors="replace")
-            raise error
+            raise _api_error(response, body)
         page = json.loads(body)
         items += page.get("items") or []
-        token = (page.get("metadata") or {}).get("continue")
+        metadata = page.get("metadata") or {}
+        token = metadata.get("continue")
         if not token:
-            return items
+            # (a paged list is one snapshot: every page has the first page's version)
+            return items, str(metadata.get("resourceVersion") or "")
+
+
+def _api_error(response: Any, body: bytes) -> Exception:
+    """An error answer as the client's ``ApiException`` (without the client's models the
+    client checks no status: an error's ``Status`` body has no items, and must never read
+    as an empty list)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    error = ApiException(status=response.status, reason=response.reason)
+    # (the client's own errors carry the answer's text there: _api_message reads it)
+    setattr(error, "body", body.decode(errors="replace"))  # noqa: B010
+    return error
+
+
+class WatchExpired(Exception):
+    """The API server no longer has the changes since the version asked for (410 Gone):
+    list again."""
+
+
+async def watch_events(
+    api_client: Any, api: str, method: str, version: str, seconds: int, **kwargs: Any
+) -> AsyncIterator[dict[str, Any]]:
+    """The changes after ``version`` of what ``method`` lists, as the API's watch events
+    (``{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK", "object": ...}``), for at
+    most ``seconds`` (the server then ends the stream: watch again from the last version).
+    Raises :class:`WatchExpired` when the server answers 410, in the stream or before it."""
+    from kubernetes_asyncio import client
+
+    list_call = getattr(getattr(client, api)(api_client), method)
+    response = await list_call(
+        watch=True,
+        resource_version=version,
+        allow_watch_bookmarks=True,
+        timeout_seconds=seconds,
+        _preload_content=False,
+        # no total: the stream lasts ``seconds``; a connection silent for longer than the
+        # server's own end of it is broken
+        _request_timeout=(REQUEST_TIMEOUT, seconds + REQUEST_TIMEOUT),
+        **kwargs,
+    )
+    try:
+        if response.status == 410:
+            raise WatchExpired(f"resourceVersion {version} is too old")
+        if not 200 <= response.status < 300:
+            raise _api_error(response, await response.read())
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") == "ERROR":
+                status = event.get("object") or {}
+                if status.get("code") == 410:
+                    raise WatchExpired(str(status.get("message") or "410 Gone"))
+                raise RuntimeError(f"the watch failed: {status.get('message') or status}")
+            yield event
+    finally:
+        response.release()
 
 
 async def list_all(configuration: Any, api: str, method: str, **kwargs: Any) -> list[Any]:
@@ -119,6 +181,8 @@ class ApiSession:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
+        # what runs on the loop until the session closes (watches)
+        self._background: list[concurrent.futures.Future[Any]] = []
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -136,6 +200,8 @@ class ApiSession:
             loop, self._loop = self._loop, None
         if loop is None:
             return
+        for running in self._background:
+            running.cancel()
         if self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(Exception):
@@ -144,6 +210,10 @@ class ApiSession:
 
     def run(self, use: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
         """``use(api_client)`` run to completion on the session's loop."""
+        return self.start(use).result()
+
+    def start(self, use: Callable[[Any], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+        """``use(api_client)`` started on the session's loop; its future, not waited for."""
 
         async def with_client() -> T:
             if self._client is None:
@@ -152,8 +222,11 @@ class ApiSession:
                 self._client = client.ApiClient(self.configuration)
             return await use(self._client)
 
-        loop = self._running_loop()
-        return asyncio.run_coroutine_threadsafe(with_client(), loop).result()
+        return asyncio.run_coroutine_threadsafe(with_client(), self._running_loop())
+
+    def keep_running(self, use: Callable[[Any], Coroutine[Any, Any, Any]]) -> None:
+        """:meth:`start`, cancelled when the session closes (a watch)."""
+        self._background.append(self.start(use))
 
     def call(self, api: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.run(lambda c: call(c, api, method, *args, **kwargs))

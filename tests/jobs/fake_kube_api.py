@@ -8,14 +8,20 @@ HTTP requests and its parsing of real-shaped answers are what the tests exercise
 plays the cluster's controllers: the scheduler binds a Job's pod to a node or leaves it
 pending with the scheduler's message, a preemption marks the pod a disruption target and
 the Job makes a new one, Kueue admits a suspended Job, a foreground deletion finishes.
+
+Jobs and pods can be watched too: each change gets the next resourceVersion and an event
+(the methods above and the handlers record their own; ``observe()`` records changes made
+to the dicts by hand), and a watch streams the events after its version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import json
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,6 +29,7 @@ from typing import Any
 
 from tornado import web
 from tornado.httpserver import HTTPServer
+from tornado.iostream import StreamClosedError
 from tornado.netutil import bind_sockets
 
 _CLOCK = itertools.count()
@@ -57,10 +64,77 @@ class FakeCluster:
     requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     validate: Any = None  # manifest -> None, raising when the schema refuses it
+    # The watch: every change to a Job or pod gets the next resourceVersion and an event in
+    # this log (what the API server keeps in etcd's history). The server's handlers record
+    # their own changes; a change the test makes by hand is recorded by ``observe()``.
+    version: int = 0
+    events: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    oldest: int = 0  # versions up to this are compacted away: a watch from them gets 410
+    cuts: int = 0  # bumped to end every open watch (the connection cut)
+    held: bool = False  # while True, open watches send nothing (a watch lagging)
+    watches: int = 0  # open watch streams
+    # (kind, name) -> what it was when last recorded, and its version then
+    _seen: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    _lock: Any = field(default_factory=threading.RLock)
+    # called before the server stops (the clients' watches: closed first, not left retrying)
+    closers: list[Any] = field(default_factory=list)
+
+    # -- the watch's history ---------------------------------------------------------------
+    def _store(self, kind: str) -> dict[str, dict[str, Any]]:
+        return self.jobs if kind == "jobs" else self.pods
+
+    def record(self, kind: str, name: str) -> None:
+        """Give a changed (or new, or gone) object its next version and its event."""
+        with self._lock:
+            obj = self._store(kind).get(name)
+            key = (kind, name)
+            seen = self._seen.get(key)
+            if obj is None:
+                if seen is None:
+                    return
+                del self._seen[key]
+                self.version += 1
+                gone = {"metadata": {"name": name, "resourceVersion": str(self.version)}}
+                self.events.append((self.version, kind, "DELETED", gone))
+                return
+            meta = obj["metadata"]
+            meta.pop("resourceVersion", None)
+            fingerprint = json.dumps(obj, sort_keys=True)
+            if seen is not None and seen[0] == fingerprint:
+                meta["resourceVersion"] = str(seen[1])
+                return
+            self.version += 1
+            self._seen[key] = (fingerprint, self.version)
+            meta["resourceVersion"] = str(self.version)
+            event = "MODIFIED" if seen is not None else "ADDED"
+            self.events.append((self.version, kind, event, json.loads(json.dumps(obj))))
+
+    def observe(self) -> int:
+        """Record every change made by hand since the last look; the current version."""
+        with self._lock:
+            for kind in ("jobs", "pods"):
+                store = self._store(kind)
+                for name in list(store):
+                    self.record(kind, name)
+                for k, name in [key for key in self._seen if key[0] == kind]:
+                    if name not in store:
+                        self.record(k, name)
+            return self.version
+
+    def expire(self) -> None:
+        """Compact the history (etcd's compaction): watches from before now get 410."""
+        with self._lock:
+            self.oldest = self.version
+            self.events.clear()
+
+    def cut(self) -> None:
+        """End every open watch stream (a load balancer dropping the connections)."""
+        self.cuts += 1
 
     # -- the test plays the cluster ------------------------------------------------------
     def run(self, name: str) -> None:
         self.jobs[name]["status"] = {"active": 1, "ready": 1, "startTime": now()}
+        self.record("jobs", name)
 
     def finish(self, name: str, condition: str) -> None:
         """``Complete`` or ``Failed``, as the Job controller reports them."""
@@ -70,12 +144,15 @@ class FakeCluster:
             entry["reason"] = reason
         counts = {"succeeded": 1} if condition == "Complete" else {"failed": 1}
         self.jobs[name]["status"] = {"conditions": [entry], **counts}
+        self.record("jobs", name)
 
     def pod_gone(self, name: str) -> None:
         """A foreground deletion completes once the pod is gone."""
         del self.jobs[name]
+        self.record("jobs", name)
         for pod in self.pods_of(name):
             del self.pods[pod["metadata"]["name"]]
+            self.record("pods", pod["metadata"]["name"])
 
     # -- pods: the Job controller, the scheduler, preemption, Kueue ---------------------
     def pods_of(self, job: str) -> list[dict[str, Any]]:
@@ -104,6 +181,7 @@ class FakeCluster:
             "status": {"phase": "Pending"},
         }
         self.pods[name] = pod
+        self.record("pods", name)
         return pod
 
     def priority_of(self, spec: dict[str, Any]) -> int:
@@ -129,6 +207,7 @@ class FakeCluster:
                 "lastTransitionTime": now(),
             }
         ]
+        self.record("pods", pod["metadata"]["name"])
 
     def bind(self, job: str, node: str) -> None:
         """The scheduler places the Job's pod on ``node``, and it runs."""
@@ -136,6 +215,8 @@ class FakeCluster:
         pod["spec"]["nodeName"] = node
         pod["status"] = {"phase": "Running", "startTime": now()}
         self.jobs[job]["status"] = {"active": 1, "ready": 1, "startTime": now()}
+        self.record("pods", pod["metadata"]["name"])
+        self.record("jobs", job)
 
     def disrupt(self, job: str) -> str:
         """The scheduler preempts (or a drain evicts) the Job's running pod: it is being
@@ -152,6 +233,7 @@ class FakeCluster:
                 "lastTransitionTime": now(),
             }
         )
+        self.record("pods", pod["metadata"]["name"])
         return pod["metadata"]["name"]
 
     def terminated(self, pod: str, code: int) -> None:
@@ -159,6 +241,7 @@ class FakeCluster:
         a Job that is not being deleted is replaced (the policy ignores the disruption)."""
         found = self.pods[pod]
         found["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        self.record("pods", pod)
         job = found["metadata"]["labels"].get("job-name")
         disrupted = any(
             c["type"] == "DisruptionTarget" for c in found["status"].get("conditions", [])
@@ -171,10 +254,12 @@ class FakeCluster:
         the garbage collector removes their finalizers (``pod_gone``)."""
         for pod in self.pods_of(job):
             pod["status"]["phase"] = "Failed"
+            self.record("pods", pod["metadata"]["name"])
 
     def admit(self, job: str) -> None:
         """Kueue admits a suspended Job."""
         self.jobs[job]["spec"]["suspend"] = False
+        self.record("jobs", job)
 
     def foreign_pod(
         self, namespace: str, name: str, node: str, limits: dict[str, str], phase: str = "Running"
@@ -192,6 +277,7 @@ class FakeCluster:
             },
             "status": {"phase": phase},
         }
+        self.record("pods", name)
 
 
 class _Base(web.RequestHandler):
@@ -227,7 +313,7 @@ class _Base(web.RequestHandler):
         next page starts, as opaque to the client as the API server's own token)."""
         limit = int(self.get_query_argument("limit", "0") or 0)
         start = int(self.get_query_argument("continue", "0") or 0)
-        metadata: dict[str, Any] = {"resourceVersion": "5"}
+        metadata: dict[str, Any] = {"resourceVersion": str(self.cluster.version)}
         if limit:
             if start + limit < len(items):
                 metadata["continue"] = str(start + limit)
@@ -235,6 +321,65 @@ class _Base(web.RequestHandler):
         self.reply(
             200, {"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items}
         )
+
+    def watching(self) -> bool:
+        return self.get_query_argument("watch", "") in ("true", "1", "True")
+
+    async def watch(self, kind: str, wanted: Any) -> None:
+        """The events after ``resourceVersion`` of the objects ``wanted`` selects, one JSON
+        object a line, until ``timeoutSeconds`` or a ``cut()``; an ERROR event with a 410
+        Status when that version was compacted away."""
+        cluster = self.cluster
+        since = int(self.get_query_argument("resourceVersion", "0") or 0)
+        until = asyncio.get_running_loop().time() + float(
+            self.get_query_argument("timeoutSeconds", "60")
+        )
+        self.set_header("Content-Type", "application/json")
+        if since < cluster.oldest:
+            gone = {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": f"too old resource version: {since} ({cluster.oldest})",
+                    "reason": "Expired",
+                    "code": 410,
+                },
+            }
+            self.finish(json.dumps(gone) + "\n")
+            return
+        cuts = cluster.cuts
+        cluster.watches += 1
+        try:
+            await self.flush()
+            while not self.closed and cluster.cuts == cuts:
+                if asyncio.get_running_loop().time() >= until:
+                    break
+                if cluster.held:
+                    await asyncio.sleep(0.005)
+                    continue
+                with cluster._lock:
+                    at = bisect.bisect_right(cluster.events, since, key=lambda e: e[0])
+                    new = cluster.events[at:]
+                for version, k, event, obj in new:
+                    since = version
+                    if k == kind and (event == "DELETED" or wanted(obj)):
+                        self.write(json.dumps({"type": event, "object": obj}) + "\n")
+                if new:
+                    await self.flush()
+                await asyncio.sleep(0.005)
+        except StreamClosedError:
+            return
+        finally:
+            cluster.watches -= 1
+        if not self.closed:
+            self.finish()
+
+    closed = False
+
+    def on_connection_close(self) -> None:
+        self.closed = True
 
     def status_reply(self, code: int, reason: str, message: str) -> None:
         self.reply(
@@ -274,21 +419,26 @@ class JobsHandler(_Base):
         self.cluster.jobs[name] = manifest
         if self.cluster.full and not manifest["spec"].get("suspend"):
             self.cluster.unschedulable(name, self.cluster.full)
+        self.cluster.record("jobs", name)
+        for pod in self.cluster.pods_of(name):
+            self.cluster.record("pods", pod["metadata"]["name"])
         if self.cluster.stored_then:
             code, self.cluster.stored_then = self.cluster.stored_then, 0
             self.status_reply(code, "Timeout", "the request did not complete")
             return
         self.reply(201, manifest)
 
-    def get(self, namespace: str) -> None:
+    async def get(self, namespace: str) -> None:
         selector = self.get_query_argument("labelSelector", "")
-        items = [
-            job
-            for job in self.cluster.jobs.values()
-            if job["metadata"]["namespace"] == namespace
-            and matches(job["metadata"].get("labels", {}), selector)
-        ]
-        self.list_reply("JobList", "batch/v1", items)
+
+        def wanted(job: dict[str, Any]) -> bool:
+            meta = job["metadata"]
+            return meta["namespace"] == namespace and matches(meta.get("labels", {}), selector)
+
+        if self.watching():
+            await self.watch("jobs", wanted)
+            return
+        self.list_reply("JobList", "batch/v1", [j for j in self.cluster.jobs.values() if wanted(j)])
 
 
 class PodsHandler(_Base):
@@ -303,19 +453,24 @@ class PodsHandler(_Base):
         ]
         for name in gone:
             del self.cluster.pods[name]
+            self.cluster.record("pods", name)
         self.list_reply("PodList", "v1", [])
 
-    def get(self, namespace: str | None = None) -> None:
+    async def get(self, namespace: str | None = None) -> None:
         selector = self.get_query_argument("labelSelector", "")
         fields = self.get_query_argument("fieldSelector", "")
-        items = [
-            pod
-            for pod in self.cluster.pods.values()
-            if namespace in (None, pod["metadata"]["namespace"])
-            and matches(pod["metadata"].get("labels", {}), selector)
-            and _fields_match(pod, fields)
-        ]
-        self.list_reply("PodList", "v1", items)
+
+        def wanted(pod: dict[str, Any]) -> bool:
+            return (
+                namespace in (None, pod["metadata"]["namespace"])
+                and matches(pod["metadata"].get("labels", {}), selector)
+                and _fields_match(pod, fields)
+            )
+
+        if self.watching():
+            await self.watch("pods", wanted)
+            return
+        self.list_reply("PodList", "v1", [p for p in self.cluster.pods.values() if wanted(p)])
 
 
 def _fields_match(pod: dict[str, Any], selector: str) -> bool:
@@ -365,6 +520,8 @@ class JobHandler(_Base):
         job["metadata"]["finalizers"] = ["foregroundDeletion"]
         for pod in self.cluster.pods_of(name):  # the garbage collector deletes them first
             pod["metadata"].setdefault("deletionTimestamp", now())
+            self.cluster.record("pods", pod["metadata"]["name"])
+        self.cluster.record("jobs", name)
         self.reply(200, job)
 
 
@@ -401,8 +558,46 @@ def start_fake_api(cluster: FakeCluster) -> tuple[FakeCluster, Any]:
     cluster.url = f"http://127.0.0.1:{port}"
 
     def stop() -> None:
+        for close in cluster.closers:
+            close()
         loop.call_soon_threadsafe(holder["server"].stop)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
 
     return cluster, stop
+
+
+def settle(backend: Any, cluster: FakeCluster, timeout: float = 10.0) -> None:
+    """Wait until a watching backend holds what the cluster holds (its changes by hand
+    recorded first): the watch's lag, waited for with a deadline instead of a sleep. A
+    backend that lists each pass needs no wait."""
+    if not backend.watch:
+        return
+    cluster.observe()
+    backend._watched()  # started on the first pass that polls: start them now at the latest
+    jobs, pods = backend._informers
+    selector = dict([part.split("=", 1) for part in jobs.selector["label_selector"].split(",")])
+
+    def held(store: dict[str, dict[str, Any]]) -> dict[str, str]:
+        with cluster._lock:
+            return {
+                name: obj["metadata"]["resourceVersion"]
+                for name, obj in store.items()
+                if obj["metadata"].get("namespace") == cluster.namespace
+                and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+            }
+
+    deadline = time.monotonic() + timeout
+    while True:
+        current = jobs.snapshot() is not None and pods.snapshot() is not None
+        if current and (jobs.versions(), pods.versions()) == (
+            held(cluster.jobs),
+            held(cluster.pods),
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"the watch did not catch up in {timeout} s: holds {jobs.versions()} "
+                f"{pods.versions()}, the cluster {held(cluster.jobs)} {held(cluster.pods)}"
+            )
+        time.sleep(0.01)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from gpuslice_hub.jobs.manager import JobManager  # noqa: E402
 from gpuslice_hub.jobs.scheduler import Scheduler  # noqa: E402
 from gpuslice_hub.kubeapi import api_configuration  # noqa: E402
 from gpuslice_hub.ledger import Caller, Ledger  # noqa: E402
-from tests.jobs.fake_kube_api import FakeCluster, start_fake_api  # noqa: E402
+from tests.jobs.fake_kube_api import FakeCluster, settle, start_fake_api  # noqa: E402
 from tests.jobs.full_cluster import insert_queued  # noqa: E402
 from tests.jobs.test_kubernetes_backend import CLASS_VALUES, OWNER  # noqa: E402
 from tests.jobs.test_kubernetes_manifests import validate  # noqa: E402
@@ -47,11 +47,21 @@ def cluster() -> Iterator[FakeCluster]:
     stop()
 
 
-def setup(tmp_path: Path, cluster: FakeCluster) -> tuple[Ledger, JobManager, Scheduler]:
+@pytest.fixture(params=[False, True], ids=["lists", "watch"])
+def watch(request: pytest.FixtureRequest) -> bool:
+    """Both ways the backend reads the cluster: two lists a pass (what it falls back on),
+    and a watch kept current between passes (the service's way)."""
+    return bool(request.param)
+
+
+def setup(
+    tmp_path: Path, cluster: FakeCluster, watch: bool = False
+) -> tuple[Ledger, JobManager, Scheduler]:
     ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=HOSTS)
     backend = KubernetesBackend(
-        api_configuration(cluster.url), cluster.namespace, "runner:1", "gpuslice-jobs"
+        api_configuration(cluster.url), cluster.namespace, "runner:1", "gpuslice-jobs", watch=watch
     )
+    cluster.closers.append(backend.close)
     jobs = JobManager(ledger, ledger.db, backend, tmp_path / "jobs")
     jobs.log.setLevel(logging.WARNING)
     jobs.account = lambda user: OWNER  # type: ignore[method-assign]
@@ -83,78 +93,96 @@ def batch_slices(ledger: Ledger) -> list[tuple[str, str]]:
     )
 
 
+def tick(scheduler: Scheduler, cluster: FakeCluster, at: datetime | None = None) -> None:
+    """A pass, once a watching backend has seen what the test did to the cluster."""
+    settle(scheduler.jobs.backend, cluster)
+    scheduler.tick(at)
+
+
 def creates(cluster: FakeCluster) -> list[dict[str, Any]]:
     return [r for r in cluster.requests if r["method"] == "POST"]
 
 
-def test_a_job_runs_where_the_cluster_places_it_and_the_ledger_holds_it_there(tmp_path, cluster):
-    ledger, jobs, scheduler = setup(tmp_path, cluster)
+def test_a_job_runs_where_the_cluster_places_it_and_the_ledger_holds_it_there(
+    tmp_path, cluster, watch
+):
+    ledger, jobs, scheduler = setup(tmp_path, cluster, watch)
     a, b = add_jobs(jobs, ("gpu-1", "normal"), ("share-250", "preemptible"))
-    scheduler.tick()
+    tick(scheduler, cluster)
     assert len(creates(cluster)) == 2  # both handed to the cluster at once
     assert row(jobs, a).waiting_reason == f"submitted to Kubernetes as job {name(jobs, a)}"
     assert batch_slices(ledger) == []  # nothing is held while no pod runs
 
     cluster.unschedulable(name(jobs, a), "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
-    scheduler.tick()
+    tick(scheduler, cluster)
     assert row(jobs, a).waiting_reason == (
         "pending in Kubernetes (Unschedulable: 0/2 nodes are available: 2 Insufficient "
         "nvidia.com/gpu.)"
     )
     # the pods' priorities order the queue shown in the panel: normal before preemptible
     cluster.unschedulable(name(jobs, b), "0/2 nodes are available")
-    scheduler.tick()
+    tick(scheduler, cluster)
     page, _, _ = jobs.list_jobs(None, None, 10, order="run")
     assert [(j["id"], j["queue_position"]) for j in page] == [(a, 1), (b, 2)]
 
     cluster.bind(name(jobs, a), "n2")
-    scheduler.tick()
+    tick(scheduler, cluster)
     job = row(jobs, a)
     assert job.state == "starting" and job.transitions[-1].reason == "Kubernetes started it on n2"
     assert batch_slices(ledger) == [(f"job-{a}", "n2")]
 
     cluster.finish(name(jobs, a), "Complete")
-    scheduler.tick()
+    before = len(cluster.requests)
+    tick(scheduler, cluster)
     assert row(jobs, a).state == "completed" and batch_slices(ledger) == [], row(jobs, a).error
     assert len(creates(cluster)) == 2  # never submitted again
+    lists = [
+        r
+        for r in cluster.requests[before:]
+        if r["method"] == "GET" and r["query"].get("watch") not in ("true", "True")
+    ]
+    # the pass read the cluster through the watch (nothing listed), or listed it
+    assert len(lists) == (0 if watch else 2)
 
 
 def test_a_pod_the_cluster_preempts_gives_the_slice_back_and_the_job_runs_again_elsewhere(
-    tmp_path, cluster
+    tmp_path, cluster, watch
 ):
-    ledger, jobs, scheduler = setup(tmp_path, cluster)
+    ledger, jobs, scheduler = setup(tmp_path, cluster, watch)
     (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
-    scheduler.tick()
+    tick(scheduler, cluster)
     cluster.bind(name(jobs, a), "n1")
-    scheduler.tick()
+    tick(scheduler, cluster)
     assert batch_slices(ledger) == [(f"job-{a}", "n1")]
 
     old = cluster.disrupt(name(jobs, a))  # a higher-priority pod needs n1's GPU
-    scheduler.tick()
+    tick(scheduler, cluster)
     # it checkpoints on n1 meanwhile: its slice is still in use there
     assert row(jobs, a).state == "starting" and batch_slices(ledger) == [(f"job-{a}", "n1")]
     cluster.terminated(old, 75)  # the Job controller makes the next pod, still unplaced
-    scheduler.tick()
+    tick(scheduler, cluster)
     job = row(jobs, a)
     assert job.state == "queued" and job.preemptions == 1 and batch_slices(ledger) == []
     assert any("Kubernetes requeued it" in t.reason for t in job.transitions)
 
     cluster.bind(name(jobs, a), "n2")
-    scheduler.tick()
+    tick(scheduler, cluster)
     job = row(jobs, a)
     assert job.state == "starting" and batch_slices(ledger) == [(f"job-{a}", "n2")]
     assert len(creates(cluster)) == 1  # the same Job made a new pod: no second submission
 
 
-def test_an_interactive_spawn_takes_the_slice_and_the_cluster_preempts_the_job(tmp_path, cluster):
-    ledger, jobs, scheduler = setup(tmp_path, cluster)
+def test_an_interactive_spawn_takes_the_slice_and_the_cluster_preempts_the_job(
+    tmp_path, cluster, watch
+):
+    ledger, jobs, scheduler = setup(tmp_path, cluster, watch)
     ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")  # n1 or n2 taken
     (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
-    scheduler.tick()
+    tick(scheduler, cluster)
     taken = {x["host"] for x in ledger.allocations() if x["purpose"] == "interactive"}
     (free,) = {h["name"] for h in HOSTS} - taken
     cluster.bind(name(jobs, a), free)
-    scheduler.tick()
+    tick(scheduler, cluster)
     assert ledger.profile_capacity()["gpu-1"][0] == 0
 
     bob = Caller("bob", (), "bob")
@@ -169,7 +197,7 @@ def test_an_interactive_spawn_takes_the_slice_and_the_cluster_preempts_the_job(t
 
     # the cluster did not preempt it in time (say the server pod's priority is not above
     # gpuslice-preemptible's): the service deletes the Job with the grace period
-    scheduler.tick(utcnow() + timedelta(seconds=jobs.preempt_grace + 1))
+    tick(scheduler, cluster, utcnow() + timedelta(seconds=jobs.preempt_grace + 1))
     (delete,) = [r for r in cluster.requests if r["method"] == "DELETE"]
     assert delete["path"].endswith(name(jobs, a))
     assert delete["query"]["gracePeriodSeconds"] == str(round(jobs.backend.grace_seconds))
@@ -179,13 +207,13 @@ def test_an_interactive_spawn_takes_the_slice_and_the_cluster_preempts_the_job(t
     # its pod ended, the Job is not gone yet (the garbage collector's finalizers): still
     # the same run, accounted for once, when the Job is gone
     cluster.pods_ended(name(jobs, a))
-    scheduler.tick()
+    tick(scheduler, cluster)
     assert row(jobs, a).state == "preempting"
     cluster.pod_gone(name(jobs, a))
-    scheduler.tick()
+    tick(scheduler, cluster)
     job = row(jobs, a)
     assert job.state == "queued" and job.preemptions == 1 and job.restarts == 1
-    scheduler.tick()  # its Job is gone: it is handed to the cluster again
+    tick(scheduler, cluster)  # its Job is gone: it is handed to the cluster again
     assert len(creates(cluster)) == 2
     assert row(jobs, a).preemptions == 1 and row(jobs, a).restarts == 1
 

@@ -106,6 +106,8 @@ def kubernetes_backend(app: GPUSliceService, manager: JobManager) -> Any:
         KubernetesResourcesConfig(parent=app).value(),
         grace_seconds=round(manager.preempt_grace),
         kueue_queues=manager.kubernetes_kueue_queues,
+        # a pass reads the Jobs and pods from a watch, not two lists of the whole queue
+        watch=True,
     )
     try:
         missing = backend.missing_priority_classes()

@@ -10,12 +10,14 @@ The cluster's queue is the queue, as Slurm's is with the Slurm backend
   class's PriorityClass and, with Kueue, its class's LocalQueue. The cluster's scheduler (and
   Kueue's quotas and fair sharing) decide when and where it runs. It runs as its owner
   (``securityContext``) and mounts the jobs volume where the service has it.
-* ``poll_many``: two list calls per pass (the Jobs and their pods, by label) tell every
-  job's state: waiting (the scheduler's or Kueue's reason), running on a node (the pod's
-  ``nodeName``; the pass records the slice there in the ledger), requeued (a new pod: the
-  cluster preempted or evicted the last one, the Job's ``podFailurePolicy`` ignored that
-  and the new pod resumes from the checkpoint), or over (``Complete``/``Failed``, or gone:
-  the runner's record in its folder says how it ended).
+* ``poll_many``: the Jobs and their pods (by label), from a list and a watch kept current
+  between passes (:mod:`gpuslice_hub.kubewatch`; or, until the watch is current and
+  whenever it broke, two list calls), tell every job's state: waiting (the scheduler's or
+  Kueue's reason), running on a node (the pod's ``nodeName``; the pass records the slice
+  there in the ledger), requeued (a new pod: the cluster preempted or evicted the last one,
+  the Job's ``podFailurePolicy`` ignored that and the new pod resumes from the checkpoint),
+  or over (``Complete``/``Failed``, or gone: the runner's record in its folder says how it
+  ended). A Job created here that the watch does not show yet is new, not gone.
 * ``signal_preempt``: delete the Job in the foreground with the pod's grace period: the
   kubelet's SIGTERM reaches the runner, which checkpoints and exits 75; the pass then
   submits it again (a new Job). Used when the cluster did not preempt it for a server.
@@ -28,6 +30,8 @@ the calls are tested against a local HTTP server answering in the API's shapes.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +40,7 @@ from gpuslice.vocab import EXIT_BY_STATUS
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources
 
 from ...kubeapi import ApiSession, list_items
+from ...kubewatch import Informer
 from ...profiles import Profile
 from ..accounts import Account
 from .base import RunStatus, SubmitRefused, SubmitUnsure, profile_grant
@@ -54,6 +59,10 @@ JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 # Answers to a create that trying again cannot mend (the API refused the manifest); a
 # missing namespace (404) or a quota (403) can be mended by an admin: retried with backoff
 PERMANENT_STATUS = {400, 422}
+# How long a Job this service created may be missing from the watch's view before it reads
+# as gone (a watch shows a create within a moment; a list shows it at once)
+UNSEEN_SECONDS = 60.0
+LOG = logging.getLogger("gpuslice.kubernetes")
 # PriorityClass name -> value (a Job's pod not created yet has no priority of its own)
 CLASS_VALUES = {name: PRIORITY_VALUES[cls] for cls, name in PRIORITY_CLASS_NAMES.items()}
 
@@ -75,8 +84,16 @@ class KubernetesBackend:
         resources: KubernetesResources | None = None,
         grace_seconds: int = 60,
         kueue_queues: Mapping[str, str] | None = None,
+        watch: bool = False,
     ) -> None:
         self.session = ApiSession(configuration)
+        # the Jobs and pods kept current by a watch (the service's way), else listed each
+        # pass (tests of the list path)
+        self.watch = watch
+        self._informers: tuple[Informer, Informer] | None = None
+        # Jobs created here and not in the watch's view yet -> when (a watch shows a
+        # create a moment later: meanwhile the Job is new, not gone)
+        self._unseen: dict[str, float] = {}
         self.namespace = namespace
         self.image = image
         self.claim_name = claim_name
@@ -150,6 +167,7 @@ class KubernetesBackend:
             raise SubmitRefused(f"the Kubernetes API cannot be reached: {e}", False) from e
         except aiohttp.ClientError as e:  # the connection broke after the request was sent
             raise SubmitUnsure(f"creating the Kubernetes Job: {e}") from e
+        self._unseen[name] = time.monotonic()
         return {
             "k8s_job": name,
             "namespace": self.namespace,
@@ -201,8 +219,14 @@ class KubernetesBackend:
                     raise answer
             return found[0], found[1]
 
-        job_items, pod_items = self.session.run(both)
+        watched = self._watched()
+        job_items, pod_items = watched if watched is not None else self.session.run(both)
         jobs = {_meta(item)["name"]: item for item in job_items}
+        now = time.monotonic()
+        for created, at in list(self._unseen.items()):
+            # (a list shows every create made before it: only a watch may lag)
+            if watched is None or created in jobs or now - at > UNSEEN_SECONDS:
+                del self._unseen[created]
         pods: defaultdict[str, list[Any]] = defaultdict(list)
         for pod in pod_items:
             labels = _meta(pod).get("labels") or {}
@@ -228,6 +252,10 @@ class KubernetesBackend:
                 return None
             return EXIT_BY_STATUS.get(str(state.get("status") or ""))
 
+        if job is None and ref.get("k8s_job") in self._unseen:
+            return RunStatus(
+                True, waiting="pending in Kubernetes (its Job was just created)", state="Pending"
+            )
         if job is None:
             return RunStatus(False, said(), state="gone")
         conditions = {
@@ -283,6 +311,29 @@ class KubernetesBackend:
                 state="Suspended",
             )
         return RunStatus(True, waiting=_pending_reason(current), priority=priority, state="Pending")
+
+    def _watched(self) -> tuple[list[Any], list[Any]] | None:
+        """The Jobs and pods from the watches, or None while they are not current (the
+        first pass starts them)."""
+        if not self.watch:
+            return None
+        if self._informers is None:
+            selected = {"namespace": self.namespace, "label_selector": LABEL_SELECTOR}
+            self._informers = (
+                Informer(self.session, "BatchV1Api", "list_namespaced_job", LOG, **selected),
+                Informer(self.session, "CoreV1Api", "list_namespaced_pod", LOG, **selected),
+            )
+        jobs, pods = self._informers
+        jobs.start()
+        pods.start()
+        job_items, pod_items = jobs.snapshot(), pods.snapshot()
+        if job_items is None or pod_items is None:
+            return None
+        return job_items, pod_items
+
+    def close(self) -> None:
+        """Stop the watches and close the connections."""
+        self.session.close()
 
     def _delete(self, ref: dict[str, Any], grace: int) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
