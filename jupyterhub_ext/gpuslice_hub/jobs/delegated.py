@@ -26,8 +26,6 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import select
-
 from gpuslice.vocab import EXIT_BY_STATUS, EXIT_PREEMPTED
 
 from ..db.jobs_models import JobRow
@@ -44,8 +42,9 @@ from .backends.base import (
     current_ref,
 )
 from .burst import Burst
+from .row_cache import RowCache
 from .runner_state import ATTEMPT_ID
-from .states import ACTIVE, PRIORITY_CLASSES, transition
+from .states import PRIORITY_CLASSES, transition
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -59,6 +58,7 @@ QUEUED_COLUMNS = (
     JobRow.burstable,
     JobRow.max_runtime,
     JobRow.submitted_at,
+    JobRow.revision,
 )
 # Submissions per pass: a backlog of thousands goes to the engine over a few passes, and the
 # running jobs are watched in between (each sbatch is a fork and a round trip, each Job a
@@ -75,6 +75,7 @@ class DelegatedPass:
         self.engine = self.backend.engine
         # burstable jobs moved to a second partition when they wait too long (Slurm)
         self.burst = Burst(self.jobs, self.log) if self.jobs.burst_partition else None
+        self.queued = RowCache(QUEUED_COLUMNS, JobRow.state == "queued")
 
     def _current(self, ref: dict[str, Any] | None) -> bool:
         """Whether ``ref`` names an engine's job the service has not accounted the end of."""
@@ -88,10 +89,12 @@ class DelegatedPass:
 
     def tick(self, now: datetime) -> None:
         with self.jobs.db.reading() as s:
-            active = list(s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE))))
+            conn = s.connection()
+            # rows read again only where they changed (row_cache.py)
+            active: list[Any] = self.scheduler.active.read(conn)
             # of the queue, what a pass reads (whole rows of thousands of jobs cost most
             # of it): the few that start or are submitted are read in full below
-            queued = list(s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued")))
+            queued: list[Any] = self.queued.read(conn)
         self.scheduler.runner_files.keep({j.job_dir for j in active})
         known: list[Any] = [j for j in active if self._current(j.backend_ref)]
         known += [j for j in queued if self._queued_in_engine(j.backend_ref)]

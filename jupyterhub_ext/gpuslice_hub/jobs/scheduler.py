@@ -32,6 +32,7 @@ from .delegated import DelegatedPass
 from .manager import JobManager
 from .ordering import queue_order
 from .queue_cache import NEWEST_TRANSITION, QueueCache
+from .row_cache import RowCache
 from .runner_files import RunnerFiles
 from .runner_state import ATTEMPT_ID
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
@@ -65,6 +66,8 @@ class Scheduler:
         self._next_due: datetime | None = None
         self.runner_files = RunnerFiles()
         self.queue = QueueCache()
+        # the active jobs' rows, kept between passes (row_cache.py)
+        self.active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
         # defragmentation (defrag.py): the moves under way, by the waiting job they make
         # room for, with when each gives up; when a plan was last looked for, per job
         self.moves: dict[int, tuple[Move, datetime]] = {}
@@ -90,9 +93,9 @@ class Scheduler:
             return
         with self.jobs.db.reading() as s:
             # Rows, not ORM objects (loading hundreds of those cost more than the rest of
-            # a pass): the pass only reads them; its writes get the row again.
-            rows = s.connection().execute(select(JOBS).where(JOBS.c.state.in_(ACTIVE)))
-            active = cast(list[JobRow], list(rows))
+            # a pass), read again only where they changed: the pass only reads them; its
+            # writes get the row again.
+            active = cast(list[JobRow], self.active.read(s.connection()))
         try:
             # one question to the backend for all of them (Slurm: one squeue, not a fork each)
             statuses = self.jobs.backend.poll_many([job.backend_ref or {} for job in active])
@@ -705,7 +708,8 @@ class Scheduler:
         stmt = (
             update(table)
             .where(table.c.id == bindparam("job_id"), table.c.state == "queued")
-            .values(waiting_reason=bindparam("reason"))
+            # (a Core update: the revision the ORM moves on every write, moved here)
+            .values(waiting_reason=bindparam("reason"), revision=table.c.revision + 1)
         )
         for start in range(0, len(changed), WAITING_BATCH):
             # waiting reasons change no slice: no need to queue behind allocations

@@ -1,0 +1,57 @@
+"""Job rows as the scheduler's pass reads them, kept between passes.
+
+A pass looks at every active job once a second (and, when an engine queues the jobs, at
+every queued one). Reading their whole rows each time, timestamps parsed and JSON decoded,
+cost more than the rest of a pass with hundreds of jobs, to learn that almost none changed.
+Every write to a job moves its ``revision`` (``db/jobs_models.py``), so a pass reads the
+(id, revision) pairs of the rows it wants and the whole row only of those that are new or
+whose revision moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, select
+
+from ..db.jobs_models import JobRow
+
+CHUNK = 500  # ids per statement (old SQLite takes at most 999 parameters)
+# Every this many reads, every row is read again whatever its revision: a write that did
+# not move it (a bulk update written without it some day) is seen within this many passes
+FULL_READ_PASSES = 100
+
+
+class RowCache:
+    """The rows ``where`` selects, with ``columns`` (which must include the id, and the
+    revision), as of the last :meth:`read`."""
+
+    def __init__(self, columns: tuple[Any, ...], where: ColumnElement[bool]) -> None:
+        self.columns, self.where = columns, where
+        self._keys = select(JobRow.id, JobRow.revision).where(where).order_by(JobRow.id)
+        self._rows: dict[int, Any] = {}
+        self.reread = 0  # rows read again by the last read (what tests check)
+        self._passes = 0
+
+    def read(self, conn: Any) -> list[Any]:
+        """The rows, in id order; what changed since the last read is read again."""
+        self._passes += 1
+        if self._passes > FULL_READ_PASSES:
+            self._rows, self._passes = {}, 1
+        keys = conn.execute(self._keys).all()
+        stale = [i for i, rev in keys if (i not in self._rows or self._rows[i].revision != rev)]
+        fresh: dict[int, Any] = {}
+        for at in range(0, len(stale), CHUNK):
+            chunk = JobRow.id.in_(stale[at : at + CHUNK])
+            # the selection again: a row that left it between the two statements (another
+            # transaction on PostgreSQL) is not taken
+            for row in conn.execute(select(*self.columns).where(chunk, self.where)):
+                fresh[row.id] = row
+        kept: dict[int, Any] = {}
+        for job_id, _ in keys:
+            row = fresh.get(job_id) or (None if job_id in stale else self._rows.get(job_id))
+            if row is not None:
+                kept[job_id] = row
+        self._rows = kept
+        self.reread = len(fresh)
+        return list(kept.values())

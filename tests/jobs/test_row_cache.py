@@ -1,0 +1,93 @@
+"""The scheduler's pass keeps job rows between passes and reads again only those whose
+revision moved (jobs/row_cache.py): every write to a job, through the ORM or the pass's own
+Core update of waiting reasons, must move it, or the pass would decide on a stale row."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, cast
+
+from sqlalchemy import Table, select, update
+
+from gpuslice_hub.db.jobs_models import JobRow
+from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.jobs import row_cache
+from gpuslice_hub.jobs.row_cache import RowCache
+from gpuslice_hub.jobs.states import ACTIVE
+from tests.jobs.full_cluster import full_cluster, insert_queued
+
+JOBS = cast(Table, JobRow.__table__)
+
+
+def full_read(db: Any, where: Any) -> list[Any]:
+    with db.reading() as s:
+        return list(s.connection().execute(select(*JOBS.c).where(where).order_by(JOBS.c.id)))
+
+
+def cached(db: Any, cache: RowCache) -> list[Any]:
+    with db.reading() as s:
+        return cache.read(s.connection())
+
+
+def test_only_changed_rows_are_read_again_and_the_cache_always_equals_a_full_read(
+    tmp_path: Path,
+):
+    ledger, _ = full_cluster(tmp_path, 1)
+    db = ledger.db
+    ids = insert_queued(db, tmp_path, [("ann", "gpu-1", "preemptible")] * 40)
+    with db.writing() as s:
+        for job_id in ids[:20]:
+            s.get(JobRow, job_id).state = "running"
+    active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
+    assert cached(db, active) == full_read(db, JOBS.c.state.in_(ACTIVE))
+    assert active.reread == 20
+    assert cached(db, active) == full_read(db, JOBS.c.state.in_(ACTIVE))
+    assert active.reread == 0  # nothing changed: nothing read again
+
+    with db.writing() as s:
+        s.get(JobRow, ids[3]).cells_done = 5  # a write that changes no state
+    assert [r.id for r in cached(db, active) if r.cells_done == 5] == [ids[3]]
+    assert active.reread == 1
+
+    rng = random.Random(7)
+    for step in range(60):
+        job_id = rng.choice(ids)
+        what = rng.randrange(4)
+        with db.writing() as s:
+            row = s.get(JobRow, job_id)
+            if what == 0:
+                row.state = rng.choice(["queued", "running", "preempting", "completed"])
+            elif what == 1:
+                row.backend_ref = {"step": step}
+            elif what == 2:
+                row.run_seconds += 1.0
+            else:
+                s.flush()  # flushed with no change at all
+        assert cached(db, active) == full_read(db, JOBS.c.state.in_(ACTIVE)), step
+
+
+def test_the_pass_s_own_core_update_of_waiting_reasons_moves_the_revision(tmp_path: Path):
+    ledger, scheduler = full_cluster(tmp_path, 1)  # every GPU held: the queue waits
+    db = ledger.db
+    insert_queued(db, tmp_path, [("ann", "gpu-1", "preemptible")] * 5)
+    queued = RowCache((JOBS.c.id, JOBS.c.waiting_reason, JOBS.c.revision), JOBS.c.state == "queued")
+    before = {r.id: r.waiting_reason for r in cached(db, queued)}
+    assert set(before.values()) == {None}
+    scheduler.tick()
+    after = {r.id: r.waiting_reason for r in cached(db, queued)}
+    assert queued.reread == 5 and None not in after.values()
+    assert after == {r.id: r.waiting_reason for r in full_read(db, JOBS.c.state == "queued")}
+
+
+def test_every_row_is_read_again_now_and_then_whatever_its_revision(tmp_path: Path):
+    ledger, _ = full_cluster(tmp_path, 1)
+    db = ledger.db
+    ids = insert_queued(db, tmp_path, [("ann", "gpu-1", "preemptible")] * 3)
+    queued = RowCache((JOBS.c.id, JOBS.c.revision, JOBS.c.not_before), JOBS.c.state == "queued")
+    cached(db, queued)
+    with db.writing() as s:  # a bulk update that does not move the revision
+        s.execute(update(JobRow).where(JobRow.id == ids[0]).values(not_before=utcnow()))
+    for _ in range(row_cache.FULL_READ_PASSES - 1):
+        assert cached(db, queued)[0].not_before is None  # (what the revision promised)
+    assert cached(db, queued)[0].not_before is not None and queued.reread == 3
