@@ -214,7 +214,9 @@ class AllocationMixin(CapacityMixin):
                             raise Refused(
                                 "no_capacity", f"no free {profile.name} on {host} in the ledger"
                             )
-                        raise self._no_capacity(inv, caller, profile, state, access)
+                        raise self._no_capacity(
+                            inv, caller, profile, state, access, purpose == "interactive"
+                        )
                 row = self._write_allocation(
                     s,
                     caller,

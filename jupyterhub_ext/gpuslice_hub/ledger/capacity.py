@@ -37,12 +37,17 @@ class CapacityMixin(LedgerBase):
         profile: Profile,
         state: ClusterState | None,
         access: Access | None = None,
+        alternatives: bool = True,
     ) -> Refused:
+        """``alternatives``: name what else is free (for a person choosing in the spawn
+        form; not for a queued job, which cannot change its profile: counted under the
+        ledger lock, and a job's waiting reason naming them would change with every
+        allocation, rewriting thousands of reasons a pass)."""
         allowed = access.widest if access is not None else None
         total = self._totals(inv, allowed)[profile.name]
         usable = None if state is None else self._within(state, allowed, inv.generation, True)
         others = []
-        for other in self.profiles.values():
+        for other in self.profiles.values() if alternatives else ():
             if other.name == profile.name or not other.allowed_for(caller.groups):
                 continue
             free = count_fits(other.request(), usable)
