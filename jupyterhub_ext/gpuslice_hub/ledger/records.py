@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, case, func, select
+from sqlalchemy import Table, bindparam, case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -104,27 +104,47 @@ class RecordsMixin(LedgerBase):
         """Keep the latest utilization the holder of an active allocation measured."""
         now = utcnow()
         values = {
-            "reported_at": now,
-            "utilization": utilization,
-            "memory_mib": memory_mib,
-            "idle_seconds": idle_seconds,
-            "interval_seconds": interval_seconds,
+            "b_allocation_id": alloc_id,
+            "b_reported_at": now,
+            "b_utilization": utilization,
+            "b_memory_mib": memory_mib,
+            "b_idle_seconds": idle_seconds,
+            "b_interval_seconds": interval_seconds,
         }
-        reports = cast(Table, UsageReportRow.__table__)
-        upsert = pg_insert if not self.db.is_sqlite else sqlite_insert
-        stmt = upsert(reports).values(allocation_id=alloc_id, peak_memory_mib=memory_mib, **values)
-        # The most memory the holder ever reported, for overcommit's history: the greater of
-        # the kept peak and this report's (a report without memory keeps the peak).
-        kept = reports.c.peak_memory_mib
-        peak = case(
-            (stmt.excluded.memory_mib > func.coalesce(kept, -1.0), stmt.excluded.memory_mib),
-            else_=kept,
-        )
-        # One statement, safe without the ledger lock: 500 servers reporting every minute
-        # do not queue behind spawns.
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[reports.c.allocation_id], set_={**values, "peak_memory_mib": peak}
-        )
+        stmt = self._usage_upsert
+        if stmt is None:
+            stmt = self._usage_upsert = _usage_upsert(self.db.is_sqlite)
         with self.db.writing(lock=False) as s:
-            s.connection().execute(stmt)
+            s.connection().execute(stmt, values)
         return now
+
+
+USAGE_FIELDS = ("reported_at", "utilization", "memory_mib", "idle_seconds", "interval_seconds")
+
+
+def _usage_upsert(sqlite: bool) -> Any:
+    """The usage report's upsert, built once: building it per report (a SQLAlchemy
+    statement, its case expression, its cache key) cost more than running it on SQLite,
+    and every holder reports once a minute."""
+    reports = cast(Table, UsageReportRow.__table__)
+    upsert = sqlite_insert if sqlite else pg_insert
+    fields = {name: bindparam(f"b_{name}", type_=reports.c[name].type) for name in USAGE_FIELDS}
+    stmt = upsert(reports).values(
+        allocation_id=bindparam("b_allocation_id", type_=reports.c.allocation_id.type),
+        # (its own parameter: the peak starts as the first report's memory)
+        peak_memory_mib=bindparam("b_memory_mib", type_=reports.c.memory_mib.type),
+        **fields,
+    )
+    # The most memory the holder ever reported, for overcommit's history: the greater of
+    # the kept peak and this report's (a report without memory keeps the peak).
+    kept = reports.c.peak_memory_mib
+    peak = case(
+        (stmt.excluded.memory_mib > func.coalesce(kept, -1.0), stmt.excluded.memory_mib),
+        else_=kept,
+    )
+    # One statement, safe without the ledger lock: 500 servers reporting every minute do
+    # not queue behind spawns.
+    return stmt.on_conflict_do_update(
+        index_elements=[reports.c.allocation_id],
+        set_={**{name: stmt.excluded[name] for name in USAGE_FIELDS}, "peak_memory_mib": peak},
+    )
