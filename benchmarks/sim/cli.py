@@ -34,6 +34,8 @@ def _policies(names: str, vary: list[str]) -> list[Policy]:
                 value = float(raw)
             elif key == "defrag":
                 value = int(raw)
+            elif key == "quotas":
+                value = float(raw)
             elif key == "slices":
                 value = raw.lower() in ("1", "true", "yes")
             try:
@@ -126,7 +128,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "or N@spans (preemptible jobs borrow them in those spans); overcommit is RATIO or "
         "RATIO@HOURS (share_overcommit_ratio and share_overcommit_min_hours); burst is AFTER "
         "or AFTER@ALLOCATED (burst_after_wait, burst_when_allocated_above; every batch job "
-        "burstable, to capacity bought without limit)",
+        "burstable, to capacity bought without limit); quotas is DAY (on that day every "
+        "suggested quota is applied, from the days before)",
     )
     p.add_argument("--out", help="folder for report.md, summary.json and the plots")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")

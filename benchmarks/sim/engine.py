@@ -28,6 +28,7 @@ from gpuslice.gpu import discover
 from gpuslice.idle_policy import PolicyConfig
 from gpuslice_hub import clock
 from gpuslice_hub.admin.pool import read_pool, totals
+from gpuslice_hub.admin.quota_suggestions import SuggestionSettings, quota_suggestions
 from gpuslice_hub.admin.usage import FIELDS, store_sample
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
@@ -41,6 +42,7 @@ from gpuslice_hub.jobs.states import PRIORITY_CLASSES
 from gpuslice_hub.jobs.windows import parse_windows
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.overcommit import OvercommitHistory, OvercommitSettings
+from gpuslice_hub.overrides import AdminSettings
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.pools import parse_pools
 from gpuslice_hub.profiles import parse_profiles
@@ -142,6 +144,9 @@ class Result:
     contention_milli_seconds: float = 0.0
     # burst: per job sent, when (seconds), when it ends there, and the GPU-seconds bought
     bursts: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    # quota suggestions: quotas applied, and people's requests refused over their quota
+    quotas_applied: int = 0
+    quota_refusals: int = 0
     wall_seconds: float = 0.0
 
 
@@ -300,6 +305,8 @@ class Simulation:
                 t += self.settings.sample_every
             if self.burst is not None:
                 self._at(0.0, self._burst_check)
+            if self.policy.quotas:
+                self._at(self.policy.quotas * 86400.0, self._apply_quota_suggestions)
             for edge in self._window_edges():
                 # a pass when a window opens or closes, as the service's loop would run one
                 self._tick_at(edge)
@@ -381,6 +388,29 @@ class Simulation:
         if now + 60 < self.horizon:
             self._at(now + 60, self._burst_check)
 
+    def _apply_quota_suggestions(self) -> None:
+        """The admin panel's quota suggestions over the days so far, each applied as its
+        Apply button does (users' and groups'); the scheduler's next pass sees them."""
+        settings = SuggestionSettings(days=self.policy.quotas)
+        with self.ledger.db.reading() as s:
+            quotas = self.ledger.effective_quotas(s)
+        found = quota_suggestions(self.ledger, quotas, settings, self.clock.now())
+        admin = AdminSettings(self.ledger.db)
+        for row in found["suggestions"]:
+            suggested = row["suggested"]
+            if suggested is None or row["change"] in (None, "same"):
+                continue
+            admin.set_quota(
+                row["subject"],
+                row["name"],
+                suggested.get("max_slices"),
+                suggested.get("max_milli"),
+                "gpuslice-sim",
+                "applied the suggestion",
+            )
+            self.result.quotas_applied += 1
+        self._tick_at(self.now())
+
     # -- interactive sessions ----------------------------------------------------------------
 
     def _spawn(self, live: Live) -> None:
@@ -401,6 +431,7 @@ class Simulation:
             if e.code not in ("no_capacity", "over_quota"):
                 raise
             live.request.refusals += 1
+            self.result.quota_refusals += e.code == "over_quota"
             again = now + self.settings.retry_after_refusal
             if again - live.request.asked > self.settings.give_up_after:
                 live.request.gave_up = True

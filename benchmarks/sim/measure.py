@@ -168,6 +168,8 @@ def summary(r: Result) -> dict[str, Any]:
         # those jobs is not this cluster's: not in effective utilization)
         "jobs_burst": len(r.bursts),
         "burst_gpu_hours": sum(b[2] for b in r.bursts.values()) / 3600,
+        "quotas_applied": r.quotas_applied,
+        "quota_refusals": r.quota_refusals,
         "wall_seconds": r.wall_seconds,
         # what the admin panel's capacity check says of this run (its verdicts' codes)
         "capacity_check": " ".join(v["code"] for v in (r.capacity_check or {}).get("verdicts", [])),

@@ -38,6 +38,7 @@ VARIABLE = (
     "defrag",
     "overcommit",
     "burst",
+    "quotas",
 )
 BATCH_CLASSES = ("normal", "preemptible")
 
@@ -68,6 +69,10 @@ class Policy:
     # burst (JobManager.burst_after_wait, burst_when_allocated_above): every batch job is
     # burstable, as "AFTER" or "AFTER@ALLOCATED"; "": off
     burst: str = ""
+    # quota suggestions: on this day of the run, every suggested quota (users' and groups',
+    # the admin panel's rule over the days so far) is applied as an admin's Apply would;
+    # 0: none
+    quotas: float = 0.0
     # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
     changed: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -98,6 +103,8 @@ class Policy:
                     "burst must be 'AFTER' or 'AFTER@ALLOCATED' with 0.01 <= AFTER <= 10 and "
                     f"0 <= ALLOCATED < 1, got {self.burst!r}"
                 )
+        if self.quotas < 0:
+            raise ValueError(f"quotas must be a day of the run (> 0), got {self.quotas!r}")
         count, _, _spans = self.reserved.partition("@")
         if self.reserved and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")

@@ -32,6 +32,8 @@ COLUMNS = (
     ("memory_collisions", "memory collisions", "{}"),
     ("jobs_burst", "jobs burst", "{}"),
     ("burst_gpu_hours", "burst (GPU-h bought)", "{:.0f}"),
+    ("quotas_applied", "quotas applied", "{}"),
+    ("quota_refusals", "refused over quota", "{}"),
     ("capacity_check", "capacity check says", "{}"),
 )
 
