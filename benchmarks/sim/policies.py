@@ -104,7 +104,7 @@ class Policy:
                     f"0 <= ALLOCATED < 1, got {self.burst!r}"
                 )
         if self.quotas < 0:
-            raise ValueError(f"quotas must be a day of the run (> 0), got {self.quotas!r}")
+            raise ValueError(f"quotas must be a day of the run (0: off), got {self.quotas!r}")
         count, _, _spans = self.reserved.partition("@")
         if self.reserved and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")

@@ -202,6 +202,7 @@ class ApiSession:
             return
         for running in self._background:
             running.cancel()
+        self._background.clear()
         if self._client is not None:
             client, self._client = self._client, None
             with contextlib.suppress(Exception):

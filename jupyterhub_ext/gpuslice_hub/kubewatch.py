@@ -6,11 +6,15 @@ pass); a list once, then the API's watch from the list's ``resourceVersion``, co
 changed. This is the informer pattern of the Kubernetes clients, kept small:
 
 * ``snapshot()`` is None until the first list arrived, and again from the moment the watch
-  broke (a connection refused or cut, an error answer) until a watch is running again: the
-  caller then lists for itself, as before, so an API outage reads as an outage and never as
-  a cache that stopped changing;
+  broke (a connection refused or cut, an error answer, a 410) until a list and its watch
+  are running again: the caller then lists for itself, as before, so an API outage reads
+  as an outage. A stream that goes silent without closing is noticed by its read timeout
+  (``WATCH_SECONDS`` and 30 s): until then the view lags (the backend lists for a Job it
+  created that the view does not show, so its own creates are never missed);
 * a watch the server ends in the normal way (its ``timeoutSeconds``) is started again from
   the last version seen, with nothing lost; a 410 (that version is too old) lists again;
+* a watch the API forbids (403: the service account lacks ``watch``) is not tried again:
+  the caller lists each pass, and the log says why once;
 * the watch asks for bookmarks, so the last version seen stays recent even when nothing
   this watch selects changes.
 """
@@ -95,8 +99,20 @@ class Informer:
                 raise
             except WatchExpired as e:
                 self.log.info("the %s watch expired (%s): listing again", self.method, e)
+                with self._lock:
+                    self._current = False  # changes were missed until the list
                 relist = True
             except Exception as e:
+                if getattr(e, "status", None) == 403 and not relist:
+                    self.log.warning(
+                        "%s is not allowed to be watched (%s): the job pass lists it each "
+                        "time instead (grant the service account 'watch')",
+                        self.method,
+                        getattr(e, "reason", e),
+                    )
+                    with self._lock:
+                        self._current = False
+                    return
                 # what was missed meanwhile is unknown: the pass lists for itself until a
                 # list and its watch are running again
                 with self._lock:

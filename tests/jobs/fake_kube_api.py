@@ -72,6 +72,9 @@ class FakeCluster:
     oldest: int = 0  # versions up to this are compacted away: a watch from them gets 410
     cuts: int = 0  # bumped to end every open watch (the connection cut)
     held: bool = False  # while True, open watches send nothing (a watch lagging)
+    drops: int = 0  # bumped to break every open watch's connection mid-stream
+    # Answers to the next watch requests (a status each, e.g. 403), lists unaffected
+    watch_errors: list[int] = field(default_factory=list)
     watches: int = 0  # open watch streams
     # (kind, name) -> what it was when last recorded, and its version then
     _seen: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
@@ -128,8 +131,12 @@ class FakeCluster:
             self.events.clear()
 
     def cut(self) -> None:
-        """End every open watch stream (a load balancer dropping the connections)."""
+        """End every open watch stream (the server's own end of a watch)."""
         self.cuts += 1
+
+    def drop(self) -> None:
+        """Break every open watch's connection mid-stream (a proxy or a network failing)."""
+        self.drops += 1
 
     # -- the test plays the cluster ------------------------------------------------------
     def run(self, name: str) -> None:
@@ -334,6 +341,10 @@ class _Base(web.RequestHandler):
         until = asyncio.get_running_loop().time() + float(
             self.get_query_argument("timeoutSeconds", "60")
         )
+        if cluster.watch_errors:
+            code = cluster.watch_errors.pop(0)
+            self.status_reply(code, "Injected", f"the test answers the watch {code}")
+            return
         self.set_header("Content-Type", "application/json")
         if since < cluster.oldest:
             gone = {
@@ -349,11 +360,14 @@ class _Base(web.RequestHandler):
             }
             self.finish(json.dumps(gone) + "\n")
             return
-        cuts = cluster.cuts
+        cuts, drops = cluster.cuts, cluster.drops
         cluster.watches += 1
         try:
             await self.flush()
             while not self.closed and cluster.cuts == cuts:
+                if cluster.drops != drops:
+                    self.request.connection.close()  # mid-stream: no end of the response
+                    return
                 if asyncio.get_running_loop().time() >= until:
                     break
                 if cluster.held:

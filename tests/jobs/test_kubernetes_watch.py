@@ -23,7 +23,6 @@ from tests.harness.engines import need_module
 need_module("kubernetes_asyncio")
 
 from gpuslice_hub import kubewatch  # noqa: E402
-from gpuslice_hub.jobs.backends import kubernetes_client  # noqa: E402
 from gpuslice_hub.jobs.backends.kubernetes_client import KubernetesBackend  # noqa: E402
 from tests.jobs.fake_kube_api import FakeCluster, settle, start_fake_api  # noqa: E402
 from tests.jobs.test_kubernetes_backend import (  # noqa: E402
@@ -86,6 +85,8 @@ def test_the_watch_gives_what_two_lists_give_and_a_pass_then_lists_nothing(
     waiting, running, done, failed, preempted, gone, deleting = refs
     b.poll_many(refs)  # the first pass lists (the watch is not current yet) and starts it
     settle(b, cluster)
+    b.poll_many(refs)  # the watch shows every Job created here now
+    assert b._unseen == {}
 
     cluster.unschedulable(waiting["k8s_job"], "0/2 nodes are available")
     cluster.bind(running["k8s_job"], "gpu-node-2")
@@ -115,37 +116,43 @@ def test_the_watch_gives_what_two_lists_give_and_a_pass_then_lists_nothing(
     assert watched[1].node == "gpu-node-2" and watched[6].completing
 
 
-def test_a_job_just_created_is_new_until_the_watch_shows_it(
-    cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_pass_asking_about_a_job_the_watch_does_not_show_yet_lists(
+    cluster: FakeCluster, tmp_path: Path
 ):
     b = watching(cluster)
     old = submit(b, tmp_path, 1, attempt="00000001")
     b.poll_many([old])
     settle(b, cluster)
-    cluster.held = True  # the watch lags: what happens now reaches it later
+    cluster.held = True  # the watch lags (or stalls): what happens now reaches it later
     new = submit(b, tmp_path, 2, attempt="00000002")
-    cluster.pod_gone(old["k8s_job"])  # (removed by hand: no event while held)
+    cluster.unschedulable(new["k8s_job"], "0/2 nodes are available")
+    cluster.pod_gone(old["k8s_job"])
     runner_says(old, "completed")
+    before = len(cluster.requests)
     status_new, status_old = b.poll_many([new, old])
-    # not in the watch's view yet: created a moment ago, so waiting, never "gone" (which
-    # would end the job); the older Job is still what the watch last said
-    assert (status_new.alive, status_new.state) == (True, "Pending")
-    assert "just created" in str(status_new.waiting)
-    assert status_old.alive
+    # not in the watch's view: the pass listed, and reads both as they are, never the
+    # new Job as gone (which would end its job and submit it again)
+    assert len(lists(cluster, before)) == 2
+    assert status_new.alive and "0/2 nodes are available" in str(status_new.waiting)
+    assert (status_old.alive, status_old.exit_code) == (False, 0)
+    before = len(cluster.requests)
+    (status_old,) = b.poll_many([old])  # about the old one only: the view will do
+    assert lists(cluster, before) == [] and status_old.alive  # (the lagging view's word)
+
+    # a Job created here and gone before the watch ever showed it: a list says so
+    lost = submit(b, tmp_path, 3, attempt="00000003")
+    cluster.pod_gone(lost["k8s_job"])
+    (status,) = b.poll_many([lost])
+    assert (status.alive, status.state) == (False, "gone")
+    assert lost["k8s_job"] not in b._unseen
 
     cluster.held = False
     settle(b, cluster)
+    before = len(cluster.requests)
     status_new, status_old = b.poll_many([new, old])
-    assert status_new.alive and "just created" not in str(status_new.waiting)
-    assert (status_old.alive, status_old.exit_code) == (False, 0)
-
-    # a Job created here that the watch never shows is gone once the wait is over
-    cluster.held = True
-    lost = submit(b, tmp_path, 3, attempt="00000003")
-    cluster.pod_gone(lost["k8s_job"])
-    monkeypatch.setattr(kubernetes_client, "UNSEEN_SECONDS", 0.0)
-    (status,) = b.poll_many([lost])
-    assert (status.alive, status.state) == (False, "gone")
+    assert lists(cluster, before) == []  # the view shows it now
+    assert status_new.alive and (status_old.alive, status_old.exit_code) == (False, 0)
+    assert b._unseen == {}
 
 
 def test_a_watch_the_server_ends_resumes_without_listing_again(
@@ -156,16 +163,18 @@ def test_a_watch_the_server_ends_resumes_without_listing_again(
     b.poll_many([ref])
     settle(b, cluster)
     jobs, pods = informers(b)
-    cluster.cut()  # the server (or a proxy) ends the streams
+    wait_for(lambda: cluster.watches == 2)  # both streams open
+    cluster.cut()  # the server ends the streams (their timeoutSeconds)
     cluster.bind(ref["k8s_job"], "gpu-node-1")
     settle(b, cluster)
     before = len(cluster.requests)
     (status,) = b.poll_many([ref])
     assert status.node == "gpu-node-1" and lists(cluster, before) == []
     assert (jobs.lists, pods.lists) == (1, 1)  # resumed from the last version seen
-    watches = [r for r in cluster.requests if watch_call(r)]
-    resumed = [r for r in watches if r["path"] == JOBS_PATH][-1]
-    assert int(resumed["query"]["resourceVersion"]) > 0
+    watches = [r for r in cluster.requests if watch_call(r) and r["path"] == JOBS_PATH]
+    first, resumed = watches[0], watches[-1]
+    assert len(watches) >= 2  # watched again, from where the last stream left off
+    assert int(resumed["query"]["resourceVersion"]) >= int(first["query"]["resourceVersion"])
 
 
 def test_a_watch_whose_version_was_compacted_lists_again(cluster: FakeCluster, tmp_path: Path):
@@ -194,25 +203,57 @@ def test_while_the_watch_is_broken_a_pass_lists_and_an_outage_reads_as_one(
     ref = submit(b, tmp_path)
     b.poll_many([ref])
     settle(b, cluster)
-    jobs, _ = informers(b)
-    cluster.errors.append(("GET", JOBS_PATH, 500))  # the watch's next start fails
-    cluster.cut()
-    wait_for(lambda: jobs.snapshot() is None)
+    jobs, pods = informers(b)
+    cluster.watch_errors.extend([500] * 1000)  # every watch fails from now on
+    cluster.drop()  # the connections break mid-stream
+    wait_for(lambda: jobs.snapshot() is None and pods.snapshot() is None)
+    # (and it stays so: each retry lists, then its watch fails again)
+    monkeypatch.setattr(kubewatch, "RETRY_SECONDS", (60.0, 60.0))
+    wait_for(lambda: jobs.snapshot() is None and pods.snapshot() is None)
     cluster.bind(ref["k8s_job"], "gpu-node-2")
     before = len(cluster.requests)
     (status,) = b.poll_many([ref])
-    # not the watch's last view: the pass listed, and saw the bind
-    assert status.node == "gpu-node-2" and len(lists(cluster, before)) >= 2
+    # the pass listed (the informers are waiting out their retry), and saw the bind
+    assert status.node == "gpu-node-2" and len(lists(cluster, before)) == 2
+    assert jobs.snapshot() is None
 
     # the API down: the pass fails as it does without a watch, never answering from the
     # view that stopped changing
-    cluster.errors.extend([("GET", JOBS_PATH, 500)] * 50)
-    cluster.cut()
-    wait_for(lambda: jobs.snapshot() is None)
+    cluster.errors.extend([("GET", JOBS_PATH, 500)])
     with pytest.raises(Exception, match="500"):
         b.poll_many([ref])
-    cluster.errors.clear()
-    settle(b, cluster)  # back: listed again, and current
+
+
+def test_a_connection_broken_mid_stream_lists_again(cluster: FakeCluster, tmp_path: Path):
+    b = watching(cluster)
+    ref = submit(b, tmp_path)
+    b.poll_many([ref])
+    settle(b, cluster)
+    jobs, pods = informers(b)
+    wait_for(lambda: cluster.watches == 2)  # both streams open
+    cluster.drop()
+    cluster.bind(ref["k8s_job"], "gpu-node-1")
+    settle(b, cluster)  # what was missed while it was down is unknown: listed again
+    assert jobs.lists >= 2 and pods.lists >= 2
+    (status,) = b.poll_many([ref])
+    assert status.node == "gpu-node-1"
+
+
+def test_a_watch_the_api_forbids_is_not_tried_again_and_the_pass_lists(
+    cluster: FakeCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    b = watching(cluster)
+    ref = submit(b, tmp_path)
+    cluster.watch_errors.extend([403, 403])  # the service account lacks "watch"
+    b.poll_many([ref])
+    jobs, pods = informers(b)
+    wait_for(lambda: len(cluster.watch_errors) == 0)
+    wait_for(lambda: jobs.snapshot() is None and pods.snapshot() is None)
+    watches = len([r for r in cluster.requests if watch_call(r)])
+    cluster.bind(ref["k8s_job"], "gpu-node-1")
     before = len(cluster.requests)
     (status,) = b.poll_many([ref])
-    assert status.node == "gpu-node-2" and lists(cluster, before) == []
+    assert status.node == "gpu-node-1" and len(lists(cluster, before)) == 2
+    assert len([r for r in cluster.requests if watch_call(r)]) == watches == 2
+    assert (jobs.lists, pods.lists) == (1, 1)  # not listing again and again either
+    assert "grant the service account 'watch'" in caplog.text

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, event
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, literal_column
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .models import Base, UTCDateTime, utcnow
@@ -53,21 +52,19 @@ class JobRow(Base):
     burstable: Mapped[bool] = mapped_column(Boolean, default=False)
     bursts: Mapped[int] = mapped_column(Integer, default=0)
     burst_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    # bumped by every write to the row (``_bump_revision``; a Core update sets it itself):
-    # the scheduler's pass reads again only the rows whose revision moved (row_cache.py)
-    revision: Mapped[int] = mapped_column(Integer, default=0)
+    # moved by every UPDATE of the row, ORM or Core, in SQL (``revision + 1`` where the
+    # statement does not set it): the scheduler's pass reads again only the rows whose
+    # revision moved (row_cache.py). Counted by the database, not from the value a session
+    # loaded: two writers of one row (a waiting reason written without the ledger lock) on
+    # PostgreSQL would otherwise both write the same next revision.
+    revision: Mapped[int] = mapped_column(
+        Integer, default=0, onupdate=literal_column("revision + 1")
+    )
     # Loaded when read (a page of jobs loads them with ``selectinload``): the scheduler's
     # pass reads and writes hundreds of rows and never needs their history.
     transitions: Mapped[list[JobTransitionRow]] = relationship(
         back_populates="job", order_by="JobTransitionRow.id", lazy="select"
     )
-
-
-@event.listens_for(JobRow, "before_update")
-def _bump_revision(mapper: Any, connection: Any, target: JobRow) -> None:
-    # (also for a row flushed with no net change: a revision moved without need costs a
-    # reread, one that did not move would hide a change)
-    target.revision = (target.revision or 0) + 1
 
 
 class JobTransitionRow(Base):

@@ -18,7 +18,7 @@ from ..db.jobs_models import JobRow
 
 CHUNK = 500  # ids per statement (old SQLite takes at most 999 parameters)
 # Every this many reads, every row is read again whatever its revision: a write that did
-# not move it (a bulk update written without it some day) is seen within this many passes
+# not move it (textual SQL, which no column default reaches) is seen within this many passes
 FULL_READ_PASSES = 100
 
 

@@ -708,8 +708,7 @@ class Scheduler:
         stmt = (
             update(table)
             .where(table.c.id == bindparam("job_id"), table.c.state == "queued")
-            # (a Core update: the revision the ORM moves on every write, moved here)
-            .values(waiting_reason=bindparam("reason"), revision=table.c.revision + 1)
+            .values(waiting_reason=bindparam("reason"))
         )
         for start in range(0, len(changed), WAITING_BATCH):
             # waiting reasons change no slice: no need to queue behind allocations

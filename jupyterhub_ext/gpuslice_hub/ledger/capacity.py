@@ -45,8 +45,10 @@ class CapacityMixin(LedgerBase):
         allocation, rewriting thousands of reasons a pass)."""
         allowed = access.widest if access is not None else None
         total = self._totals(inv, allowed)[profile.name]
-        usable = None if state is None else self._within(state, allowed, inv.generation, True)
         others = []
+        usable = None
+        if alternatives and state is not None:
+            usable = self._within(state, allowed, inv.generation, True)
         for other in self.profiles.values() if alternatives else ():
             if other.name == profile.name or not other.allowed_for(caller.groups):
                 continue

@@ -17,7 +17,8 @@ The cluster's queue is the queue, as Slurm's is with the Slurm backend
   there in the ledger), requeued (a new pod: the cluster preempted or evicted the last one,
   the Job's ``podFailurePolicy`` ignored that and the new pod resumes from the checkpoint),
   or over (``Complete``/``Failed``, or gone: the runner's record in its folder says how it
-  ended). A Job created here that the watch does not show yet is new, not gone.
+  ended). While a Job created here is not in the watch's view yet, the pass lists (a list
+  shows every create made before it; a watch shows it a moment later, or, stalled, late).
 * ``signal_preempt``: delete the Job in the foreground with the pod's grace period: the
   kubelet's SIGTERM reaches the runner, which checkpoints and exits 75; the pass then
   submits it again (a new Job). Used when the cluster did not preempt it for a server.
@@ -59,9 +60,9 @@ JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 # Answers to a create that trying again cannot mend (the API refused the manifest); a
 # missing namespace (404) or a quota (403) can be mended by an admin: retried with backoff
 PERMANENT_STATUS = {400, 422}
-# How long a Job this service created may be missing from the watch's view before it reads
-# as gone (a watch shows a create within a moment; a list shows it at once)
-UNSEEN_SECONDS = 60.0
+# How long a Job created here is remembered as not yet in the watch's view (meanwhile the
+# passes that poll it list): a stalled watch is noticed well before (kubewatch.py)
+UNSEEN_SECONDS = 600.0
 LOG = logging.getLogger("gpuslice.kubernetes")
 # PriorityClass name -> value (a Job's pod not created yet has no priority of its own)
 CLASS_VALUES = {name: PRIORITY_VALUES[cls] for cls, name in PRIORITY_CLASS_NAMES.items()}
@@ -91,8 +92,8 @@ class KubernetesBackend:
         # pass (tests of the list path)
         self.watch = watch
         self._informers: tuple[Informer, Informer] | None = None
-        # Jobs created here and not in the watch's view yet -> when (a watch shows a
-        # create a moment later: meanwhile the Job is new, not gone)
+        # Jobs created (or found) here and not in the watch's view yet -> when: a pass
+        # asking about one lists, so a Job the watch shows late never reads as gone
         self._unseen: dict[str, float] = {}
         self.namespace = namespace
         self.image = image
@@ -193,7 +194,10 @@ class KubernetesBackend:
             for item in listed
             if not _finished(item) and not _meta(item).get("deletionTimestamp")
         ]
-        return max(names)[1] if names else ""
+        found = max(names)[1] if names else ""
+        if found:
+            self._unseen[found] = time.monotonic()  # (made by a create that seemed to fail)
+        return found
 
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         return self.poll_many([ref])[0]
@@ -219,13 +223,20 @@ class KubernetesBackend:
                     raise answer
             return found[0], found[1]
 
+        names = {str(ref.get("k8s_job")) for ref in refs}
         watched = self._watched()
+        if watched is not None:
+            shown = {_meta(item)["name"] for item in watched[0]}
+            if any(name in self._unseen and name not in shown for name in names):
+                watched = None  # a Job created here the watch does not show yet: list
         job_items, pod_items = watched if watched is not None else self.session.run(both)
         jobs = {_meta(item)["name"]: item for item in job_items}
         now = time.monotonic()
         for created, at in list(self._unseen.items()):
-            # (a list shows every create made before it: only a watch may lag)
-            if watched is None or created in jobs or now - at > UNSEEN_SECONDS:
+            # shown by the watch; or listed as gone (a list shows every create before it)
+            seen = created in jobs if watched is not None else False
+            gone = watched is None and created in names and created not in jobs
+            if seen or gone or now - at > UNSEEN_SECONDS:
                 del self._unseen[created]
         pods: defaultdict[str, list[Any]] = defaultdict(list)
         for pod in pod_items:
@@ -252,10 +263,6 @@ class KubernetesBackend:
                 return None
             return EXIT_BY_STATUS.get(str(state.get("status") or ""))
 
-        if job is None and ref.get("k8s_job") in self._unseen:
-            return RunStatus(
-                True, waiting="pending in Kubernetes (its Job was just created)", state="Pending"
-            )
         if job is None:
             return RunStatus(False, said(), state="gone")
         conditions = {
@@ -332,8 +339,9 @@ class KubernetesBackend:
         return job_items, pod_items
 
     def close(self) -> None:
-        """Stop the watches and close the connections."""
+        """Stop the watches and close the connections (a later pass starts them again)."""
         self.session.close()
+        self._informers = None
 
     def _delete(self, ref: dict[str, Any], grace: int) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException

@@ -1,5 +1,6 @@
-"""A revision number on each job, bumped by every write to it: the scheduler's pass reads
-again only the rows that changed since its last pass (jobs/row_cache.py).
+"""A revision number on each job, moved by every UPDATE of it (the model's ``onupdate``, in
+SQL): the scheduler's pass reads again only the rows that changed since its last pass
+(jobs/row_cache.py).
 
 Revision ID: 0009
 Revises: 0008
