@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
 from gpuslice.jsonbody import BodyError, parse_json_object
@@ -74,6 +74,28 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     @property
     def ledger(self):  # type: ignore[no-untyped-def]
         return self.service.ledger
+
+    async def resolve_user(self) -> Any:
+        """The hub user of this request, found without blocking the event loop.
+
+        JupyterHub's ``current_user`` (``HubAuth.get_user`` called synchronously) runs the
+        token check as a coroutine on a thread of its own and blocks the loop until it is
+        done: a thread hop on every request, and, when the token is not in its cache, the
+        whole round trip to the hub's API with every other request waiting. Awaited here,
+        then kept where ``current_user`` finds it (with the checks it makes: allowed
+        scopes, a token from the URL kept as a cookie)."""
+        if not hasattr(self, "_hub_auth_user_cache"):
+            model = await self.hub_auth.get_user(self, sync=False)
+            allowed = None
+            if model:
+                try:
+                    allowed = self.check_hub_user(model)
+                except UserNotAllowed:
+                    allowed = None
+            self._hub_auth_user_cache = allowed
+            if allowed:
+                self.hub_auth._persist_url_token_if_set(self)
+        return self._hub_auth_user_cache
 
     def identity(self) -> Identity:
         model = self.current_user
@@ -258,7 +280,7 @@ def api_authenticated(method: F) -> F:
 
     @functools.wraps(method)
     async def wrapper(self: BaseHandler, *args: Any, **kwargs: Any) -> None:
-        if not self.current_user:
+        if not await self.resolve_user():
             raise RequestError(
                 403, "authentication required: send a JupyterHub token or log in through the hub"
             )

@@ -13,7 +13,7 @@ class MetricsHandler(BaseHandler):
     async def get(self) -> None:
         if self.service.metrics_require_auth:
             scope = self.service.metrics_scope
-            if not self.current_user:
+            if not await self.resolve_user():
                 raise RequestError(403, f"metrics need a token with the {scope} scope")
             ident = self.identity()
             if not (ident.is_admin or scope in ident.scopes):
