@@ -64,14 +64,6 @@ class Informer:
         with self._lock:
             return list(self._objects.values()) if self._current else None
 
-    def versions(self) -> dict[str, str]:
-        """name -> resourceVersion of what is held (what tests compare with the cluster)."""
-        with self._lock:
-            return {
-                name: str((obj.get("metadata") or {}).get("resourceVersion") or "")
-                for name, obj in self._objects.items()
-            }
-
     async def _run(self, api_client: Any) -> None:
         wait = RETRY_SECONDS[0]
         relist = True

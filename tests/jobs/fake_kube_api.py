@@ -590,7 +590,7 @@ def settle(backend: Any, cluster: FakeCluster, timeout: float = 10.0) -> None:
     cluster.observe()
     backend._watched()  # started on the first pass that polls: start them now at the latest
     jobs, pods = backend._informers
-    selector = dict([part.split("=", 1) for part in jobs.selector["label_selector"].split(",")])
+    selector = jobs.selector["label_selector"]
 
     def held(store: dict[str, dict[str, Any]]) -> dict[str, str]:
         with cluster._lock:
@@ -598,20 +598,24 @@ def settle(backend: Any, cluster: FakeCluster, timeout: float = 10.0) -> None:
                 name: obj["metadata"]["resourceVersion"]
                 for name, obj in store.items()
                 if obj["metadata"].get("namespace") == cluster.namespace
-                and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+                and matches(obj["metadata"].get("labels", {}), selector)
             }
+
+    def versions(informer: Any) -> dict[str, str] | None:
+        """name -> resourceVersion of what the informer holds (None: not current)."""
+        view = informer.snapshot()
+        if view is None:
+            return None
+        return {obj["metadata"]["name"]: obj["metadata"].get("resourceVersion") for obj in view}
 
     deadline = time.monotonic() + timeout
     while True:
-        current = jobs.snapshot() is not None and pods.snapshot() is not None
-        if current and (jobs.versions(), pods.versions()) == (
-            held(cluster.jobs),
-            held(cluster.pods),
-        ):
+        holds = (versions(jobs), versions(pods))
+        if holds == (held(cluster.jobs), held(cluster.pods)):
             return
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"the watch did not catch up in {timeout} s: holds {jobs.versions()} "
-                f"{pods.versions()}, the cluster {held(cluster.jobs)} {held(cluster.pods)}"
+                f"the watch did not catch up in {timeout} s: holds {holds}, "
+                f"the cluster {held(cluster.jobs)} {held(cluster.pods)}"
             )
         time.sleep(0.01)

@@ -70,6 +70,17 @@ def wait_for(condition: Any, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def one_job_watched(
+    cluster: FakeCluster, tmp_path: Path
+) -> tuple[KubernetesBackend, dict[str, Any], kubewatch.Informer, kubewatch.Informer]:
+    """A watching backend, one Job it submitted, and its two informers, current."""
+    b = watching(cluster)
+    ref = submit(b, tmp_path)
+    b.poll_many([ref])  # (starts the watches)
+    settle(b, cluster)
+    return b, ref, *informers(b)
+
+
 def seen(statuses: list[Any]) -> list[tuple[Any, ...]]:
     return [
         (s.alive, s.exit_code, s.node, s.run, s.waiting, s.priority, s.state, s.completing)
@@ -158,11 +169,7 @@ def test_a_pass_asking_about_a_job_the_watch_does_not_show_yet_lists(
 def test_a_watch_the_server_ends_resumes_without_listing_again(
     cluster: FakeCluster, tmp_path: Path
 ):
-    b = watching(cluster)
-    ref = submit(b, tmp_path)
-    b.poll_many([ref])
-    settle(b, cluster)
-    jobs, pods = informers(b)
+    b, ref, jobs, pods = one_job_watched(cluster, tmp_path)
     wait_for(lambda: cluster.watches == 2)  # both streams open
     cluster.cut()  # the server ends the streams (their timeoutSeconds)
     cluster.bind(ref["k8s_job"], "gpu-node-1")
@@ -178,11 +185,7 @@ def test_a_watch_the_server_ends_resumes_without_listing_again(
 
 
 def test_a_watch_whose_version_was_compacted_lists_again(cluster: FakeCluster, tmp_path: Path):
-    b = watching(cluster)
-    ref = submit(b, tmp_path)
-    b.poll_many([ref])
-    settle(b, cluster)
-    jobs, pods = informers(b)
+    b, ref, jobs, pods = one_job_watched(cluster, tmp_path)
     cluster.held = True
     cluster.bind(ref["k8s_job"], "gpu-node-1")
     cluster.observe()
@@ -199,11 +202,7 @@ def test_while_the_watch_is_broken_a_pass_lists_and_an_outage_reads_as_one(
     cluster: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(kubewatch, "RETRY_SECONDS", (0.2, 0.2))
-    b = watching(cluster)
-    ref = submit(b, tmp_path)
-    b.poll_many([ref])
-    settle(b, cluster)
-    jobs, pods = informers(b)
+    b, ref, jobs, pods = one_job_watched(cluster, tmp_path)
     cluster.watch_errors.extend([500] * 1000)  # every watch fails from now on
     cluster.drop()  # the connections break mid-stream
     wait_for(lambda: jobs.snapshot() is None and pods.snapshot() is None)
@@ -225,11 +224,7 @@ def test_while_the_watch_is_broken_a_pass_lists_and_an_outage_reads_as_one(
 
 
 def test_a_connection_broken_mid_stream_lists_again(cluster: FakeCluster, tmp_path: Path):
-    b = watching(cluster)
-    ref = submit(b, tmp_path)
-    b.poll_many([ref])
-    settle(b, cluster)
-    jobs, pods = informers(b)
+    b, ref, jobs, pods = one_job_watched(cluster, tmp_path)
     wait_for(lambda: cluster.watches == 2)  # both streams open
     cluster.drop()
     cluster.bind(ref["k8s_job"], "gpu-node-1")

@@ -108,5 +108,5 @@ def test_every_row_is_read_again_now_and_then_whatever_its_revision(tmp_path: Pa
             text("UPDATE jobs SET not_before = '2030-01-01 00:00:00' WHERE id = :i"), {"i": ids[0]}
         )
     for _ in range(row_cache.FULL_READ_PASSES - 1):
-        assert cached(db, queued)[0].not_before is None  # (what the revision promised)
+        assert cached(db, queued)[0].not_before is None  # not seen: its revision did not move
     assert cached(db, queued)[0].not_before is not None and queued.reread == 3

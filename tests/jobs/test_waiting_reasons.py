@@ -13,9 +13,11 @@ from sqlalchemy import Table, select
 
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.errors import Refused
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.ledger import Caller
 from tests.jobs.full_cluster import PROFILES as JOB_PROFILES
-from tests.jobs.full_cluster import hosts, insert_queued
+from tests.jobs.full_cluster import IdleBackend, hosts, insert_queued
 from tests.service.conftest import build_ledger
 
 JOBS = cast(Table, JobRow.__table__)
@@ -24,10 +26,6 @@ JOBS = cast(Table, JobRow.__table__)
 def test_a_waiting_reason_names_no_other_profile_and_an_unrelated_change_rewrites_none(
     tmp_path: Path,
 ):
-    from gpuslice_hub.jobs.manager import JobManager
-    from gpuslice_hub.jobs.scheduler import Scheduler
-    from tests.jobs.full_cluster import IdleBackend
-
     ledger = build_ledger(
         f"sqlite:///{tmp_path}/l.sqlite", profiles=JOB_PROFILES, hosts=hosts(1), policy="best-fit"
     )

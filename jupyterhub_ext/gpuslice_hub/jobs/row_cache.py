@@ -47,9 +47,13 @@ class RowCache:
             # transaction on PostgreSQL) is not taken
             for row in conn.execute(select(*self.columns).where(chunk, self.where)):
                 fresh[row.id] = row
+        reread = set(stale)  # (a set: a first read of 10 000 rows checks each against it)
         kept: dict[int, Any] = {}
         for job_id, _ in keys:
-            row = fresh.get(job_id) or (None if job_id in stale else self._rows.get(job_id))
+            # read again, or kept as it was; one that changed and left the selection: gone
+            row = fresh.get(job_id)
+            if row is None and job_id not in reread:
+                row = self._rows.get(job_id)
             if row is not None:
                 kept[job_id] = row
         self._rows = kept

@@ -98,8 +98,6 @@ class LedgerBase:
         # events left (admin/history.py): the two are then one consistent state.
         self.history_lock = threading.Lock()
         self._quota_cache: tuple[int, Quotas] | None = None
-        # the usage report's upsert, built on the first report (records.py)
-        self._usage_upsert: Any = None
         # per ledger state, then per set of pools counted in (None: all of them)
         self._capacity_cache: (
             tuple[tuple[int, Any], dict[frozenset[str] | None, dict[str, tuple[int, int]]]] | None

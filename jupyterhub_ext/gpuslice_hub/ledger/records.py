@@ -3,6 +3,7 @@ recording a client's event, and the latest usage each holder reported."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, cast
@@ -111,17 +112,15 @@ class RecordsMixin(LedgerBase):
             "b_idle_seconds": idle_seconds,
             "b_interval_seconds": interval_seconds,
         }
-        stmt = self._usage_upsert
-        if stmt is None:
-            stmt = self._usage_upsert = _usage_upsert(self.db.is_sqlite)
         with self.db.writing(lock=False) as s:
-            s.connection().execute(stmt, values)
+            s.connection().execute(_usage_upsert(self.db.is_sqlite), values)
         return now
 
 
 USAGE_FIELDS = ("reported_at", "utilization", "memory_mib", "idle_seconds", "interval_seconds")
 
 
+@functools.cache
 def _usage_upsert(sqlite: bool) -> Any:
     """The usage report's upsert, built once: building it per report (a SQLAlchemy
     statement, its case expression, its cache key) cost more than running it on SQLite,
@@ -131,7 +130,7 @@ def _usage_upsert(sqlite: bool) -> Any:
     fields = {name: bindparam(f"b_{name}", type_=reports.c[name].type) for name in USAGE_FIELDS}
     stmt = upsert(reports).values(
         allocation_id=bindparam("b_allocation_id", type_=reports.c.allocation_id.type),
-        # (its own parameter: the peak starts as the first report's memory)
+        # (the report's memory again: a first report's memory is its peak)
         peak_memory_mib=bindparam("b_memory_mib", type_=reports.c.memory_mib.type),
         **fields,
     )
