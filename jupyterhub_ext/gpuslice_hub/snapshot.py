@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
+from .db.engine import after_commit
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
 
 
@@ -108,11 +109,17 @@ class AllocationView:
     claims: list[ClaimView] = field(default_factory=list)
 
 
+# Where a session keeps the generation it read: one read per transaction, not one per
+# cache asked (an allocation asked three times, each a statement as dear as its insert).
+_GENERATION_READ = "gpuslice.generation"
+
+
 def bump_generation(s: Session) -> None:
     """Call inside any transaction that changes hosts, GPUs or MIG instances."""
     s.connection().execute(
         update(LedgerLock).where(LedgerLock.id == 1).values(generation=LedgerLock.generation + 1)
     )
+    s.info.pop(_GENERATION_READ, None)  # read again: this transaction moved it
 
 
 # Statements of the allocation hot path, built once: building a statement (coercing its
@@ -145,7 +152,14 @@ _ACTIVE_CLAIMS_IN = (
 
 
 def current_generation(s: Session) -> int:
-    return int(s.connection().execute(_GENERATION).scalar() or 0)
+    """The inventory's generation as this session's transaction sees it. Read once per
+    transaction (a session holds one): the ledger lock, or SQLite's snapshot, keeps it
+    from moving under a transaction but through that transaction's own bump."""
+    generation = s.info.get(_GENERATION_READ)
+    if generation is None:
+        generation = int(s.connection().execute(_GENERATION).scalar() or 0)
+        s.info[_GENERATION_READ] = generation
+    return int(generation)
 
 
 def load_inventory(s: Session, generation: int) -> InventoryView:
@@ -216,6 +230,19 @@ def load_allocations(s: Session, ids: Sequence[int]) -> dict[int, AllocationView
     return views
 
 
+_OWN_WRITES = "gpuslice.own_writes"
+
+
+@dataclass
+class OwnWrites:
+    """One write transaction's allocation changes, as its writer knows them: the events it
+    recorded (id, allocation named) and the state it left each allocation in (None: no
+    longer held). Views put here are never modified afterwards."""
+
+    events: list[tuple[int, int | None]] = field(default_factory=list)
+    states: dict[int, AllocationView | None] = field(default_factory=dict)
+
+
 class ActiveCache:
     """The active allocations, brought up to date from the events recorded since.
 
@@ -237,6 +264,7 @@ class ActiveCache:
         self._marker: int | None = None
         self._views: dict[int, AllocationView] = {}
         self.full_reads = 0  # for tests and benchmarks: how often everything was read
+        self.read_back = 0  # ... and how many allocations were read again after an event
 
     def get(self, s: Session) -> list[AllocationView]:
         conn = s.connection()
@@ -247,6 +275,38 @@ class ActiveCache:
             if self._marker is None or marker > self._marker:
                 self._catch_up(s, marker)
             return list(self._views.values())
+
+    def wrote(self, s: Session) -> OwnWrites:
+        """What ``s``'s write transaction records of its own allocation changes; once it
+        has committed, the cache follows them without reading them back (``_follow_own``).
+        """
+        own = s.info.get(_OWN_WRITES)
+        if own is None:
+            own = s.info[_OWN_WRITES] = OwnWrites()
+            after_commit(s, lambda: self._follow_own(own))
+        return own
+
+    def _follow_own(self, own: OwnWrites) -> None:
+        """After this process committed ``own``: when its events are exactly the ones that
+        follow the marker, and it holds the new state of every allocation they name, the
+        cache takes those states and moves the marker past them. Otherwise (another
+        process's event in between, an event whose allocation it did not record) it does
+        nothing, and the next ``get`` reads the change back as it always did."""
+        with self._lock:
+            if self._marker is None or not own.events:
+                return
+            first = self._marker + 1
+            ids = [event_id for event_id, _ in own.events]
+            if ids != list(range(first, first + len(ids))):
+                return
+            if any(a is not None and a not in own.states for _, a in own.events):
+                return
+            for alloc_id, view in own.states.items():
+                if view is not None and view.active:
+                    self._views[alloc_id] = view
+                else:
+                    self._views.pop(alloc_id, None)
+            self._marker = ids[-1]
 
     def _catch_up(self, s: Session, marker: int) -> None:
         since = self._marker
@@ -263,6 +323,7 @@ class ActiveCache:
                 if alloc_id is not None
             ]
             fresh = load_allocations(s, named)
+            self.read_back += len(named)
             for alloc_id in named:
                 view = fresh.get(alloc_id)
                 if view is not None and view.active:

@@ -276,6 +276,56 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
     other.db.dispose()
 
 
+def test_the_active_cache_takes_its_own_writes_without_reading_them_back(
+    make_ledger, db_url, monkeypatch
+):
+    """A ledger's own allocations and releases are followed from what it wrote: the next
+    spawn reads no allocation again, and the views it keeps are exactly what a full read
+    returns (claim ids, times, groups). A write that rolls back leaves the cache as it
+    was; a write by another ledger is read back as before."""
+    mine = make_ledger()
+    other = Ledger(open_database(db_url), mine.profiles, mine.quotas, get_policy("best-fit"))
+    mine.snapshot()  # the first, full read
+    caller = Caller("ann", ("physics",), "ann")
+
+    def same_as_a_full_read() -> None:
+        with mine.db.reading() as s:
+            kept = {v.id: v for v in mine.active_cache.get(s)}
+            assert kept == {v.id: v for v in load_active(s)}
+
+    held = []
+    for i, profile in enumerate(["share-250", "gpu-1", "mig-1g.10gb", "share-250"]):
+        alloc, _ = mine.allocate(caller, profile, f"s{i}")
+        held.append(alloc["id"])
+    mine.release(held.pop(1), "test", "done")
+    same_as_a_full_read()
+    assert mine.active_cache.read_back == 0
+
+    # rolled back after the rows and the event were written: nothing of it is kept
+    import gpuslice_hub.ledger.allocation as allocation_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("serializing failed")
+
+    monkeypatch.setattr(allocation_module, "allocation_json", broken)
+    with pytest.raises(RuntimeError):
+        mine.allocate(caller, "gpu-1", "rolled-back")
+    monkeypatch.undo()
+    same_as_a_full_read()
+    assert len(mine.allocations()) == len(held)
+
+    # another writer's change in between: read back, and the own writes after it followed
+    theirs, _ = other.allocate(ANN, "gpu-1", "theirs")
+    mine.allocate(caller, "mig-1g.10gb", "after-theirs")
+    same_as_a_full_read()
+    assert mine.active_cache.read_back == 1
+    other.release(theirs["id"], "test", "done")
+    same_as_a_full_read()
+    assert mine.active_cache.read_back == 2
+    assert mine.active_cache.full_reads == 1
+    other.db.dispose()
+
+
 def test_kept_arrays_place_exactly_as_arrays_built_afresh(tmp_path):
     """The default policy keeps per-host scores between decisions; a host whose row was
     rebuilt must be scored again. Two ledgers, one keeping its arrays and one building them

@@ -9,13 +9,23 @@ instead of failing with "database is locked" at the first write).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import LedgerLock
+
+# ``session.info[AFTER_COMMIT]``: callables a write transaction leaves to run once it has
+# committed (see ``after_commit``).
+AFTER_COMMIT = "gpuslice.after_commit"
+
+
+def after_commit(session: Session, fn: Callable[[], None]) -> None:
+    """Run ``fn`` once ``session``'s transaction (a ``Database.writing``) has committed;
+    not at all when it rolls back."""
+    session.info.setdefault(AFTER_COMMIT, []).append(fn)
 
 
 def _sqlite_engine(url: str, immediate: bool) -> Engine:
@@ -69,10 +79,14 @@ class Database:
         be safe on its own (an upsert, an update of one row). SQLite has one writer at a
         time whatever is asked.
         """
-        with self._write_sessions() as session, session.begin():
-            if lock and not self.is_sqlite:
-                session.execute(select(LedgerLock).where(LedgerLock.id == 1).with_for_update())
-            yield session
+        with self._write_sessions() as session:
+            with session.begin():
+                if lock and not self.is_sqlite:
+                    session.execute(select(LedgerLock).where(LedgerLock.id == 1).with_for_update())
+                yield session
+            # committed: what the transaction asked to learn of it (never on a rollback)
+            for fn in session.info.pop(AFTER_COMMIT, ()):
+                fn()
 
     def dispose(self) -> None:
         self.read_engine.dispose()

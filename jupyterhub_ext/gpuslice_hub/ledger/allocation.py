@@ -52,6 +52,8 @@ _SERVERS_SLICE = select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
     ALLOCATIONS.c.server_name == bindparam("b_server"),
 )
 _INSERT_ALLOCATION = insert(ALLOCATIONS).returning(ALLOCATIONS.c.id)
+# one statement for all of an allocation's claims, their ids in the order given
+_INSERT_CLAIMS = insert(CLAIMS).returning(CLAIMS.c.id, sort_by_parameter_order=True)
 _RELEASE = (
     update(ALLOCATIONS)
     .where(ALLOCATIONS.c.id == bindparam("b_id"))
@@ -329,7 +331,7 @@ class AllocationMixin(CapacityMixin):
             claims[0]["charged_memory_mib"] = claims[0]["memory_mib"]
             claims[0]["milli"] = profile.gpu_milli
             claims[0]["memory_mib"] = profile.gpu_memory_mib
-        conn.execute(insert(CLAIMS), claims)
+        claim_ids = conn.execute(_INSERT_CLAIMS, claims).scalars().all()
         detail: dict[str, Any] = {
             "host": placement.host,
             "server_name": server_name,
@@ -340,7 +342,8 @@ class AllocationMixin(CapacityMixin):
             detail["borrowed"] = charge.borrowed
         self._event(s, "allocated", caller.user, caller.actor, alloc_id, profile.name, None, detail)
         view = AllocationView(id=alloc_id, **values)
-        view.claims = [ClaimView(id=0, **c) for c in claims]
+        view.claims = [ClaimView(id=i, **c) for i, c in zip(claim_ids, claims, strict=True)]
+        self.active_cache.wrote(s).states[alloc_id] = view
         return view
 
     def request_for(self, user: str, profile: Profile, purpose: str) -> Request:
@@ -450,6 +453,7 @@ class AllocationMixin(CapacityMixin):
         view.active, view.released_at, view.release_reason = False, now, reason[:255]
         for c in view.claims:
             c.active = False
+        self.active_cache.wrote(s).states[view.id] = None
         self._event(
             s, "released", view.user, actor, view.id, view.profile, reason, {"host": view.host}
         )

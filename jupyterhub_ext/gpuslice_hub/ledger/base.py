@@ -153,9 +153,16 @@ class LedgerBase:
     def _gpus(self, s: Session) -> dict[str, GPUView]:
         return self.inventory_cache.get(s).by_uuid
 
-    @staticmethod
     def _event(  # type: ignore[no-untyped-def]
-        s: Session, kind, user, actor, allocation_id=None, profile=None, reason=None, detail=None
+        self,
+        s: Session,
+        kind,
+        user,
+        actor,
+        allocation_id=None,
+        profile=None,
+        reason=None,
+        detail=None,
     ) -> int:
         values = {
             "ts": utcnow(),
@@ -167,7 +174,9 @@ class LedgerBase:
             "reason": reason,
             "detail": detail or {},
         }
-        return int(s.connection().execute(_INSERT_EVENT, values).scalar_one())
+        event_id = int(s.connection().execute(_INSERT_EVENT, values).scalar_one())
+        self.active_cache.wrote(s).events.append((event_id, allocation_id))
+        return event_id
 
 
 def holdings_of(active: Iterable[AllocationView]) -> list[Holding]:
