@@ -66,6 +66,26 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class Held:
+    """What is held against quotas at one moment: by each user, and charged to each group.
+    The ledger keeps it up to date as slices come and go (``snapshot.ActiveCache``): a
+    check no longer sums every held slice (8 ms at 4 400 of them)."""
+
+    users: Mapping[str, Usage] = field(default_factory=dict)
+    groups: Mapping[str, Usage] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, holdings: Iterable[Holding]) -> Held:
+        users: dict[str, Usage] = {}
+        groups: dict[str, Usage] = {}
+        for h in holdings:
+            users.setdefault(h.user, Usage()).add(h.usage)
+            if h.charged_group is not None:
+                groups.setdefault(h.charged_group, Usage()).add(h.usage)
+        return cls(users, groups)
+
+
+@dataclass(frozen=True)
 class Charge:
     group: str | None
     borrowed: bool = False
@@ -77,11 +97,9 @@ class Quotas:
     users: Mapping[str, Limit] = field(default_factory=dict)
     groups: Mapping[str, Limit] = field(default_factory=dict)
 
-    def check(
-        self, user: str, groups: Iterable[str], want: Usage, holdings: Iterable[Holding]
-    ) -> Charge | str:
+    def check(self, user: str, groups: Iterable[str], want: Usage, held: Held) -> Charge | str:
         """The group to charge, or the reason the request is over quota."""
-        by_user, by_group = _usage(user, holdings)
+        by_user, by_group = held.users.get(user, Usage()), held.groups
         limit = self.users.get(user, self.default_user)
         if limit is not None and not limit.room(by_user, want):
             return f"over your quota ({limit.describe(by_user)})"
@@ -100,11 +118,9 @@ class Quotas:
         g = mine[0]
         return f"over the quota of group {g} ({self.groups[g].describe(by_group.get(g, Usage()))})"
 
-    def standing(
-        self, user: str, groups: Iterable[str], holdings: Iterable[Holding]
-    ) -> list[dict[str, Any]]:
+    def standing(self, user: str, groups: Iterable[str], held: Held) -> list[dict[str, Any]]:
         """Every quota that limits *user* (their own, then their groups'), with its use."""
-        by_user, by_group = _usage(user, holdings)
+        by_user, by_group = held.users.get(user, Usage()), held.groups
         out = []
         limit = self.users.get(user, self.default_user)
         if limit is not None:
@@ -113,18 +129,6 @@ class Quotas:
             used = by_group.get(g, Usage())
             out.append({"scope": "group", "name": g, **self.groups[g].standing(used)})
         return out
-
-
-def _usage(user: str, holdings: Iterable[Holding]) -> tuple[Usage, dict[str, Usage]]:
-    """What *user* holds, and what is charged to each group."""
-    by_user = Usage()
-    by_group: dict[str, Usage] = {}
-    for h in holdings:
-        if h.user == user:
-            by_user.add(h.usage)
-        if h.charged_group is not None:
-            by_group.setdefault(h.charged_group, Usage()).add(h.usage)
-    return by_user, by_group
 
 
 def _limit(raw: Any, key: str, groups: bool) -> Limit:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from .db.engine import after_commit
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
+from .quotas import Held, Usage
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,44 @@ def load_allocations(s: Session, ids: Sequence[int]) -> dict[int, AllocationView
     return views
 
 
+class _HeldIndex:
+    """What the active allocations hold against quotas, by user and by charged group,
+    kept as they come and go. A total is replaced, never changed in place, so a snapshot
+    (a copy of the two dicts) stays as it was; a key leaves with its last holding, which
+    also drops the rounding a float sum gathers."""
+
+    def __init__(self) -> None:
+        self.users: dict[str, tuple[int, Usage]] = {}
+        self.groups: dict[str, tuple[int, Usage]] = {}
+
+    def add(self, view: AllocationView) -> None:
+        self._change(view, 1)
+
+    def remove(self, view: AllocationView) -> None:
+        self._change(view, -1)
+
+    def _change(self, view: AllocationView, sign: int) -> None:
+        if view.purpose == "external":
+            return  # held by the engine outside gpuslice: counts against nobody
+        for totals, key in ((self.users, view.user), (self.groups, view.charged_group)):
+            if key is None:
+                continue
+            count, used = totals.get(key, (0, Usage()))
+            if count + sign <= 0:
+                totals.pop(key, None)
+                continue
+            totals[key] = (
+                count + sign,
+                Usage(used.slices + sign * view.quota_weight, used.milli + sign * view.gpu_milli),
+            )
+
+    def snapshot(self) -> Held:
+        return Held(
+            {k: u for k, (_, u) in self.users.items()},
+            {k: u for k, (_, u) in self.groups.items()},
+        )
+
+
 _OWN_WRITES = "gpuslice.own_writes"
 
 
@@ -263,6 +302,7 @@ class ActiveCache:
         self._lock = threading.Lock()
         self._marker: int | None = None
         self._views: dict[int, AllocationView] = {}
+        self._held = _HeldIndex()
         self.full_reads = 0  # for tests and benchmarks: how often everything was read
         self.read_back = 0  # ... and how many allocations were read again after an event
 
@@ -275,6 +315,20 @@ class ActiveCache:
             if self._marker is None or marker > self._marker:
                 self._catch_up(s, marker)
             return list(self._views.values())
+
+    def held(self) -> Held:
+        """What the views of the last ``get`` hold against quotas (or a newer state's)."""
+        with self._lock:
+            return self._held.snapshot()
+
+    def _put(self, alloc_id: int, view: AllocationView | None) -> None:
+        """The allocation's new state (None or inactive: no longer held)."""
+        was = self._views.pop(alloc_id, None)
+        if was is not None:
+            self._held.remove(was)
+        if view is not None and view.active:
+            self._views[alloc_id] = view
+            self._held.add(view)
 
     def wrote(self, s: Session) -> OwnWrites:
         """What ``s``'s write transaction records of its own allocation changes; once it
@@ -302,17 +356,16 @@ class ActiveCache:
             if any(a is not None and a not in own.states for _, a in own.events):
                 return
             for alloc_id, view in own.states.items():
-                if view is not None and view.active:
-                    self._views[alloc_id] = view
-                else:
-                    self._views.pop(alloc_id, None)
+                self._put(alloc_id, view)
             self._marker = ids[-1]
 
     def _catch_up(self, s: Session, marker: int) -> None:
         since = self._marker
         if since is None or marker - since > self.FULL_READ_AFTER:
             self._marker = None  # a failure below leaves nothing half-read behind
-            self._views = {v.id: v for v in load_active(s)}
+            self._views, self._held = {}, _HeldIndex()
+            for v in load_active(s):
+                self._put(v.id, v)
             self.full_reads += 1
         else:
             named: list[int] = [
@@ -325,11 +378,7 @@ class ActiveCache:
             fresh = load_allocations(s, named)
             self.read_back += len(named)
             for alloc_id in named:
-                view = fresh.get(alloc_id)
-                if view is not None and view.active:
-                    self._views[alloc_id] = view
-                else:
-                    self._views.pop(alloc_id, None)
+                self._put(alloc_id, fresh.get(alloc_id))
         self._marker = marker
 
 

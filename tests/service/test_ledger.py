@@ -14,6 +14,7 @@ from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.placement.state import from_hosts
+from gpuslice_hub.quotas import Held, Holding, Usage
 from gpuslice_hub.snapshot import load_active
 
 from .conftest import build_ledger
@@ -217,6 +218,15 @@ def _state(views) -> list[tuple]:
     )
 
 
+def _held(held: Held) -> tuple[dict, dict]:
+    """Held totals with the float sums rounded (added in another order, they may differ
+    in the last bits)."""
+    return tuple(
+        {k: (round(u.slices, 9), u.milli) for k, u in totals.items() if u.slices or u.milli}
+        for totals in (held.users, held.groups)
+    )
+
+
 def test_the_active_cache_follows_every_change_without_reading_everything(make_ledger, db_url):
     """Each spawn used to reread every held slice. The cache follows the events instead,
     and what it holds is always what a full read says, also for writes made by another
@@ -237,10 +247,20 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
                 ],
             }
             for i in range(4)
-        ]
+        ],
+        # charged to groups, some borrowed: what each holds is kept as slices come and go
+        quotas={
+            "default_user": {"max_slices": 6},
+            "groups": {
+                "physics": {"max_slices": 3, "borrow_from": ["chem"]},
+                "chem": {"max_slices": 4, "max_milli": 3000},
+            },
+        },
     )
     # the same database and inventory, its own caches (another process, an admin command)
     other = Ledger(open_database(db_url), mine.profiles, mine.quotas, get_policy("best-fit"))
+    callers = [ANN, PHYS, Caller("cy", ("chem",), "cy"), Caller("pc", ("physics", "chem"), "pc")]
+    charged_groups: set[str] = set()
     rng = random.Random(7)
     held: list[tuple[Ledger, int]] = []
     mine.snapshot()
@@ -254,13 +274,20 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
         else:
             profile = rng.choice(["share-250", "mig-1g.10gb", "gpu-1"])
             try:
-                alloc, _ = ledger.allocate(ANN, profile, f"s{step}")
+                alloc, _ = ledger.allocate(rng.choice(callers), profile, f"s{step}")
             except Refused:
                 continue
             held.append((ledger, alloc["id"]))
         with mine.db.reading() as s:
             active = mine.active_cache.get(s)
             assert _state(active) == _state(load_active(s))
+            charged_groups |= set(mine.active_cache.held().groups)
+            assert _held(mine.active_cache.held()) == _held(
+                Held.of(
+                    Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli))
+                    for a in load_active(s)
+                )
+            )
             inv = mine.inventory_cache.get(s)
             rebuilt = mine.cluster_cache.rows_rebuilt
             with mine.cluster_cache.use(inv, active) as kept:
@@ -271,6 +298,7 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
             # by the other ledger since the last look: at most two)
             assert mine.cluster_cache.rows_rebuilt - rebuilt <= 2
     assert {a["id"] for a in mine.allocations()} == {i for _, i in held}
+    assert charged_groups == {"physics", "chem"}
     # one full read at the start; every later change was followed from the events
     assert mine.active_cache.full_reads == 1
     other.db.dispose()

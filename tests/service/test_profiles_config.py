@@ -4,7 +4,7 @@ import pytest
 
 from gpuslice_hub.errors import ConfigError
 from gpuslice_hub.profiles import parse_profiles
-from gpuslice_hub.quotas import Charge, Holding, Usage, parse_quotas
+from gpuslice_hub.quotas import Charge, Held, Holding, Usage, parse_quotas
 
 GOOD = [
     {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb"},
@@ -84,13 +84,13 @@ def holding(user, group, slices=1.0, milli=250):
 def test_user_quota_counts_weighted_slices_and_milli():
     q = parse_quotas({"default_user": {"max_slices": 2}, "users": {"vip": {"max_milli": 1500}}})
     one = Usage(1, 250)
-    assert q.check("ann", [], one, [holding("ann", None)]) == Charge(None)
-    reason = q.check("ann", [], one, [holding("ann", None), holding("ann", None)])
+    assert q.check("ann", [], one, Held.of([holding("ann", None)])) == Charge(None)
+    reason = q.check("ann", [], one, Held.of([holding("ann", None), holding("ann", None)]))
     assert reason == "over your quota (2 of 2 slices in use)"
     # vip has no slice limit but a milli limit: 1250 + 250 fits, 1250 + 500 does not
     held = [holding("vip", None, milli=1250)]
-    assert q.check("vip", [], Usage(1, 250), held) == Charge(None)
-    assert "1.25 of 1.5 GPUs" in q.check("vip", [], Usage(1, 500), held)
+    assert q.check("vip", [], Usage(1, 250), Held.of(held)) == Charge(None)
+    assert "1.25 of 1.5 GPUs" in q.check("vip", [], Usage(1, 500), Held.of(held))
 
 
 def test_group_quota_and_borrowing_idle_quota():
@@ -104,17 +104,17 @@ def test_group_quota_and_borrowing_idle_quota():
         }
     )
     want = Usage(1, 250)
-    assert q.check("p1", ["physics"], want, []) == Charge("physics")
+    assert q.check("p1", ["physics"], want, Held.of([])) == Charge("physics")
     full = [holding("p1", "physics")]
     # physics is full: it borrows chem's unused quota
-    assert q.check("p2", ["physics"], want, full) == Charge("chem", borrowed=True)
+    assert q.check("p2", ["physics"], want, Held.of(full)) == Charge("chem", borrowed=True)
     # once chem's quota is used (by its own and borrowed slices), physics is refused
     used = [*full, holding("p2", "chem"), holding("c1", "chem")]
-    assert "over the quota of group physics" in q.check("p3", ["physics"], want, used)
+    assert "over the quota of group physics" in q.check("p3", ["physics"], want, Held.of(used))
     # bio may not borrow: not configured
-    assert "group bio" in q.check("b2", ["bio"], want, [holding("b1", "bio")])
+    assert "group bio" in q.check("b2", ["bio"], want, Held.of([holding("b1", "bio")]))
     # a user in no group with a quota is not limited by group quotas
-    assert q.check("x", ["other"], want, used) == Charge(None)
+    assert q.check("x", ["other"], want, Held.of(used)) == Charge(None)
 
 
 def test_standing_lists_every_quota_that_limits_a_user_with_its_use():
@@ -126,7 +126,7 @@ def test_standing_lists_every_quota_that_limits_a_user_with_its_use():
         }
     )
     held = [holding("ann", "physics"), holding("bob", "physics"), holding("cat", "chem")]
-    assert q.standing("ann", ["physics", "bio"], held) == [
+    assert q.standing("ann", ["physics", "bio"], Held.of(held)) == [
         {
             "scope": "user",
             "name": "ann",
@@ -146,5 +146,5 @@ def test_standing_lists_every_quota_that_limits_a_user_with_its_use():
             "text": "2 of 3 slices in use",
         },
     ]
-    assert [s["text"] for s in q.standing("vip", [], held)] == ["0 of 4 GPUs in use"]
-    assert parse_quotas({}).standing("ann", ["physics"], held) == []
+    assert [s["text"] for s in q.standing("vip", [], Held.of(held))] == ["0 of 4 GPUs in use"]
+    assert parse_quotas({}).standing("ann", ["physics"], Held.of(held)) == []

@@ -37,7 +37,6 @@ from .base import (
     RECLAIM_KINDS,
     REFUSALS,
     Caller,
-    holdings_of,
     log,
     quota_usage,
 )
@@ -187,7 +186,7 @@ class AllocationMixin(CapacityMixin):
                 inv = self.inventory_cache.get(s)
                 active = self.active_cache.get(s)
                 charge = self.effective_quotas(s).check(
-                    caller.user, caller.groups, quota_usage(profile, inv), holdings_of(active)
+                    caller.user, caller.groups, quota_usage(profile, inv), self.active_cache.held()
                 )
                 if not isinstance(charge, Charge):
                     if enforce_quota:

@@ -28,7 +28,7 @@ from ..placement.engine import Policy
 from ..placement.state import ClusterState
 from ..pools import Access, Pools
 from ..profiles import Profile
-from ..quotas import Holding, Quotas, Usage
+from ..quotas import Quotas, Usage
 from ..snapshot import (
     ActiveCache,
     AllocationView,
@@ -177,16 +177,6 @@ class LedgerBase:
         event_id = int(s.connection().execute(_INSERT_EVENT, values).scalar_one())
         self.active_cache.wrote(s).events.append((event_id, allocation_id))
         return event_id
-
-
-def holdings_of(active: Iterable[AllocationView]) -> list[Holding]:
-    """What each active allocation counts against its user's and group's quotas (holdings
-    outside gpuslice count against nobody's)."""
-    return [
-        Holding(a.user, a.charged_group, Usage(a.quota_weight, a.gpu_milli))
-        for a in active
-        if a.purpose != "external"
-    ]
 
 
 def quota_usage(profile: Profile, inv: InventoryView) -> Usage:

@@ -24,7 +24,6 @@ from .base import (
     EVENTS,
     Caller,
     LedgerBase,
-    holdings_of,
     quota_usage,
 )
 
@@ -208,7 +207,8 @@ class CapacityMixin(LedgerBase):
             if batch_access is not None:
                 # what a batch job (other than high) may take at any hour: the peak pool
                 batch = self._capacity(s, inv, batch_access.widest)
-            holdings = holdings_of(self.active_cache.get(s))
+            self.active_cache.get(s)  # up to date
+            held = self.active_cache.held()
             charged: dict[str, Request] = {}
             if self.overcommit.settings.on:
                 # the counts for this user, charged from their history
@@ -226,7 +226,7 @@ class CapacityMixin(LedgerBase):
                     reason = self._none_free(p, total, inv, widest, charged.get(p.name))
                 else:
                     want = quota_usage(p, inv)
-                    charge = self.effective_quotas(s).check(user, groups, want, holdings)
+                    charge = self.effective_quotas(s).check(user, groups, want, held)
                     if not isinstance(charge, Charge):
                         reason = charge
                 entry.update(
@@ -242,8 +242,8 @@ class CapacityMixin(LedgerBase):
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
         with self.db.reading() as s:
-            holdings = holdings_of(self.active_cache.get(s))
-            return self.effective_quotas(s).standing(user, tuple(groups), holdings)
+            self.active_cache.get(s)  # up to date
+            return self.effective_quotas(s).standing(user, tuple(groups), self.active_cache.held())
 
     def _none_free(
         self,
