@@ -21,6 +21,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from gpuslice_hub.api.base import BaseHandler, api_authenticated
+from gpuslice_hub.api.pages import PageHandler
 
 MODELS = {
     "t-ann": {"kind": "user", "name": "ann", "scopes": ["access:services"], "groups": []},
@@ -33,6 +34,7 @@ class StandInHubAuth:
     until a request to ``/ping`` was served (the loop went on meanwhile)."""
 
     access_scopes = {"access:services"}
+    login_url = "/hub/login"
 
     def __init__(self) -> None:
         self.pinged: asyncio.Event | None = None
@@ -70,6 +72,16 @@ class Probe(BaseHandler):
         self.finish({"name": self.current_user["name"], "kind": self.current_user["kind"]})
 
 
+class PageProbe(PageHandler):
+    """A service page: logged in through the hub's cookie or token, else sent to log in."""
+
+    hub_auth = AUTH  # type: ignore[assignment]
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.finish({"name": self.current_user["name"], "page": True})
+
+
 class Ping(web.RequestHandler):
     def get(self) -> None:
         assert AUTH.pinged is not None
@@ -87,7 +99,7 @@ def server() -> Iterator[str]:
     def serve() -> None:
         asyncio.set_event_loop(loop)
         AUTH.pinged = asyncio.Event()
-        app = web.Application([(r"/probe", Probe), (r"/ping", Ping)])
+        app = web.Application([(r"/probe", Probe), (r"/page", PageProbe), (r"/ping", Ping)])
         HTTPServer(app).add_sockets(sockets)
         loop.call_soon(ready.set)
         loop.run_forever()
@@ -100,12 +112,14 @@ def server() -> Iterator[str]:
     thread.join(10)
 
 
-def test_a_token_check_in_flight_does_not_hold_up_other_requests(server: str):
+@pytest.mark.parametrize("path", ["/probe", "/page"])
+def test_a_token_check_in_flight_does_not_hold_up_other_requests(server: str, path: str):
+    """An API route and a page (the overview, the admin panel) alike."""
     answers: dict[str, Any] = {}
 
     def probe() -> None:
         answers["probe"] = requests.get(
-            f"{server}/probe", headers={"Authorization": "token t-ann"}, timeout=15
+            f"{server}{path}", headers={"Authorization": "token t-ann"}, timeout=15
         )
 
     asking = threading.Thread(target=probe)
@@ -115,7 +129,15 @@ def test_a_token_check_in_flight_does_not_hold_up_other_requests(server: str):
     asking.join(15)
     r = answers["probe"]
     assert r.status_code == 200, r.text
-    assert r.json() == {"name": "ann", "kind": "user"}
+    assert r.json()["name"] == "ann"
+    assert AUTH.blocking_calls == 0
+
+
+def test_a_page_without_a_good_token_sends_to_the_hub_login(server: str):
+    for headers in ({}, {"Authorization": "token t-bob"}, {"Authorization": "token nope"}):
+        r = requests.get(f"{server}/page", headers=headers, allow_redirects=False, timeout=15)
+        assert r.status_code == 302, (headers, r.text)
+        assert r.headers["Location"].startswith("/hub/login?next="), r.headers
     assert AUTH.blocking_calls == 0
 
 

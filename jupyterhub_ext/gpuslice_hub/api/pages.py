@@ -13,6 +13,11 @@ from .base import BaseHandler
 
 
 class PageHandler(BaseHandler):
+    async def prepare(self) -> None:
+        # the login check (``web.authenticated``) then finds the user already resolved,
+        # without JupyterHub's synchronous path that holds the event loop (resolve_user)
+        await self.resolve_user()
+
     def render_page(self, name: str, status: int = 200, **values: Any) -> None:
         """Render one of the service's templates (the site's override, if any)."""
         html = (
