@@ -76,6 +76,7 @@ from .kubecluster import (
 )
 from .kubecluster import read_held as read_kubernetes_held
 from .ledger import Ledger
+from .loopwatch import LoopWatch
 from .metrics import (
     BurstCollector,
     DefragCollector,
@@ -696,6 +697,7 @@ class GPUSliceService(Application):
         # the check reads the usage samples: it cannot change faster than they are taken
         self.capacity = CapacityCheckCache(self.ledger, self.usage_sample_interval or 300.0)
         self.registry, self.refusals = make_registry(self.ledger, self.capacity)
+        self._loop_watch = asyncio.ensure_future(LoopWatch(self.registry).run())
         self.ledger.sync_inventory(self.inventory)
         self.started_at = utcnow()
         label = " (SIMULATED GPUs — not real hardware)" if self.inventory.simulated else ""
@@ -782,6 +784,7 @@ class GPUSliceService(Application):
             self._slurm_sync,
             self._kubernetes_sync,
             self._inventory_refresh,
+            self._loop_watch,
         )
         for task in tasks:
             if task is not None:

@@ -189,6 +189,9 @@ def test_metrics_need_the_metrics_or_admin_scope_and_count_allocations(clean):
     assert (
         'gpuslice_gpus{host="node-a",mig_mode="enabled",model="NVIDIA A100-SXM4-80GB"} 1.0' in text
     )
+    # the service's own health: how long its event loop was held, what its passes cost
+    assert metric(text, "gpuslice_event_loop_lag_seconds_count") > 0
+    assert metric(text, "gpuslice_scheduler_pass_seconds_count") > 0
 
 
 def metric(text: str, series: str) -> float:

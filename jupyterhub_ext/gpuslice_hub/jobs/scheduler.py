@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+from prometheus_client import Histogram
 from sqlalchemy import Table, bindparam, func, select, update
 
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
@@ -73,6 +75,8 @@ class Scheduler:
         self.moves: dict[int, tuple[Move, datetime]] = {}
         self._planned: dict[int, datetime] = {}
         self.budget = MoveBudget(jobs.defragment_moves_per_hour)
+        # set by the service: each pass's duration, for /metrics
+        self.pass_seconds: Histogram | None = None
 
     async def run_forever(self) -> None:
         while True:
@@ -80,7 +84,11 @@ class Scheduler:
                 # In a worker thread: a pass reads job folders, asks the backend (Slurm
                 # forks) and places jobs; the event loop keeps serving spawns meanwhile.
                 # Ledger writes from both sides are serialized by the ledger lock.
+                # real seconds spent, not the service's clock (a simulator moves that one)
+                started = time.perf_counter()
                 await asyncio.to_thread(self.tick)
+                if self.pass_seconds is not None:
+                    self.pass_seconds.observe(time.perf_counter() - started)
             except Exception:
                 self.log.exception("job scheduler pass failed; will retry")
             await self.jobs.wake.wait(self.jobs.schedule_interval)

@@ -16,6 +16,7 @@ from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from ..errors import ConfigError
 from ..kubecluster import KubernetesClusterConfig
+from ..loopwatch import pass_histogram
 from ..profiles import Profile
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend
@@ -59,6 +60,7 @@ def start_jobs(app: GPUSliceService) -> JobManager:
         manager.backend = LocalBackend(python)
     app.ledger.preempt_hook = manager.preempt_for_interactive
     scheduler = Scheduler(manager, simulated=bool(app.inventory and app.inventory.simulated))
+    scheduler.pass_seconds = pass_histogram(app.registry)
     manager.task = asyncio.ensure_future(scheduler.run_forever())
     return manager
 
