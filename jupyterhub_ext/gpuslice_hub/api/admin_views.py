@@ -32,8 +32,7 @@ class AdminOverviewHandler(AdminBase):
         simulated = bool(inv and inv.simulated)
         # in a worker thread: on a large cluster this takes tens of milliseconds that
         # spawns waiting on the event loop should not
-        view = await asyncio.to_thread(overview, self.ledger, utcnow(), backend, simulated)
-        self.write_json(view)
+        await self.write_computed(lambda: overview(self.ledger, utcnow(), backend, simulated))
 
 
 class AdminUsageHandler(AdminBase):
@@ -49,15 +48,13 @@ class AdminUsageHandler(AdminBase):
         since = now - timedelta(days=days)
         # Seconds between two points: the sampling interval, unless averaging made it longer.
         step = max(float(self.service.usage_sample_interval), days * 86400 / points)
-        samples = await asyncio.to_thread(series, self.ledger, since, now, points)
-        groups = await asyncio.to_thread(group_usage, self.ledger, now)
-        self.write_json(
-            {
+        await self.write_computed(
+            lambda: {
                 "from": iso(since),
                 "to": iso(now),
                 "interval_seconds": step,
-                "series": samples,
-                "groups": groups,
+                "series": series(self.ledger, since, now, points),
+                "groups": group_usage(self.ledger, now),
             }
         )
 

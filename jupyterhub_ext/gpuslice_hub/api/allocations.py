@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 from .base import BaseHandler, RequestError, api_authenticated, int_arg
 
@@ -31,12 +32,15 @@ class AllocationsHandler(BaseHandler):
             raise RequestError(400, "query argument state must be 'active' or 'all'")
         limit = int_arg(self, "limit", 500, 1, 5000)
         before = int_arg(self, "before", 0, 0, 2**62) or None
-        found = self.ledger.allocations(
-            user=user, active_only=state == "active", limit=limit + 1, before_id=before
-        )
-        page = found[:limit]
-        following = page[-1]["id"] if len(found) > limit else None
-        self.write_json({"allocations": page, "next": following})
+
+        def listed() -> dict[str, Any]:
+            found = self.ledger.allocations(
+                user=user, active_only=state == "active", limit=limit + 1, before_id=before
+            )
+            page = found[:limit]
+            return {"allocations": page, "next": page[-1]["id"] if len(found) > limit else None}
+
+        await self.write_computed(listed)
 
     @api_authenticated
     async def post(self) -> None:

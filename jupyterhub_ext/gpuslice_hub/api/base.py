@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import math
@@ -211,10 +212,21 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         return value
 
     def write_json(self, data: Any, status: int = 200) -> None:
+        self._send_json(dumps(data), status)
+
+    async def write_computed(self, compute: Callable[[], Any], status: int = 200) -> None:
+        """Compute a response and write its JSON in a worker thread, then send it. For what
+        reads the ledger or grows with the cluster: neither the reads (which wait for the
+        caches' locks) nor the writing (the admin overview at 200 hosts is 1.6 MB, 24 ms of
+        ``json.dumps``) then hold up the requests waiting on the event loop."""
+        text = await asyncio.to_thread(lambda: dumps(compute()))
+        self._send_json(text, status)
+
+    def _send_json(self, text: str, status: int) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(dumps(data))
+        self.finish(text)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

@@ -33,11 +33,14 @@ class EventsHandler(BaseHandler):
         if since is not None and before:
             raise RequestError(400, "give since (oldest first) or before (newest first), not both")
         limit = int_arg(self, "limit", 200, 1, 5000)
-        # one more than asked tells whether there is a next page
-        found = self.ledger.events(user=user, since_id=since, limit=limit + 1, before_id=before)
-        page = found[:limit]
-        following = page[-1]["id"] if len(found) > limit else None
-        self.write_json({"events": page, "next": following})
+
+        def listed() -> dict[str, Any]:
+            # one more than asked tells whether there is a next page
+            found = self.ledger.events(user=user, since_id=since, limit=limit + 1, before_id=before)
+            page = found[:limit]
+            return {"events": page, "next": page[-1]["id"] if len(found) > limit else None}
+
+        await self.write_computed(listed)
 
     @api_authenticated
     async def post(self) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from ..idle import announced, effective_policy
 from ..serialize import inventory_json, iso
-from .base import BaseHandler, RequestError, api_authenticated
+from .base import BaseHandler, Identity, RequestError, api_authenticated
 
 
 class HealthHandler(BaseHandler):
@@ -30,6 +30,9 @@ class InventoryHandler(BaseHandler):
     @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
+        await self.write_computed(lambda: self._inventory(ident))
+
+    def _inventory(self, ident: Identity) -> dict[str, Any]:
         hosts, gpus, active = self.ledger.snapshot()
         holders: dict[str, list[dict[str, Any]]] = {}
         for a in active:
@@ -54,7 +57,7 @@ class InventoryHandler(BaseHandler):
         inv = self.service.inventory
         out = inventory_json(hosts, gpus, holders)
         out.update(backend=inv.backend if inv else None, simulated=bool(inv and inv.simulated))
-        self.write_json(out)
+        return out
 
 
 class ProfilesHandler(BaseHandler):
@@ -72,9 +75,13 @@ class ProfilesHandler(BaseHandler):
             groups = looked_up
         else:
             user = ident.name
+        # in a worker thread: at hundreds of hosts a count after a change takes tens of ms,
+        # and the quota's figures wait for the ledger's cache
+        await self.write_computed(lambda: self._profiles(user, groups))
+
+    def _profiles(self, user: str, groups: Sequence[str]) -> dict[str, Any]:
         inv = self.service.inventory
-        # in a worker thread: at hundreds of hosts a count after a change takes tens of ms
-        profiles = await asyncio.to_thread(self.ledger.availability, user, groups)
+        profiles = self.ledger.availability(user, groups)
         # what idle reclaim will do on each, as the user's server will apply it
         store = self.service.admin_settings
         exemption = store.exemption(user) if store is not None else None
@@ -89,13 +96,11 @@ class ProfilesHandler(BaseHandler):
             )
             entry["idle"] = announced(policy)
             entry["idle_timeout"] = entry["idle"]["timeout"]
-        self.write_json(
-            {
-                "user": user,
-                "simulated": bool(inv and inv.simulated),
-                "profiles": profiles,
-                "quota": self.ledger.quota_standing(user, groups),
-                # what a job gets when the submit dialog leaves a field empty
-                "jobs": self.service.jobs.defaults() if self.service.jobs else None,
-            }
-        )
+        return {
+            "user": user,
+            "simulated": bool(inv and inv.simulated),
+            "profiles": profiles,
+            "quota": self.ledger.quota_standing(user, groups),
+            # what a job gets when the submit dialog leaves a field empty
+            "jobs": self.service.jobs.defaults() if self.service.jobs else None,
+        }

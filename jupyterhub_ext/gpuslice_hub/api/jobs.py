@@ -44,10 +44,12 @@ class JobsHandler(JobsBase):
         if order not in ("newest", "run"):
             raise RequestError(400, f"query argument order must be newest or run, got {order!r}")
         cursor = int_arg(self, "cursor", 0, 0, 2**62) if self.get_argument("cursor", "") else None
-        page, following, total = await asyncio.to_thread(
-            self.jobs.list_jobs, user, states, limit, order, cursor
-        )
-        self.write_json({"jobs": page, "next": following, "total": total})
+
+        def listed() -> dict[str, Any]:
+            page, following, total = self.jobs.list_jobs(user, states, limit, order, cursor)
+            return {"jobs": page, "next": following, "total": total}
+
+        await self.write_computed(listed)
 
     @api_authenticated
     async def post(self) -> None:
