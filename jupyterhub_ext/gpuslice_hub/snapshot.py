@@ -153,9 +153,11 @@ _ACTIVE_CLAIMS_IN = (
 
 
 def current_generation(s: Session) -> int:
-    """The inventory's generation as this session's transaction sees it. Read once per
-    transaction (a session holds one): the ledger lock, or SQLite's snapshot, keeps it
-    from moving under a transaction but through that transaction's own bump."""
+    """The inventory's generation, read once per transaction (a session holds one) and
+    again after the transaction's own bump. A write holds the ledger lock and SQLite's
+    reads a snapshot, so it cannot move under them; a PostgreSQL read (read committed,
+    no lock) may then see newer rows under the generation it read first, which costs a
+    reload at the next look, never an older view under a newer number."""
     generation = s.info.get(_GENERATION_READ)
     if generation is None:
         generation = int(s.connection().execute(_GENERATION).scalar() or 0)
@@ -347,17 +349,24 @@ class ActiveCache:
         process's event in between, an event whose allocation it did not record) it does
         nothing, and the next ``get`` reads the change back as it always did."""
         with self._lock:
-            if self._marker is None or not own.events:
-                return
-            first = self._marker + 1
-            ids = [event_id for event_id, _ in own.events]
-            if ids != list(range(first, first + len(ids))):
-                return
-            if any(a is not None and a not in own.states for _, a in own.events):
-                return
-            for alloc_id, view in own.states.items():
-                self._put(alloc_id, view)
-            self._marker = ids[-1]
+            try:
+                self._take_own(own)
+            except BaseException:
+                self._marker = None  # taken part of the way: read everything next time
+                raise
+
+    def _take_own(self, own: OwnWrites) -> None:
+        if self._marker is None or not own.events:
+            return
+        first = self._marker + 1
+        ids = [event_id for event_id, _ in own.events]
+        if ids != list(range(first, first + len(ids))):
+            return
+        if any(a is not None and a not in own.states for _, a in own.events):
+            return
+        for alloc_id, view in own.states.items():
+            self._put(alloc_id, view)
+        self._marker = ids[-1]
 
     def _catch_up(self, s: Session, marker: int) -> None:
         since = self._marker

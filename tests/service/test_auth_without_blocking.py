@@ -134,10 +134,24 @@ def test_a_token_check_in_flight_does_not_hold_up_other_requests(server: str, pa
 
 
 def test_a_page_without_a_good_token_sends_to_the_hub_login(server: str):
-    for headers in ({}, {"Authorization": "token t-bob"}, {"Authorization": "token nope"}):
+    for headers in ({}, {"Authorization": "token nope"}):
         r = requests.get(f"{server}/page", headers=headers, allow_redirects=False, timeout=15)
         assert r.status_code == 302, (headers, r.text)
         assert r.headers["Location"].startswith("/hub/login?next="), r.headers
+    assert AUTH.blocking_calls == 0
+
+
+def test_a_page_for_a_user_without_the_scope_is_refused_not_sent_to_log_in_again(server: str):
+    """Sending a logged-in user without the scope to the login would loop: the hub logs
+    them in at once and sends them back."""
+    r = requests.get(
+        f"{server}/page",
+        headers={"Authorization": "token t-bob"},
+        allow_redirects=False,
+        timeout=15,
+    )
+    assert r.status_code == 403, r.text
+    assert "bob is not allowed" in r.text
     assert AUTH.blocking_calls == 0
 
 

@@ -15,7 +15,7 @@ from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.placement import get_policy
 from gpuslice_hub.placement.state import from_hosts
 from gpuslice_hub.quotas import Held, Holding, Usage
-from gpuslice_hub.snapshot import load_active
+from gpuslice_hub.snapshot import ActiveCache, load_active
 
 from .conftest import build_ledger
 
@@ -352,6 +352,27 @@ def test_the_active_cache_takes_its_own_writes_without_reading_them_back(
     assert mine.active_cache.read_back == 2
     assert mine.active_cache.full_reads == 1
     other.db.dispose()
+
+
+def test_a_failure_after_the_commit_keeps_the_write_and_reads_everything_again(
+    make_ledger, monkeypatch, caplog
+):
+    """The allocation committed: it stands and is returned; the cache, taken part of the way,
+    reads everything at the next look rather than miss a change."""
+    ledger = make_ledger()
+    ledger.snapshot()
+
+    def broken(self, own):
+        raise RuntimeError("following failed")
+
+    monkeypatch.setattr(ActiveCache, "_take_own", broken)
+    alloc, created = ledger.allocate(ANN, "share-250", "one")
+    monkeypatch.undo()
+    assert created and "following failed" in caplog.text
+    assert [a["id"] for a in ledger.allocations()] == [alloc["id"]]
+    with ledger.db.reading() as s:
+        assert [v.id for v in ledger.active_cache.get(s)] == [alloc["id"]]
+    assert ledger.active_cache.full_reads == 2
 
 
 def test_kept_arrays_place_exactly_as_arrays_built_afresh(tmp_path):

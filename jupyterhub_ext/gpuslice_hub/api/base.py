@@ -92,7 +92,15 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                 try:
                     allowed = self.check_hub_user(model)
                 except UserNotAllowed:
-                    allowed = None
+                    # Logged in, without the scope: a page's login check must answer 403,
+                    # not send them to log in again (the hub would send them straight
+                    # back: a redirect loop). JupyterHub's own path does the same.
+                    refusal = f"{model.get('kind', 'user')} {model.get('name')} is not allowed"
+
+                    def refuse(*args: Any, **kwargs: Any) -> None:
+                        raise web.HTTPError(403, refusal)
+
+                    self.redirect = refuse  # type: ignore[method-assign]
             self._hub_auth_user_cache = allowed
             if allowed:
                 self.hub_auth._persist_url_token_if_set(self)

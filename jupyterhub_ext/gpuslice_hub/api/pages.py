@@ -9,7 +9,7 @@ from typing import Any
 from tornado import web
 
 from ..ledger.holders import HOLDERS, engine_of
-from .base import BaseHandler
+from .base import BaseHandler, Identity
 
 
 class PageHandler(BaseHandler):
@@ -41,8 +41,10 @@ class HomeHandler(PageHandler):
     async def get(self) -> None:
         ident = self.identity()
         inv = self.service.inventory
+        # in a worker thread, as the API's: the reads wait for the ledger's caches
+        held, quota, profiles = await asyncio.to_thread(self._reads, ident)
         allocations = []
-        for a in self.ledger.allocations(user=None if ident.is_admin else ident.name):
+        for a in held:
             if a["purpose"] == "external":
                 engine = engine_of(a["profile"])
                 holder = f"{HOLDERS[engine]} outside gpuslice ({a['server_name']})"
@@ -63,9 +65,16 @@ class HomeHandler(PageHandler):
             hub_prefix=hub_prefix,
             backend=inv.backend if inv else "?",
             simulated=bool(inv and inv.simulated),
-            quota=self.ledger.quota_standing(ident.name, ident.groups),
-            profiles=await asyncio.to_thread(self.ledger.availability, ident.name, ident.groups),
+            quota=quota,
+            profiles=profiles,
             allocations=allocations,
+        )
+
+    def _reads(self, ident: Identity) -> tuple[list[dict[str, Any]], Any, list[dict[str, Any]]]:
+        return (
+            self.ledger.allocations(user=None if ident.is_admin else ident.name),
+            self.ledger.quota_standing(ident.name, ident.groups),
+            self.ledger.availability(ident.name, ident.groups),
         )
 
 

@@ -9,6 +9,7 @@ instead of failing with "database is locked" at the first write).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import LedgerLock
+
+log = logging.getLogger(__name__)
 
 # ``session.info[AFTER_COMMIT]``: callables a write transaction leaves to run once it has
 # committed (see ``after_commit``).
@@ -84,9 +87,14 @@ class Database:
                 if lock and not self.is_sqlite:
                     session.execute(select(LedgerLock).where(LedgerLock.id == 1).with_for_update())
                 yield session
-            # committed: what the transaction asked to learn of it (never on a rollback)
+            # committed: what the transaction asked to learn of it (never on a rollback).
+            # The write stands whatever a callback does: its failure is logged, not raised
+            # to a caller who would take the committed write for a failed one.
             for fn in session.info.pop(AFTER_COMMIT, ()):
-                fn()
+                try:
+                    fn()
+                except Exception:
+                    log.exception("a callback after a committed ledger write failed")
 
     def dispose(self) -> None:
         self.read_engine.dispose()

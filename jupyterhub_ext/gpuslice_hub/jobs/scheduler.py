@@ -86,9 +86,11 @@ class Scheduler:
                 # Ledger writes from both sides are serialized by the ledger lock.
                 # real seconds spent, not the service's clock (a simulator moves that one)
                 started = time.perf_counter()
-                await asyncio.to_thread(self.tick)
-                if self.pass_seconds is not None:
-                    self.pass_seconds.observe(time.perf_counter() - started)
+                try:
+                    await asyncio.to_thread(self.tick)
+                finally:  # a pass that failed took its time too
+                    if self.pass_seconds is not None:
+                        self.pass_seconds.observe(time.perf_counter() - started)
             except Exception:
                 self.log.exception("job scheduler pass failed; will retry")
             await self.jobs.wake.wait(self.jobs.schedule_interval)
