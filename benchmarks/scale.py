@@ -157,11 +157,17 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 4, 1])
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args()
+    by_size(args.sizes, lambda hosts, users, jobs: measure(hosts, users, jobs, args.repeat))
+
+
+def by_size(sizes: list[int], measure_one: Callable[[int, int, int], dict[str, str]]) -> None:
+    """Measure 200 hosts, 500 users and 10 000 jobs divided by each of ``sizes``, and print
+    one table: a column per size, a row per figure."""
     rows = {}
-    for div in args.sizes:
+    for div in sizes:
         n_hosts, n_users, n_jobs = 200 // div, 500 // div, 10_000 // div
-        rows[f"{n_hosts} hosts, {n_users} users, {n_jobs} jobs"] = measure(
-            n_hosts, n_users, n_jobs, args.repeat
+        rows[f"{n_hosts} hosts, {n_users} users, {n_jobs} jobs"] = measure_one(
+            n_hosts, n_users, n_jobs
         )
         print(f"done 1/{div}", file=sys.stderr, flush=True)
     keys = list(next(iter(rows.values())))

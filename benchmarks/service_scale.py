@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.scale import PROFILES, hosts  # noqa: E402
+from benchmarks.scale import PROFILES, by_size, hosts  # noqa: E402
 from gpuslice_hub.ledger import Caller  # noqa: E402
 from tests.harness.hub import start_hub  # noqa: E402
 from tests.jobs.full_cluster import insert_queued  # noqa: E402
@@ -252,18 +252,12 @@ def main() -> None:
         "--seconds", type=float, default=120, help="how long each size is measured under load"
     )
     args = parser.parse_args()
-    rows = {}
-    for div in args.sizes:
-        n_hosts, n_users, n_jobs = 200 // div, 500 // div, 10_000 // div
+
+    def in_a_temp_dir(n_hosts: int, n_users: int, n_jobs: int) -> dict[str, str]:
         with tempfile.TemporaryDirectory() as tmp:
-            rows[f"{n_hosts} hosts, {n_users} users, {n_jobs} jobs"] = measure(
-                n_hosts, n_users, n_jobs, args.seconds, Path(tmp)
-            )
-        print(f"done 1/{div}", file=sys.stderr, flush=True)
-    keys = list(next(iter(rows.values())))
-    print("ms | " + " | ".join(rows))
-    for key in keys:
-        print(f"{key} | " + " | ".join(r[key] for r in rows.values()))
+            return measure(n_hosts, n_users, n_jobs, args.seconds, Path(tmp))
+
+    by_size(args.sizes, in_a_temp_dir)
 
 
 if __name__ == "__main__":

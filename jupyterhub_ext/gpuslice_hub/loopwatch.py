@@ -14,8 +14,6 @@ from prometheus_client import CollectorRegistry, Histogram
 
 # Seconds: a stall under 5 ms is no stall; the aim is none above 50 ms.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# The scheduler's pass, in a worker thread: what it costs, not what it holds up.
-PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class LoopWatch:
@@ -35,12 +33,3 @@ class LoopWatch:
             due = loop.time() + self.interval
             await asyncio.sleep(self.interval)
             self.lag.observe(max(0.0, loop.time() - due))
-
-
-def pass_histogram(registry: CollectorRegistry) -> Histogram:
-    return Histogram(
-        "gpuslice_scheduler_pass_seconds",
-        "Duration of the job scheduler's passes (run in a worker thread)",
-        buckets=PASS_BUCKETS,
-        registry=registry,
-    )

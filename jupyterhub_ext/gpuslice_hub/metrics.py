@@ -6,7 +6,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -455,3 +455,17 @@ def make_registry(
         registry=registry,
     )
     return registry, refusals
+
+
+# The scheduler's pass, in a worker thread: what it costs, not what it holds up.
+PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def pass_histogram(registry: CollectorRegistry) -> Histogram:
+    """``gpuslice_scheduler_pass_seconds``, registered when the job scheduler runs."""
+    return Histogram(
+        "gpuslice_scheduler_pass_seconds",
+        "Duration of the job scheduler's passes (run in a worker thread)",
+        buckets=PASS_BUCKETS,
+        registry=registry,
+    )

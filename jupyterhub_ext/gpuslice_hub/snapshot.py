@@ -9,9 +9,10 @@ into plain objects. Attribute names match the ORM rows, so serializers take eith
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -309,19 +310,29 @@ class ActiveCache:
         self.read_back = 0  # ... and how many allocations were read again after an event
 
     def get(self, s: Session) -> list[AllocationView]:
-        conn = s.connection()
-        marker = int(conn.execute(_NEWEST_EVENT).scalar() or 0)
+        with self._up_to_date(s):
+            return list(self._views.values())
+
+    def held(self, s: Session | None = None) -> Held:
+        """What the active allocations hold against quotas, brought up to date in ``s``;
+        without ``s``, as the last look left them (or a newer state's): for a caller that
+        has just called ``get`` under the ledger lock, where nothing could change since."""
+        if s is None:
+            with self._lock:
+                return self._held.snapshot()
+        with self._up_to_date(s):
+            return self._held.snapshot()
+
+    @contextlib.contextmanager
+    def _up_to_date(self, s: Session) -> Iterator[None]:
+        """Holding the lock, with the views caught up with what ``s`` can read."""
+        marker = int(s.connection().execute(_NEWEST_EVENT).scalar() or 0)
         with self._lock:
             # A reader whose transaction began before the newest write asks for an older
             # state: it gets the newer one (never older than what it could read).
             if self._marker is None or marker > self._marker:
                 self._catch_up(s, marker)
-            return list(self._views.values())
-
-    def held(self) -> Held:
-        """What the views of the last ``get`` hold against quotas (or a newer state's)."""
-        with self._lock:
-            return self._held.snapshot()
+            yield
 
     def _put(self, alloc_id: int, view: AllocationView | None) -> None:
         """The allocation's new state (None or inactive: no longer held)."""

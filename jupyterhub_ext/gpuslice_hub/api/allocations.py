@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
-from .base import BaseHandler, RequestError, api_authenticated, int_arg
+from .base import BaseHandler, RequestError, api_authenticated, id_page, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
 CREATE_FIELDS = {
@@ -32,15 +31,15 @@ class AllocationsHandler(BaseHandler):
             raise RequestError(400, "query argument state must be 'active' or 'all'")
         limit = int_arg(self, "limit", 500, 1, 5000)
         before = int_arg(self, "before", 0, 0, 2**62) or None
-
-        def listed() -> dict[str, Any]:
-            found = self.ledger.allocations(
-                user=user, active_only=state == "active", limit=limit + 1, before_id=before
+        await self.write_computed(
+            lambda: id_page(
+                self.ledger.allocations(
+                    user=user, active_only=state == "active", limit=limit + 1, before_id=before
+                ),
+                limit,
+                "allocations",
             )
-            page = found[:limit]
-            return {"allocations": page, "next": page[-1]["id"] if len(found) > limit else None}
-
-        await self.write_computed(listed)
+        )
 
     @api_authenticated
     async def post(self) -> None:

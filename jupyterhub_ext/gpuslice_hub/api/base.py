@@ -309,6 +309,13 @@ def api_authenticated(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def id_page(found: list[dict[str, Any]], limit: int, key: str) -> dict[str, Any]:
+    """``{key: page, "next": id}`` from ``limit + 1`` rows asked for: one more than the page
+    tells whether there is a next one, which starts after the page's last id."""
+    page = found[:limit]
+    return {key: page, "next": page[-1]["id"] if len(found) > limit else None}
+
+
 def int_arg(handler: web.RequestHandler, name: str, default: int, lo: int, hi: int) -> int:
     raw = handler.get_argument(name, None)
     if raw is None:

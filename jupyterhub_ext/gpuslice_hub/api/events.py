@@ -13,7 +13,7 @@ from typing import Any
 from gpuslice.vocab import IDLE_EVENT_KINDS
 
 from ..idle import allocation_age
-from .base import BaseHandler, RequestError, api_authenticated, int_arg
+from .base import BaseHandler, RequestError, api_authenticated, id_page, int_arg
 
 # The kinds a server extension reports (gpuslice.extension.decisions.SERVICE_KIND).
 EVENT_KINDS = tuple(IDLE_EVENT_KINDS.values())
@@ -33,14 +33,13 @@ class EventsHandler(BaseHandler):
         if since is not None and before:
             raise RequestError(400, "give since (oldest first) or before (newest first), not both")
         limit = int_arg(self, "limit", 200, 1, 5000)
-
-        def listed() -> dict[str, Any]:
-            # one more than asked tells whether there is a next page
-            found = self.ledger.events(user=user, since_id=since, limit=limit + 1, before_id=before)
-            page = found[:limit]
-            return {"events": page, "next": page[-1]["id"] if len(found) > limit else None}
-
-        await self.write_computed(listed)
+        await self.write_computed(
+            lambda: id_page(
+                self.ledger.events(user=user, since_id=since, limit=limit + 1, before_id=before),
+                limit,
+                "events",
+            )
+        )
 
     @api_authenticated
     async def post(self) -> None:

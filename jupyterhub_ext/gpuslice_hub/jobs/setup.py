@@ -16,7 +16,7 @@ from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
 from ..errors import ConfigError
 from ..kubecluster import KubernetesClusterConfig
-from ..loopwatch import pass_histogram
+from ..metrics import pass_histogram
 from ..profiles import Profile
 from .accounts import Account, forbidden_names
 from .backends import LocalBackend

@@ -207,8 +207,7 @@ class CapacityMixin(LedgerBase):
             if batch_access is not None:
                 # what a batch job (other than high) may take at any hour: the peak pool
                 batch = self._capacity(s, inv, batch_access.widest)
-            self.active_cache.get(s)  # up to date
-            held = self.active_cache.held()
+            held = self.active_cache.held(s)
             charged: dict[str, Request] = {}
             if self.overcommit.settings.on:
                 # the counts for this user, charged from their history
@@ -242,8 +241,7 @@ class CapacityMixin(LedgerBase):
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
         with self.db.reading() as s:
-            self.active_cache.get(s)  # up to date
-            return self.effective_quotas(s).standing(user, tuple(groups), self.active_cache.held())
+            return self.effective_quotas(s).standing(user, tuple(groups), self.active_cache.held(s))
 
     def _none_free(
         self,
