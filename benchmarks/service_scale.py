@@ -20,7 +20,9 @@ For ``--seconds`` (120) a user's spawn form and a spawn follow one another; repo
 allocation and a release p50/p99; the scheduler's passes (the service's own
 ``gpuslice_scheduler_pass_seconds``: mean, and the bucket its slowest fell in); the event
 loop's lag (``gpuslice_event_loop_lag_seconds``: the bucket of the worst, and how many
-probes waited over 50 ms); a ``/metrics`` scrape and ``api/admin/overview``.
+probes waited over 50 ms); the full garbage collections (``gpuslice_gc_pause_seconds``:
+how many, their mean, the bucket of the slowest); a ``/metrics`` scrape and
+``api/admin/overview``.
 
     .venv/bin/python benchmarks/service_scale.py [--sizes 16 4 1] [--seconds 120]
 """
@@ -129,17 +131,22 @@ def p50_p99(values: list[float]) -> str:
     return f"{values[len(values) // 2]:.0f} / {p99:.0f}"
 
 
-def histogram(text: str, name: str) -> tuple[dict[float, float], float, float]:
-    """Cumulative bucket counts by upper bound, the count and the sum of a histogram."""
+def histogram(
+    text: str, name: str, labels: str = ""
+) -> tuple[dict[float, float], float, float]:
+    """Cumulative bucket counts by upper bound, the count and the sum of a histogram
+    (``labels``: the series' other labels, as written, e.g. ``generation="2"``)."""
     buckets: dict[float, float] = {}
     count = total = 0.0
+    bucket = f"{name}_bucket{{{labels}," if labels else f"{name}_bucket{{"
+    tail = f"{{{labels}}} " if labels else " "
     for line in text.splitlines():
-        if line.startswith(f"{name}_bucket{{"):
+        if line.startswith(bucket):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[float("inf") if le == "+Inf" else float(le)] = float(line.split()[-1])
-        elif line.startswith(f"{name}_count "):
+        elif line.startswith(f"{name}_count{tail}"):
             count = float(line.split()[-1])
-        elif line.startswith(f"{name}_sum "):
+        elif line.startswith(f"{name}_sum{tail}"):
             total = float(line.split()[-1])
     return buckets, count, total
 
@@ -238,6 +245,12 @@ def measure(n_hosts: int, n_users: int, n_jobs: int, seconds: float, tmp: Path) 
             over = (l1 - lag_after[0.05]) - (l0 - lag_before.get(0.05, 0.0))
             out[f"loop lag, {label}: worst in"] = worst_bucket(lag_before, lag_after)
             out[f"loop lag, {label}: probes over 50 ms"] = f"{over:.0f} of {l1 - l0:.0f}"
+        gc_before, g0, gs0 = histogram(start, "gpuslice_gc_pause_seconds", 'generation="2"')
+        gc_after, g1, gs1 = histogram(end, "gpuslice_gc_pause_seconds", 'generation="2"')
+        out["full garbage collections, mean ms"] = (
+            f"{g1 - g0:.0f}, {(gs1 - gs0) / max(1.0, g1 - g0) * 1000:.0f}"
+        )
+        out["slowest full collection in"] = worst_bucket(gc_before, gc_after) if g1 > g0 else "-"
         out["usage reports a minute: scheduled, sent"] = f"{len(held)}, {sent[0] / minutes:.0f}"
     finally:
         stop.set()

@@ -63,6 +63,9 @@ class SimBackend:
         self.epoch = epoch
         self.exit_delay = exit_delay
         self.runs: dict[int, Run] = {}  # job id -> its current run
+        # the job ids whose run has not exited yet: a month's runs are tens of thousands,
+        # and each pass's settle looks only at these
+        self.unsettled: set[int] = set()
         self.saved: dict[int, float] = {}  # job id -> work checkpointed (kept across runs)
         self.kept: dict[int, float] = {}  # job id -> seconds of work done and not lost
         self.lost: dict[int, float] = {}  # job id -> seconds of work lost
@@ -85,6 +88,7 @@ class SimBackend:
         saved = self.saved.get(job_id, 0.0)
         run = Run(job, env[ATTEMPT_ID], now, saved, now + (job.work - saved), job_dir)
         self.runs[job_id] = run
+        self.unsettled.add(job_id)
         _write_state(
             job_dir, status="running", attempt_id=run.attempt, last_checkpoint_at=self.epoch + now
         )
@@ -130,12 +134,14 @@ class SimBackend:
     def settle(self, now: float) -> None:
         """Every run that has exited by ``now``: write what the runner writes on its way
         out (the next pass reads it), and account its work."""
-        for job_id, run in self.runs.items():
-            if not run.settled and run.ends <= now:
+        for job_id in sorted(self.unsettled):  # (in job order, as before: deterministic)
+            run = self.runs[job_id]
+            if run.ends <= now:
                 self._settle(job_id, run)
 
     def _settle(self, job_id: int, run: Run) -> None:
         run.settled = True
+        self.unsettled.discard(job_id)
         at = run.ends
         done = min(run.job.work, run.saved + (at - run.started))
         saved = run.job.work if run.code == EXIT_COMPLETED else run.checkpointed(at)
@@ -161,8 +167,7 @@ class SimBackend:
         not: a run still going at the end of a simulation has lost nothing yet)."""
         return {
             job_id: min(run.job.work - run.saved, max(0.0, min(at, run.ends) - run.started))
-            for job_id, run in self.runs.items()
-            if not run.settled
+            for job_id, run in ((i, self.runs[i]) for i in sorted(self.unsettled))
         }
 
 

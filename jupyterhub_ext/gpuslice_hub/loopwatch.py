@@ -4,11 +4,26 @@ Everything slow runs in worker threads (placement, passes, counts, subprocesses)
 whether that holds in production. A timer is due every ``interval`` seconds; how late it
 runs is how long the loop was busy with something else, observed into the histogram
 ``gpuslice_event_loop_lag_seconds`` (``/metrics``).
+
+What holds every thread at once is the garbage collector: a full collection walks every
+object the process keeps, with the GIL held. At 200 hosts and 10 000 queued jobs that was
+~280 ms each time, most of it the imports' own objects (JupyterHub's dependencies build a
+URL grammar of ~25 000 objects at import), and it ran every few seconds under load: the
+youngest generation was collected every 700 new objects, so the big short-lived results
+of a pass, an overview or a scrape (tens of thousands of objects, alive for a fraction of
+a second) were promoted to the oldest generation and soon called for a full collection.
+:func:`tune_garbage_collection` freezes what the start built (it lives as long as the
+process) out of all collections, and collects the youngest generation every
+``YOUNG_THRESHOLD`` objects; each collection's pause is observed into
+``gpuslice_gc_pause_seconds`` (:class:`GCPauses`). Measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -33,3 +48,52 @@ class LoopWatch:
             due = loop.time() + self.interval
             await asyncio.sleep(self.interval)
             self.lag.observe(max(0.0, loop.time() - due))
+
+
+# New container objects between two collections of the youngest generation (CPython's
+# default is 700); the older generations keep their defaults (every 10 of the younger).
+YOUNG_THRESHOLD = 10_000
+
+
+def tune_garbage_collection() -> int:
+    """Collect once, then move every object alive now (modules, classes, configuration,
+    the imports' tables) out of all later collections, and collect the youngest generation
+    less often; how many objects were frozen. Garbage among them was collected first; what
+    the service creates afterwards is collected as usual."""
+    gc.collect()
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+    return gc.get_freeze_count()
+
+
+class GCPauses:
+    """Observes how long each garbage collection held the process, by generation."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.pause = Histogram(
+            "gpuslice_gc_pause_seconds",
+            "How long each garbage collection held every thread of the service (the GIL is "
+            "held throughout), by generation (2: a full collection)",
+            labelnames=["generation"],
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        # (called by the interpreter in whichever thread collects, with the GIL held: one
+        # collection at a time, so one start time is enough)
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            pause = time.perf_counter() - self._started
+            self.pause.labels(str(info.get("generation", ""))).observe(pause)
+
+    def start(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def stop(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)

@@ -112,9 +112,15 @@ class LedgerCollector(Collector):
         user_milli = GaugeMetricFamily(
             "gpuslice_user_gpu_milli", "Allocated milli-GPU per user", labels=["user"]
         )
-        for user, n in sorted(Counter(a.user for a in active).items()):
+        # one walk over the allocations, not one per user (500 users x 4 400 slices)
+        counts: Counter[str] = Counter()
+        milli: Counter[str] = Counter()
+        for a in active:
+            counts[a.user] += 1
+            milli[a.user] += a.gpu_milli
+        for user, n in sorted(counts.items()):
             by_user.add_metric([user], n)
-            user_milli.add_metric([user], sum(a.gpu_milli for a in active if a.user == user))
+            user_milli.add_metric([user], milli[user])
         yield by_user
         yield user_milli
 

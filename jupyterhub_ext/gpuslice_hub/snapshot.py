@@ -15,14 +15,17 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
 
 from .db.engine import after_commit
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
 from .quotas import Held, Usage
+
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -193,29 +196,36 @@ def load_inventory(s: Session, generation: int) -> InventoryView:
     return InventoryView(generation, hosts, gpus, {g.uuid: g for g in gpus})
 
 
+def _views(cls: type[_V], result: Result[Any]) -> list[_V]:
+    """One ``cls`` per row, by column name. (``Row._asdict`` builds the row's key map
+    again for every row: a third of a full read of 4 400 allocations went there.)"""
+    keys = tuple(result.keys())
+    return [cls(**dict(zip(keys, row, strict=True))) for row in result]
+
+
 def load_active(s: Session) -> list[AllocationView]:
+    conn = s.connection()
     allocs = {
-        r.id: AllocationView(**r._asdict())
-        for r in s.connection()
-        .execute(select(AllocationRow.__table__).where(AllocationRow.active))
-        .all()
+        a.id: a
+        for a in _views(
+            AllocationView,
+            conn.execute(select(AllocationRow.__table__).where(AllocationRow.active)),
+        )
     }
-    for r in s.connection().execute(select(ClaimRow.__table__).where(ClaimRow.active)).all():
-        alloc = allocs.get(r.allocation_id)
+    for c in _views(ClaimView, conn.execute(select(ClaimRow.__table__).where(ClaimRow.active))):
+        alloc = allocs.get(c.allocation_id)
         if alloc is not None:
-            alloc.claims.append(ClaimView(**r._asdict()))
+            alloc.claims.append(c)
     return list(allocs.values())
 
 
 def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
     conn = s.connection()
-    row = conn.execute(_ALLOCATION, {"id": alloc_id}).first()
-    if row is None:
+    found = _views(AllocationView, conn.execute(_ALLOCATION, {"id": alloc_id}))
+    if not found:
         return None
-    view = AllocationView(**row._asdict())
-    view.claims = [
-        ClaimView(**c._asdict()) for c in conn.execute(_ITS_CLAIMS, {"id": alloc_id}).all()
-    ]
+    view = found[0]
+    view.claims = _views(ClaimView, conn.execute(_ITS_CLAIMS, {"id": alloc_id}))
     return view
 
 
@@ -225,12 +235,12 @@ def load_allocations(s: Session, ids: Sequence[int]) -> dict[int, AllocationView
     conn = s.connection()
     for start in range(0, len(ids), 500):  # bounded IN lists
         chunk = {"ids": list(ids[start : start + 500])}
-        for r in conn.execute(_ALLOCATIONS_IN, chunk).all():
-            views[r.id] = AllocationView(**r._asdict())
-        for c in conn.execute(_ACTIVE_CLAIMS_IN, chunk).all():
+        for a in _views(AllocationView, conn.execute(_ALLOCATIONS_IN, chunk)):
+            views[a.id] = a
+        for c in _views(ClaimView, conn.execute(_ACTIVE_CLAIMS_IN, chunk)):
             view = views.get(c.allocation_id)
             if view is not None:
-                view.claims.append(ClaimView(**c._asdict()))
+                view.claims.append(c)
     return views
 
 

@@ -192,6 +192,8 @@ def test_metrics_need_the_metrics_or_admin_scope_and_count_allocations(clean):
     # the service's own health: how long its event loop was held, what its passes cost
     assert metric(text, "gpuslice_event_loop_lag_seconds_count") > 0
     assert metric(text, "gpuslice_scheduler_pass_seconds_count") > 0
+    # (the collection before the start's objects are frozen, at least)
+    assert metric(text, 'gpuslice_gc_pause_seconds_count{generation="2"}') >= 1
 
 
 def metric(text: str, series: str) -> float:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 from prometheus_client import CollectorRegistry
 
-from gpuslice_hub.loopwatch import LoopWatch
+from gpuslice_hub.loopwatch import (
+    YOUNG_THRESHOLD,
+    GCPauses,
+    LoopWatch,
+    tune_garbage_collection,
+)
 
 
 def _count(registry: CollectorRegistry, le: str | None = None) -> float:
@@ -35,3 +41,55 @@ def test_a_held_loop_is_observed_as_lag_of_that_length():
         assert _count(registry) - _count(registry, "0.25") > stalls_before
 
     asyncio.run(main())
+
+
+def test_each_garbage_collection_is_observed_by_generation():
+    registry = CollectorRegistry()
+    pauses = GCPauses(registry)
+
+    def full() -> float:
+        return (
+            registry.get_sample_value("gpuslice_gc_pause_seconds_count", {"generation": "2"}) or 0.0
+        )
+
+    pauses.start()
+    try:
+        gc.collect()
+        gc.collect(1)
+        assert full() == 1
+        assert (
+            registry.get_sample_value("gpuslice_gc_pause_seconds_count", {"generation": "1"}) == 1
+        )
+        assert (registry.get_sample_value("gpuslice_gc_pause_seconds_sum", {"generation": "2"})) > 0
+    finally:
+        pauses.stop()
+    gc.collect()
+    assert full() == 1  # stopped: no longer observed
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_frozen_startup_objects_leave_later_garbage_collectable():
+    import weakref
+
+    before, thresholds = _Cycle(), gc.get_threshold()
+    try:
+        frozen = tune_garbage_collection()
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *thresholds[1:])
+        assert frozen >= gc.get_freeze_count() > 0
+        tracked = len(gc.get_objects())
+        # what the start built is out of the collections' walk...
+        assert tracked < frozen
+        after = _Cycle()
+        gone = weakref.ref(after)
+        del after
+        gc.collect()
+        # ...and a cycle made afterwards is still collected
+        assert gone() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        del before

@@ -15,7 +15,7 @@ from ..db.jobs_models import JobRow
 from ..jobs.states import ACTIVE, TERMINAL
 from ..ledger import Ledger
 from ..placement import HostState
-from ..snapshot import AllocationView, InventoryView, load_active
+from ..snapshot import AllocationView, InventoryView
 from .fragmentation import fragmented_milli, free_milli
 from .reports import pool_used
 
@@ -44,7 +44,8 @@ def read_pool(ledger: Ledger, with_jobs: bool = False) -> Pool:
     """
     with ledger.db.reading() as s:
         inv = ledger.inventory_cache.get(s)
-        active = load_active(s)
+        # the ledger's active views, caught up in this transaction (read-only: shared)
+        active = ledger.active_cache.get(s)
         reports = {
             r.allocation_id: r
             for r in s.connection().execute(select(UsageReportRow.__table__)).all()
