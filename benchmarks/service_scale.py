@@ -131,9 +131,7 @@ def p50_p99(values: list[float]) -> str:
     return f"{values[len(values) // 2]:.0f} / {p99:.0f}"
 
 
-def histogram(
-    text: str, name: str, labels: str = ""
-) -> tuple[dict[float, float], float, float]:
+def histogram(text: str, name: str, labels: str = "") -> tuple[dict[float, float], float, float]:
     """Cumulative bucket counts by upper bound, the count and the sum of a histogram
     (``labels``: the series' other labels, as written, e.g. ``generation="2"``)."""
     buckets: dict[float, float] = {}

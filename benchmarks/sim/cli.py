@@ -34,7 +34,7 @@ def _policies(names: str, vary: list[str]) -> list[Policy]:
             value: Any = raw
             if key in ("idle_timeout", "warning_lead"):
                 value = float(raw)
-            elif key == "defrag":
+            elif key in ("defrag", "shares"):
                 value = int(raw)
             elif key == "quotas":
                 value = float(raw)
@@ -131,7 +131,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "RATIO@HOURS (share_overcommit_ratio and share_overcommit_min_hours); burst is AFTER "
         "or AFTER@ALLOCATED (burst_after_wait, burst_when_allocated_above; every batch job "
         "burstable, to capacity bought without limit); quotas is DAY (on that day every "
-        "suggested quota is applied, from the days before)",
+        "suggested quota is applied, from the days before); shares is STEP (batch jobs "
+        "asking less than a GPU get the smallest share of a menu in steps of STEP milli-GPU)",
     )
     p.add_argument("--out", help="folder for report.md, summary.json and the plots")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")

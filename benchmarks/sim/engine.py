@@ -49,7 +49,7 @@ from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import parse_quotas
 
 from .backend import SimBackend
-from .policies import PROFILE_MILLI, PROFILES, Policy, hosts, whole_gpus
+from .policies import PROFILES, Policy, hosts, profile_milli, whole_gpus
 from .workload import BatchJob, Session, Workload
 
 # A Monday: the generator's weekdays start here.
@@ -179,7 +179,8 @@ class Simulation:
         s, p = self.settings, self.policy
         db = open_database(self.database)
         ensure_schema(db, "gpuslice-sim")
-        profiles = [{**pr, "idle_timeout": int(p.idle_timeout)} for pr in PROFILES]
+        catalog = [*PROFILES, *p.share_profiles()]
+        profiles = [{**pr, "idle_timeout": int(p.idle_timeout)} for pr in catalog]
         self.ledger = Ledger(
             db, parse_profiles(profiles), parse_quotas({}), get_policy(p.placement)
         )
@@ -342,7 +343,7 @@ class Simulation:
         body = {
             "name": f"job{job.id}",
             "notebook": NOTEBOOK,
-            "profile": self.policy.profile(job.profile),
+            "profile": self.policy.batch_profile(job),
             "slices": job.slices,
             "priority": self.policy.batch,
             "checkpoint_interval": job.checkpoint_interval,
@@ -383,7 +384,7 @@ class Simulation:
                 continue
             left = job.work - self.backend.saved.get(job_id, 0.0)
             self.manager.cancel(job_id, "burst", f"sent to the burst partition: {why}")
-            held = PROFILE_MILLI[self.policy.profile(job.profile)] * job.slices / 1000
+            held = profile_milli(self.policy.batch_profile(job)) * job.slices / 1000
             self.result.bursts[job_id] = (now, now + left, left * held)
         if now + 60 < self.horizon:
             self._at(now + 60, self._burst_check)

@@ -117,6 +117,7 @@ def batch_jobs(
                     checkpoint_interval=checkpoint_interval,
                     # a multi-GPU task keeps each of its GPUs busy (its milli is per GPU)
                     gpus=max(1, t.gpus),
+                    request_milli=t.milli if t.gpus == 1 and t.milli < 1000 else 0,
                 )
             )
         cycle += 1

@@ -8,7 +8,10 @@ gpuslice's GPU-aware reclaim with its warning), and whether batch jobs are preem
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .workload import BatchJob
 
 GPU = {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
 
@@ -27,8 +30,22 @@ PROFILES: list[dict[str, Any]] = [
 PROFILE_MILLI = {"mig-1g.10gb": 142, "share-250": 250, "share-500": 500, "gpu-1": 1000}
 PROFILE_MILLI.update({f"gpu-{n}": 1000 * n for n in (2, 4, 8)})
 
+GPU_MEMORY_MIB = 81920
+
+
+def profile_milli(name: str) -> int:
+    """One GPU's share a profile holds: the catalog's, or a share menu's ``share-N``."""
+    if name in PROFILE_MILLI:
+        return PROFILE_MILLI[name]
+    kind, _, milli = name.partition("-")
+    if kind != "share" or not milli.isdigit():
+        raise KeyError(name)
+    return int(milli)
+
+
 RECLAIMS = ("none", "inactivity", "gpu")
 VARIABLE = (
+    "shares",
     "idle_timeout",
     "warning_lead",
     "placement",
@@ -73,6 +90,10 @@ class Policy:
     # the admin panel's rule over the days so far) is applied as an admin's Apply would;
     # 0: none
     quotas: float = 0.0
+    # the profile set's shares, as the step of a menu: 100 offers batch jobs shares of
+    # 100, 200, ... 900 milli-GPU besides the catalog's, and a job asking less than a GPU
+    # gets the smallest that holds its request; 0: the catalog's shares only (250, 500)
+    shares: int = 0
     # settings an admin may change, as (key, value) pairs, for a policy-5 variant's name
     changed: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -105,6 +126,8 @@ class Policy:
                 )
         if self.quotas < 0:
             raise ValueError(f"quotas must be a day of the run (0: off), got {self.quotas!r}")
+        if self.shares and not 10 <= self.shares <= 500:
+            raise ValueError(f"shares must be a step of 10 to 500 milli-GPU, got {self.shares!r}")
         count, _, _spans = self.reserved.partition("@")
         if self.reserved and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")
@@ -133,6 +156,31 @@ class Policy:
         if self.slices or asked.startswith("gpu-"):
             return asked
         return "gpu-1"
+
+    def share_profiles(self) -> list[dict[str, Any]]:
+        """The share menu's profiles the catalog lacks (a memory cap in proportion)."""
+        if not self.shares or not self.slices:
+            return []
+        catalog = {p["name"] for p in PROFILES}
+        return [
+            {
+                "name": f"share-{m}",
+                "kind": "share",
+                "gpu_milli": m,
+                "gpu_memory_mib": GPU_MEMORY_MIB * m // 1000,
+            }
+            for m in range(self.shares, 1000, self.shares)
+            if f"share-{m}" not in catalog
+        ]
+
+    def batch_profile(self, job: BatchJob) -> str:
+        """What a batch job gets: with a share menu, the smallest share that holds its
+        request; else what it asked for, as :meth:`profile` maps it."""
+        if self.shares and self.slices and job.request_milli and job.slices == 1:
+            step = self.shares
+            milli = -(-job.request_milli // step) * step  # rounded up to the menu
+            return f"share-{milli}" if milli < 1000 else "gpu-1"
+        return self.profile(job.profile)
 
     def vary(self, key: str, value: Any) -> Policy:
         """Policy 5: this policy with one admin setting changed."""

@@ -59,7 +59,10 @@ class Session:
 class BatchJob:
     """A notebook submitted as a batch job at ``arrival``: ``slices`` slices of ``profile``,
     ``work`` seconds of computation, keeping ``busy_milli`` of each GPU of each slice busy
-    (a slice of a multi-GPU profile spans ``gpus`` GPUs)."""
+    (a slice of a multi-GPU profile spans ``gpus`` GPUs). ``request_milli``: the share of
+    one GPU the job needs, when it needs less than a GPU (openb's ``gpu_milli``): a policy
+    with a finer share menu gives it a smaller slice than ``profile`` (0: not known, as in
+    a ledger's history; ``profile`` is all it asks)."""
 
     id: int
     user: str
@@ -71,6 +74,7 @@ class BatchJob:
     slices: int = 1
     checkpoint_interval: float = 600.0
     gpus: int = 1
+    request_milli: int = 0
 
     @property
     def busy_total(self) -> int:

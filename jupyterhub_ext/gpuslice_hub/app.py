@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -98,6 +99,8 @@ from .templating import check_template_paths, page_environment
 ADMIN_SCOPE = "custom:gpuslice:admin"
 METRICS_SCOPE = "custom:gpuslice:metrics"
 PACKAGE = Path(__file__).resolve().parent
+# Threads for usage reports (start_async): on SQLite they write one at a time anyway
+REPORT_THREADS = 2
 
 
 class GPUSliceService(Application):
@@ -697,6 +700,11 @@ class GPUSliceService(Application):
         # the check reads the usage samples: it cannot change faster than they are taken
         self.capacity = CapacityCheckCache(self.ledger, self.usage_sample_interval or 300.0)
         self.registry, self.refusals = make_registry(self.ledger, self.capacity)
+        # Usage reports have threads of their own: 2 800 a minute at 200 hosts, each a
+        # write that may wait for SQLite's one writer. In the shared pool (6 threads on 2
+        # CPUs) a burst of them waiting could take every thread, and a spawn or a spawn
+        # form would queue behind them; here they queue behind each other.
+        self.report_pool = ThreadPoolExecutor(REPORT_THREADS, "gpuslice-usage-reports")
         self._loop_watch = asyncio.ensure_future(LoopWatch(self.registry).run())
         self._gc_pauses = GCPauses(self.registry)
         self._gc_pauses.start()
@@ -796,6 +804,7 @@ class GPUSliceService(Application):
             if task is not None:
                 task.cancel()
         self._gc_pauses.stop()
+        self.report_pool.shutdown(wait=False, cancel_futures=True)
         if self.db is not None:
             self.db.dispose()
 

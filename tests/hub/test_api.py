@@ -278,3 +278,43 @@ def test_event_and_allocation_pages_follow_cursors_and_skip_nothing(clean):
         assert r.status_code == 400 and bad.split("=")[-2].split("&")[-1] in r.json()["message"]
     r = hub.api("GET", "/api/allocations?before=-5", pat)
     assert r.status_code == 400 and "before" in r.json()["message"]
+
+
+def test_usage_reports_waiting_for_the_writer_never_hold_up_a_spawn_form(clean):
+    """Reports have threads of their own: a burst of them waiting for SQLite's one writer
+    (held here by another connection) leaves the shared threads to everyone else."""
+    import sqlite3
+    import threading
+    import time
+
+    ann = clean.add_user("ann")
+    held = clean.allocate("ann", "share-250").json()
+    report = {"utilization": 50, "memory_mib": 100, "interval_seconds": 60}
+    ledger = sqlite3.connect(clean.config["db_url"].removeprefix("sqlite:///"), timeout=60)
+    ledger.isolation_level = None
+    statuses: list[int] = []
+
+    def send() -> None:
+        r = clean.api("POST", f"/api/allocations/{held['id']}/usage", ann, json=report)
+        statuses.append(r.status_code)
+
+    ledger.execute("BEGIN IMMEDIATE")  # the one writer, until the rollback below
+    try:
+        # more reports than the shared pool has threads (6 on this machine's 2 CPUs, up to 32)
+        senders = [threading.Thread(target=send) for _ in range(40)]
+        for t in senders:
+            t.start()
+        # (several forms one after another: the later ones are surely behind the reports)
+        for _ in range(5):
+            started = time.monotonic()
+            r = clean.api("GET", "/api/profiles", ann)
+            waited = time.monotonic() - started
+            assert r.status_code == 200, r.text
+            # the reports wait up to SQLite's 30 s busy timeout; no form waits for them
+            assert statuses == [] and waited < 10, (statuses, waited)
+    finally:
+        ledger.execute("ROLLBACK")
+        ledger.close()
+    for t in senders:
+        t.join(60)
+    assert statuses == [200] * 40

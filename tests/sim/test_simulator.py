@@ -203,3 +203,33 @@ def test_a_batch_window_holds_a_job_until_it_opens_and_requeues_it_when_it_close
     assert r.losses == [10.0]
     assert j["last_start"] == 86400 + 3600
     assert j["state"] == "completed" and j["ended"] == pytest.approx(86400 + 3600 + 1800)
+
+
+def test_a_finer_share_menu_fits_more_jobs_that_ask_for_less_than_a_gpu(tmp_path: Path):
+    # 24 jobs each needing 300 milli-GPU for 10 hours (openb's gpu_milli), busy at 240:
+    # with the catalog's shares each gets a share-500 and 8 GPUs hold 16 of them, so 8
+    # wait 10 hours; with shares in steps of 100 each gets a share-300 and a GPU holds 3:
+    # all 24 run at once.
+    jobs = [
+        BatchJob(i, f"b{i}", "g", 0, "share-500", 36000, 240, 1, 600.0, request_milli=300)
+        for i in range(24)
+    ]
+    w = Workload(0.5, [], jobs)
+    catalog = run(w, "4", tmp_path)
+    folder = tmp_path / "fine"
+    folder.mkdir()
+    fine = Simulation(w, POLICIES["4"].vary("shares", 100), ONE_HOST, seed=3, folder=folder).run()
+    for r, running in ((catalog, 16), (fine, 24)):
+        first_hour = [s for s in r.samples if 0 < s["t"] < 3600]
+        assert first_hour and all(s["busy"] == running * 240 for s in first_hour)
+    # the 12 hours run: all 24 do their 10 hours; or 16 do, and 8 start at 10 h and run 2
+    assert fine.batch_useful == pytest.approx(24 * 240 * 36000)
+    assert catalog.batch_useful == pytest.approx(16 * 240 * 36000 + 8 * 240 * 7200)
+
+
+def test_a_share_menu_is_refused_unless_its_step_makes_a_menu():
+    for step in (0, 10, 100, 500):
+        POLICIES["4"].vary("shares", step)
+    for step in (5, 501, 1000):
+        with pytest.raises(ValueError, match="shares must be"):
+            POLICIES["4"].vary("shares", step)

@@ -19,6 +19,8 @@ from ..errors import Pending, Refused
 from ..ledger import Caller
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from ..app import GPUSliceService
 
 
@@ -222,12 +224,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def write_json(self, data: Any, status: int = 200) -> None:
         self._send_json(dumps(data), status)
 
-    async def write_computed(self, compute: Callable[[], Any], status: int = 200) -> None:
+    async def write_computed(
+        self, compute: Callable[[], Any], status: int = 200, pool: Executor | None = None
+    ) -> None:
         """Compute a response and write its JSON in a worker thread, then send it. For what
         reads the ledger or grows with the cluster: neither the reads (which wait for the
         caches' locks) nor the writing (the admin overview at 200 hosts is 1.6 MB, 24 ms of
-        ``json.dumps``) then hold up the requests waiting on the event loop."""
-        text = await asyncio.to_thread(lambda: dumps(compute()))
+        ``json.dumps``) then hold up the requests waiting on the event loop. ``pool``: the
+        threads to use (default: the shared ones)."""
+        loop = asyncio.get_running_loop()
+        text = await loop.run_in_executor(pool, lambda: dumps(compute()))
         self._send_json(text, status)
 
     def _send_json(self, text: str, status: int) -> None:

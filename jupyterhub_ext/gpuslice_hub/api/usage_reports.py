@@ -39,5 +39,6 @@ class UsageReportHandler(BaseHandler):
             return {"allocation_id": alloc["id"], "recorded_at": iso(at)}
 
         # in a worker thread: 500 servers report every minute, and on SQLite a write waits
-        # for the one writer (a spawn, the scheduler), which must not stall the event loop
-        await self.write_computed(record)
+        # for the one writer (a spawn, the scheduler), which must not stall the event loop;
+        # the reports' own threads, so that a burst of them never leaves a spawn waiting
+        await self.write_computed(record, pool=self.service.report_pool)
