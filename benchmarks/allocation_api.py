@@ -9,6 +9,8 @@ hub's spawner makes them (the service's token, naming the user).
 
 ``--client http.client`` drives it through one kept-alive ``http.client`` connection per
 client instead of ``requests`` (whose own CPU is a good part of a cycle on a small machine).
+``--rates 25,50`` also paces 50 clients at those cycles per second in all (spawns arriving
+at a site's pace rather than back to back), latency counted from each cycle's scheduled start.
 
 Prints one line per configuration: allocations/s (allocate+release cycles per second),
 and p50/p99 latency of the allocate call and of the release call, in milliseconds.
@@ -124,7 +126,51 @@ def cycles(
     return alloc, release
 
 
-def run(db_name: str, db_url: str | None, n: int, workdir: Path) -> None:
+def paced(base: str, token: str, users: list[str], rate: float, seconds: float) -> str:
+    """50 clients (one per user) making allocate + release cycles at ``rate`` cycles a
+    second in all, each starting on a schedule (client i's k-th cycle at (50k + i) / rate):
+    spawns arriving at a site's pace, not back to back. Latency counts from the scheduled
+    start, so a cycle that waits for the one before it counts its wait too."""
+    clients = len(users)
+    per_client = max(1, int(rate * seconds / clients))
+    lock = threading.Lock()
+    alloc: list[float] = []
+    release: list[float] = []
+    start = time.perf_counter() + 1.0
+
+    def client(i: int) -> None:
+        s: Any = LeanSession(base, token) if CLIENT == "http.client" else requests.Session()
+        if CLIENT != "http.client":
+            s.headers["Authorization"] = f"token {token}"
+        mine_a, mine_r = [], []
+        for k in range(per_client):
+            due = start + (clients * k + i) / rate
+            time.sleep(max(0.0, due - time.perf_counter()))  # pacing, not synchronisation
+            body = {"user": users[i], "groups": [], "profile": "share-100", "server_name": "p"}
+            r = s.post(f"{base}/api/allocations", json=body)
+            t1 = time.perf_counter()
+            assert r.status_code == 201, r.text
+            r2 = s.delete(f"{base}/api/allocations/{r.json()['id']}")
+            assert r2.status_code == 200, r2.text
+            mine_a.append(t1 - due)
+            mine_r.append(time.perf_counter() - t1)
+        with lock:
+            alloc.extend(mine_a)
+            release.extend(mine_r)
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    done = time.perf_counter() - start
+    return (
+        f"{clients} clients at {rate:g} cycles/s ({len(alloc) / done:.1f} done/s): "
+        f"alloc p50 {pct(alloc, 0.5):5.1f} ms p99 {pct(alloc, 0.99):5.1f} ms  "
+        f"release p50 {pct(release, 0.5):5.1f} ms p99 {pct(release, 0.99):5.1f} ms"
+    )
+
+
+def run(
+    db_name: str, db_url: str | None, n: int, workdir: Path, rates: list[float] | None = None
+) -> None:
     hub = start_hub(workdir, db_url=db_url, hosts=HOSTS, profiles=PROFILES)
     try:
         users = [f"bench{i:02d}" for i in range(50)]
@@ -168,6 +214,8 @@ def run(db_name: str, db_url: str | None, n: int, workdir: Path) -> None:
             flush=True,
         )
         assert statistics.mean(all_a) > 0
+        for rate in rates or []:
+            print(f"{db_name:10s} {'direct':9s} {paced(hub.service_url, token, users, rate, 20)}")
     finally:
         hub.stop()
 
@@ -182,13 +230,19 @@ def main() -> None:
         default="requests",
         help="the HTTP client the benchmark drives the API with",
     )
+    ap.add_argument(
+        "--rates",
+        default="",
+        help="also 50 clients paced at these total cycles/s (comma-separated), 20 s each",
+    )
     args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",") if r]
     global CLIENT
     CLIENT = args.client
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         for db in args.db.split(","):
             if db == "sqlite":
-                run("sqlite", None, args.cycles, Path(tmp) / "sqlite")
+                run("sqlite", None, args.cycles, Path(tmp) / "sqlite", rates)
             elif db == "postgres":
                 bindir = find_bindir()
                 if bindir is None:
@@ -197,7 +251,7 @@ def main() -> None:
                 server = start_server(bindir)
                 stack.callback(server.stop)
                 url = stack.enter_context(fresh_database(server.url()))
-                run("postgres", url, args.cycles, Path(tmp) / "postgres")
+                run("postgres", url, args.cycles, Path(tmp) / "postgres", rates)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ of such actions. Each change is recorded as an event with who made it and why.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..overrides import ADMIN_EVENT_KINDS, AdminSettings, parse_limit_body, quotas_json
 from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
 
@@ -31,7 +33,10 @@ class DrainHandler(AdminBase):
         if not isinstance(drained, bool):
             raise RequestError(400, "field 'drained' must be true or false")
         reason = self.reason(body)
-        self.write_json(self.ledger.set_drained(gpu_uuid, drained, ident.name, reason[:255]))
+        # a ledger write (it takes the allocation lock): never on the event loop
+        await self.write_computed(
+            lambda: self.ledger.set_drained(gpu_uuid, drained, ident.name, reason[:255])
+        )
 
 
 class QuotasHandler(AdminBase):
@@ -41,6 +46,11 @@ class QuotasHandler(AdminBase):
     @api_authenticated
     async def get(self) -> None:
         self.admin("reading quotas")
+        # the admin panel asks every few seconds; at 200 hosts a walk over thousands of
+        # held slices: in a worker thread
+        await self.write_computed(self._quotas)
+
+    def _quotas(self) -> dict[str, Any]:
         _, _, active = self.ledger.snapshot()
         users: dict[str, dict[str, float]] = {}
         groups: dict[str, dict[str, float]] = {}
@@ -53,14 +63,12 @@ class QuotasHandler(AdminBase):
                 held["milli"] += a.gpu_milli
         with self.ledger.db.reading() as s:
             effective = self.ledger.effective_quotas(s)
-        self.write_json(
-            {
-                "config": quotas_json(self.service.parsed_quotas),
-                "overrides": self.store.overrides(),
-                "effective": quotas_json(effective),
-                "in_use": {"users": users, "groups": groups},
-            }
-        )
+        return {
+            "config": quotas_json(self.service.parsed_quotas),
+            "overrides": self.store.overrides(),
+            "effective": quotas_json(effective),
+            "in_use": {"users": users, "groups": groups},
+        }
 
 
 class QuotaHandler(AdminBase):
@@ -174,8 +182,9 @@ class ActionsHandler(AdminBase):
     async def get(self) -> None:
         self.admin("reading the admin action log")
         limit = int_arg(self, "limit", 100, 1, 1000)
-        events = self.ledger.events(kinds=ADMIN_EVENT_KINDS, limit=limit)
-        self.write_json({"actions": events})
+        await self.write_computed(
+            lambda: {"actions": self.ledger.events(kinds=ADMIN_EVENT_KINDS, limit=limit)}
+        )
 
 
 def admin_handlers(api: str) -> list[tuple[str, type]]:

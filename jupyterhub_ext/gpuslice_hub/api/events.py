@@ -58,13 +58,17 @@ class EventsHandler(BaseHandler):
         alloc_id = raw.get("allocation_id")
         if isinstance(alloc_id, bool) or not isinstance(alloc_id, int):
             raise RequestError(400, "detail.allocation_id (the allocation reported on) is required")
-        alloc = self.held_allocation(ident, alloc_id)
-        user = body.get("user", alloc["user"])
-        if user != alloc["user"]:
-            raise RequestError(403, "an event is about the allocation's holder only")
-        detail = _detail(raw, alloc)
-        event = self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
-        self.write_json(event, 201)
+
+        def record() -> dict[str, Any]:
+            alloc = self.held_allocation(ident, alloc_id)
+            user = body.get("user", alloc["user"])
+            if user != alloc["user"]:
+                raise RequestError(403, "an event is about the allocation's holder only")
+            detail = _detail(raw, alloc)
+            return self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
+
+        # a write: on SQLite it may wait for the one writer, never on the event loop
+        await self.write_computed(record, 201)
 
 
 def _detail(raw: dict[str, Any], alloc: dict[str, Any]) -> dict[str, Any]:

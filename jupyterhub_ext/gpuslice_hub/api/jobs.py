@@ -85,7 +85,8 @@ class JobLogHandler(JobsBase):
     async def get(self, job_id: str) -> None:
         job = self.owned(self.identity(), job_id)
         tail = int_arg(self, "tail", 64_000, 1, 10_000_000)
-        self.write_json({"id": job.id, "log": self.jobs.log_text(job, tail)})
+        # a file in the job's folder (on a shared filesystem, perhaps slow): not on the loop
+        await self.write_computed(lambda: {"id": job.id, "log": self.jobs.log_text(job, tail)})
 
 
 class JobOutputHandler(JobsBase):

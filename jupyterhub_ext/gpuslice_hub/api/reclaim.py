@@ -3,6 +3,7 @@ whose slice its extension found idle (or whose owner pressed "release")."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gpuslice.jsonclient import JSONError
@@ -64,13 +65,18 @@ class ReclaimHandler(BaseHandler):
         voluntary = body.get("voluntary", False)
         if not isinstance(voluntary, bool):
             raise RequestError(400, "field 'voluntary' must be true or false")
-        alloc = self.held_allocation(ident, alloc_id)
         if not self.service.hub_api.configured:
             raise RequestError(503, "the service has no hub API access to stop servers")
-        # The server says how long it sat idle; it cannot have been idle for longer than the
-        # slice has existed, and what the service counts is bounded by that.
-        kind, detail = reclaim_record(alloc, idle, voluntary)
-        event = self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
+
+        def record() -> tuple[dict[str, Any], dict[str, Any]]:
+            alloc = self.held_allocation(ident, alloc_id)
+            # The server says how long it sat idle; it cannot have been idle for longer
+            # than the slice has existed, and what the service counts is bounded by that.
+            kind, detail = reclaim_record(alloc, idle, voluntary)
+            return alloc, self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
+
+        # reads and a write: in a worker thread (on SQLite the write may wait for the writer)
+        alloc, event = await asyncio.to_thread(record)
         # Answer before stopping: the caller is usually the very server being stopped, and
         # its own reply to the browser must get out before the hub takes it down.
         self.write_json({"allocation_id": alloc["id"], "stopping": True, "event": event}, 202)
@@ -78,7 +84,7 @@ class ReclaimHandler(BaseHandler):
             await self.service.hub_api.stop_server(alloc["user"], alloc["server_name"])
         except JSONError as e:
             if e.status != 404:  # already gone: the slice is being released anyway
-                self._stop_failed(alloc, ident.name, str(e))
+                await asyncio.to_thread(self._stop_failed, alloc, ident.name, str(e))
 
     def _stop_failed(self, alloc: dict[str, Any], actor: str, error: str) -> None:
         self.service.log.error("could not stop %s's server: %s", alloc["user"], error)
