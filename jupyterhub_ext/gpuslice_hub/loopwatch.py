@@ -8,7 +8,7 @@ runs is how long the loop was busy with something else, observed into the histog
 What holds every thread at once is the garbage collector: a full collection walks every
 object the process keeps, with the GIL held. At 200 hosts and 10 000 queued jobs that was
 ~280 ms each time, most of it the imports' own objects (JupyterHub's dependencies build a
-URL grammar of ~25 000 objects at import), and it ran every few seconds under load: the
+URL grammar of ~70 000 objects at import), and it ran every few seconds under load: the
 youngest generation was collected every 700 new objects, so the big short-lived results
 of a pass, an overview or a scrape (tens of thousands of objects, alive for a fraction of
 a second) were promoted to the oldest generation and soon called for a full collection.
