@@ -506,8 +506,11 @@ class Scheduler:
                 widest = only
             # jobs that may use different pools are blocked apart (split pools)
             shape = (job.profile, job.slices, access.tries if access else None)
-            mine = (job.user, tuple(sorted(job.groups or ())), *shape)
-            refusal = refused.get(shape) or refused.get(mine)
+            # (the user's own key only where the shape is not refused already: behind a
+            # blocked shape thousands of jobs need no more than the first lookup)
+            refusal = refused.get(shape)
+            mine = (job.user, tuple(sorted(job.groups or ())), *shape) if refusal is None else ()
+            refusal = refusal or refused.get(mine)
             granted = None
             if refusal is None:
                 # no job takes the room being made for another (people may: they come first)
