@@ -134,7 +134,7 @@ class SimBackend:
     def settle(self, now: float) -> None:
         """Every run that has exited by ``now``: write what the runner writes on its way
         out (the next pass reads it), and account its work."""
-        for job_id in sorted(self.unsettled):  # (in job order, as before: deterministic)
+        for job_id in sorted(self.unsettled):  # (in job id order: deterministic)
             run = self.runs[job_id]
             if run.ends <= now:
                 self._settle(job_id, run)

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuslice_hub.loopwatch import tune_garbage_collection
-
 from .engine import Settings, Simulation
 from .interactive import ParameterError, generate, load_parameters
 from .openb import batch_jobs
@@ -139,8 +137,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # the service's own garbage-collection settings (its start makes them: loopwatch.py)
-    tune_garbage_collection()
     parser = argparse.ArgumentParser(prog="gpuslice-sim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compare policies on a generated + openb workload")

@@ -29,6 +29,7 @@ PROFILES: list[dict[str, Any]] = [
 # one GPU's share each profile holds (a 1g.10gb instance is 1/7 of an A100)
 PROFILE_MILLI = {"mig-1g.10gb": 142, "share-250": 250, "share-500": 500, "gpu-1": 1000}
 PROFILE_MILLI.update({f"gpu-{n}": 1000 * n for n in (2, 4, 8)})
+CATALOG_SHARES = sorted(p["gpu_milli"] for p in PROFILES if p["kind"] == "share")
 
 GPU_MEMORY_MIB = 81920
 
@@ -174,11 +175,14 @@ class Policy:
         ]
 
     def batch_profile(self, job: BatchJob) -> str:
-        """What a batch job gets: with a share menu, the smallest share that holds its
-        request; else what it asked for, as :meth:`profile` maps it."""
+        """What a batch job gets: with a share menu, the smallest share of the menu and
+        the catalog together that holds its request; else what it asked for, as
+        :meth:`profile` maps it."""
         if self.shares and self.slices and job.request_milli and job.slices == 1:
             step = self.shares
-            milli = -(-job.request_milli // step) * step  # rounded up to the menu
+            menu = -(-job.request_milli // step) * step  # rounded up to the menu
+            catalog = [m for m in CATALOG_SHARES if m >= job.request_milli]
+            milli = min([menu, *catalog])
             return f"share-{milli}" if milli < 1000 else "gpu-1"
         return self.profile(job.profile)
 

@@ -79,6 +79,10 @@ class GCPauses:
             buckets=LAG_BUCKETS,
             registry=registry,
         )
+        # The series are made here, never in the callback: making one takes the histogram's
+        # lock, which a scrape in the same thread may hold when its allocation starts a
+        # collection (a lock a thread cannot take twice: it would wait forever).
+        self._series = {g: self.pause.labels(str(g)) for g in range(len(gc.get_count()))}
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
@@ -86,9 +90,10 @@ class GCPauses:
         # collection at a time, so one start time is enough)
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            pause = time.perf_counter() - self._started
-            self.pause.labels(str(info.get("generation", ""))).observe(pause)
+            return
+        series = self._series.get(info.get("generation", -1))
+        if series is not None:
+            series.observe(time.perf_counter() - self._started)
 
     def start(self) -> None:
         if self not in gc.callbacks:

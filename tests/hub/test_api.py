@@ -304,13 +304,14 @@ def test_usage_reports_waiting_for_the_writer_never_hold_up_a_spawn_form(clean):
         senders = [threading.Thread(target=send) for _ in range(40)]
         for t in senders:
             t.start()
-        # (several forms one after another: the later ones are surely behind the reports)
-        for _ in range(5):
+        # forms one after another for 3 s: by then every report has reached the service
+        # and waits (for up to SQLite's 30 s busy timeout); each form must still answer
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
             started = time.monotonic()
             r = clean.api("GET", "/api/profiles", ann)
             waited = time.monotonic() - started
             assert r.status_code == 200, r.text
-            # the reports wait up to SQLite's 30 s busy timeout; no form waits for them
             assert statuses == [] and waited < 10, (statuses, waited)
     finally:
         ledger.execute("ROLLBACK")

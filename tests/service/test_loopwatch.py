@@ -67,6 +67,30 @@ def test_each_garbage_collection_is_observed_by_generation():
     assert full() == 1  # stopped: no longer observed
 
 
+def test_a_collection_during_a_scrape_of_the_pauses_does_not_hang():
+    """A scrape holds the histogram's lock while it copies its series; a collection that
+    its allocation starts runs the callback in the same thread, which must not need that
+    lock (a thread cannot take it twice)."""
+    import threading
+
+    registry = CollectorRegistry()
+    pauses = GCPauses(registry)
+    pauses.start()
+    done = threading.Event()
+
+    def scrape_then_collect() -> None:
+        with pauses.pause._lock:  # where the scrape is when the collection starts
+            gc.collect()
+        done.set()
+
+    try:
+        worker = threading.Thread(target=scrape_then_collect, daemon=True)
+        worker.start()
+        assert done.wait(10), "the collection's callback waited for the scrape's lock"
+    finally:
+        pauses.stop()
+
+
 class _Cycle:
     def __init__(self) -> None:
         self.me = self
@@ -80,9 +104,10 @@ def test_frozen_startup_objects_leave_later_garbage_collectable():
         frozen = tune_garbage_collection()
         assert gc.get_threshold() == (YOUNG_THRESHOLD, *thresholds[1:])
         assert frozen >= gc.get_freeze_count() > 0
-        tracked = len(gc.get_objects())
+        tracked = gc.get_objects()
         # what the start built is out of the collections' walk...
-        assert tracked < frozen
+        assert len(tracked) < frozen and not any(o is before for o in tracked)
+        del tracked
         after = _Cycle()
         gone = weakref.ref(after)
         del after

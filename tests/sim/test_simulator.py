@@ -227,6 +227,23 @@ def test_a_finer_share_menu_fits_more_jobs_that_ask_for_less_than_a_gpu(tmp_path
     assert catalog.batch_useful == pytest.approx(16 * 240 * 36000 + 8 * 240 * 7200)
 
 
+def test_a_share_menu_keeps_the_catalogs_shares():
+    # the smallest share of the menu and the catalog (250, 500) together
+    def got(step: int, milli: int) -> str:
+        job = BatchJob(0, "b0", "g", 0, "share-500", 3600, 100, request_milli=milli)
+        return POLICIES["4"].vary("shares", step).batch_profile(job)
+
+    assert got(100, 220) == "share-250" and got(100, 260) == "share-300"
+    assert got(500, 200) == "share-250" and got(500, 400) == "share-500"
+    assert got(100, 950) == "gpu-1"
+    assert (
+        POLICIES["4"].batch_profile(
+            BatchJob(0, "b0", "g", 0, "share-500", 3600, 100, request_milli=300)
+        )
+        == "share-500"
+    )  # no menu: the profile it asked for
+
+
 def test_a_share_menu_is_refused_unless_its_step_makes_a_menu():
     for step in (0, 10, 100, 500):
         POLICIES["4"].vary("shares", step)

@@ -3,6 +3,7 @@ of such actions. Each change is recorded as an event with who made it and why.""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..overrides import ADMIN_EVENT_KINDS, AdminSettings, parse_limit_body, quotas_json
@@ -90,8 +91,11 @@ class QuotaHandler(AdminBase):
         slices, milli = parse_limit_body(body)
         reason = self.reason(body, required=True)
         await self._check_exists(subject, name)
-        row = self.store.set_quota(subject, name, slices, milli, ident.name, reason)
-        self.write_json(row)
+        # admin settings are ledger writes (on SQLite they may wait for the one writer):
+        # in a worker thread, here and below
+        await self.write_computed(
+            lambda: self.store.set_quota(subject, name, slices, milli, ident.name, reason)
+        )
 
     @api_authenticated
     async def delete(self, subject: str, name: str) -> None:
@@ -101,7 +105,7 @@ class QuotaHandler(AdminBase):
     async def _delete(self, subject: str, name: str) -> None:
         ident = self.admin("changing a quota")
         reason = self.optional_reason()
-        if not self.store.reset_quota(subject, name, ident.name, reason):
+        if not await asyncio.to_thread(self.store.reset_quota, subject, name, ident.name, reason):
             raise RequestError(404, f"no quota override for {subject} {name!r}".strip())
         self.set_status(204)
         self.finish()
@@ -135,8 +139,8 @@ class ExemptionsHandler(AdminBase):
     async def get(self) -> None:
         self.admin("reading idle exemptions")
         config = self.service.idle_policy_config
-        self.write_json(
-            {
+        await self.write_computed(
+            lambda: {
                 "exemptions": self.store.exemptions(),
                 "config": {
                     "users": sorted(config.exempt_users),
@@ -163,13 +167,13 @@ class ExemptionHandler(AdminBase):
             raise RequestError(400, "field 'hours' must be a number of hours, 0 < hours <= 8760")
         if self.service.hub_api.configured and await self.service.hub_api.user_groups(user) is None:
             raise RequestError(404, f"no such user {user!r} on the hub")
-        self.write_json(self.store.exempt(user, ident.name, reason, hours))
+        await self.write_computed(lambda: self.store.exempt(user, ident.name, reason, hours))
 
     @api_authenticated
     async def delete(self, user: str) -> None:
         ident = self.admin("ending an idle exemption")
         reason = self.optional_reason()
-        if not self.store.unexempt(user, ident.name, reason):
+        if not await asyncio.to_thread(self.store.unexempt, user, ident.name, reason):
             raise RequestError(404, f"{user} has no idle exemption set in the panel")
         self.set_status(204)
         self.finish()

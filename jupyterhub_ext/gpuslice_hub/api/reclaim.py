@@ -65,11 +65,12 @@ class ReclaimHandler(BaseHandler):
         voluntary = body.get("voluntary", False)
         if not isinstance(voluntary, bool):
             raise RequestError(400, "field 'voluntary' must be true or false")
-        if not self.service.hub_api.configured:
-            raise RequestError(503, "the service has no hub API access to stop servers")
 
         def record() -> tuple[dict[str, Any], dict[str, Any]]:
             alloc = self.held_allocation(ident, alloc_id)
+            # (after the holder check: anyone else is told the slice is not theirs)
+            if not self.service.hub_api.configured:
+                raise RequestError(503, "the service has no hub API access to stop servers")
             # The server says how long it sat idle; it cannot have been idle for longer
             # than the slice has existed, and what the service counts is bounded by that.
             kind, detail = reclaim_record(alloc, idle, voluntary)
