@@ -20,8 +20,9 @@ class JobsBase(BaseHandler):
             raise RequestError(503, "the job scheduler is not running")
         return jobs
 
-    def owned(self, ident: Identity, job_id: str) -> Any:
-        job = self.jobs.row(self.db_id(job_id, "job"))
+    async def owned(self, ident: Identity, job_id: str) -> Any:
+        # a database read (the JupyterLab panel asks after each job it shows): in a thread
+        job = await asyncio.to_thread(self.jobs.row, self.db_id(job_id, "job"))
         if job is None:
             raise RequestError(404, f"no job {job_id}")
         if not ident.sees_all and job.user != ident.name:
@@ -67,13 +68,14 @@ class JobsHandler(JobsBase):
 class JobHandler(JobsBase):
     @api_authenticated
     async def get(self, job_id: str) -> None:
-        job = self.owned(self.identity(), job_id)
-        self.write_json(self.jobs.get(job.id))
+        job = await self.owned(self.identity(), job_id)
+        jobs = self.jobs
+        await self.write_computed(lambda: jobs.get(job.id))
 
     @api_authenticated
     async def delete(self, job_id: str) -> None:
         ident = self.identity()
-        job = self.owned(ident, job_id)
+        job = await self.owned(ident, job_id)
         if not ident.is_admin and job.user != ident.name:
             raise RequestError(403, "only the job's owner or an admin may cancel it")
         reason = self.optional_reason()
@@ -83,7 +85,7 @@ class JobHandler(JobsBase):
 class JobLogHandler(JobsBase):
     @api_authenticated
     async def get(self, job_id: str) -> None:
-        job = self.owned(self.identity(), job_id)
+        job = await self.owned(self.identity(), job_id)
         tail = int_arg(self, "tail", 64_000, 1, 10_000_000)
         # a file in the job's folder (on a shared filesystem, perhaps slow): not on the loop
         await self.write_computed(lambda: {"id": job.id, "log": self.jobs.log_text(job, tail)})
@@ -94,7 +96,7 @@ class JobOutputHandler(JobsBase):
 
     @api_authenticated
     async def get(self, job_id: str) -> None:
-        job = self.owned(self.identity(), job_id)
+        job = await self.owned(self.identity(), job_id)
         fmt = self.get_argument("format", "ipynb")
         if fmt not in ("ipynb", "html"):
             raise RequestError(400, "query argument format must be 'ipynb' or 'html'")
@@ -116,7 +118,7 @@ class JobPreemptHandler(JobsBase):
         ident = self.identity()
         if not ident.is_admin:
             raise RequestError(403, "preempting a job needs the gpuslice admin scope")
-        job = self.owned(ident, job_id)
+        job = await self.owned(ident, job_id)
         reason = self.optional_reason() or self.get_argument("reason", "")
         reason = reason or "preempted by an admin"
         preempted = await asyncio.to_thread(self.jobs.preempt, job.id, ident.name, reason[:255])
