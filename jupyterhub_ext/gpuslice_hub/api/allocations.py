@@ -106,7 +106,8 @@ class AllocationsHandler(BaseHandler):
 class AllocationHandler(BaseHandler):
     @api_authenticated
     async def get(self, alloc_id: str) -> None:
-        self.write_json(self.visible_allocation(self.identity(), alloc_id))
+        ident = self.identity()
+        await self.write_computed(lambda: self.visible_allocation(ident, alloc_id))
 
     @api_authenticated
     async def delete(self, alloc_id: str) -> None:

@@ -24,19 +24,24 @@ class IdlePolicyHandler(BaseHandler):
         if raw is not None:
             if not (raw.isascii() and raw.isdigit()):
                 raise RequestError(400, f"query argument allocation_id must be an integer: {raw!r}")
-            alloc = self.visible_allocation(ident, raw)
+            # ledger reads (every server asks each policy refresh): in worker threads
+            alloc = await asyncio.to_thread(self.visible_allocation, ident, raw)
             user, profile = alloc["user"], alloc["profile"]
         groups = await self._groups(ident, user)
         store = self.service.admin_settings
-        policy = effective_policy(
-            self.service.idle_policy_config,
-            self.service.parsed_profiles,
-            user,
-            groups,
-            profile,
-            store.exemption(user) if store is not None else None,
-        )
-        self.write_json({"user": user, "profile": profile, "policy": policy.to_json()})
+
+        def resolved() -> dict[str, Any]:
+            policy = effective_policy(
+                self.service.idle_policy_config,
+                self.service.parsed_profiles,
+                user,
+                groups,
+                profile,
+                store.exemption(user) if store is not None else None,
+            )
+            return {"user": user, "profile": profile, "policy": policy.to_json()}
+
+        await self.write_computed(resolved)
 
     async def _groups(self, ident: Identity, user: str) -> tuple[str, ...]:
         # A server's token carries no group scope; the service looks the groups up itself.
