@@ -165,10 +165,11 @@ class SimBackend:
     def progress(self, at: float) -> dict[int, float]:
         """Per running job, the work its current run has done by ``at`` (checkpointed or
         not: a run still going at the end of a simulation has lost nothing yet)."""
-        return {
-            job_id: min(run.job.work - run.saved, max(0.0, min(at, run.ends) - run.started))
-            for job_id, run in ((i, self.runs[i]) for i in sorted(self.unsettled))
-        }
+        done: dict[int, float] = {}
+        for job_id in self.unsettled:
+            run = self.runs[job_id]
+            done[job_id] = min(run.job.work - run.saved, max(0.0, min(at, run.ends) - run.started))
+        return done
 
 
 def _write_state(job_dir: str, **state: Any) -> None:

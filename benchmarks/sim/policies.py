@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .workload import BatchJob
 
-GPU = {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
+GPU: dict[str, Any] = {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
 
 # The slice profiles (what a gpuslice site offers); whole-GPU policies map every request
 # to ``gpu-N``. MIG profiles only fit the hosts whose GPUs are in MIG mode.
@@ -30,8 +30,6 @@ PROFILES: list[dict[str, Any]] = [
 PROFILE_MILLI = {"mig-1g.10gb": 142, "share-250": 250, "share-500": 500, "gpu-1": 1000}
 PROFILE_MILLI.update({f"gpu-{n}": 1000 * n for n in (2, 4, 8)})
 CATALOG_SHARES = sorted(p["gpu_milli"] for p in PROFILES if p["kind"] == "share")
-
-GPU_MEMORY_MIB = 81920
 
 
 def profile_milli(name: str) -> int:
@@ -168,7 +166,7 @@ class Policy:
                 "name": f"share-{m}",
                 "kind": "share",
                 "gpu_milli": m,
-                "gpu_memory_mib": GPU_MEMORY_MIB * m // 1000,
+                "gpu_memory_mib": GPU["memory_mib"] * m // 1000,
             }
             for m in range(self.shares, 1000, self.shares)
             if f"share-{m}" not in catalog
