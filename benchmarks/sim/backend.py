@@ -66,6 +66,9 @@ class SimBackend:
         # the job ids whose run has not exited yet: a month's runs are tens of thousands,
         # and each pass's settle looks only at these
         self.unsettled: set[int] = set()
+        # job ids whose folder it wrote since the scheduler last asked after them: the
+        # others' folders are as the pass last read them (RunStatus.files_unchanged)
+        self.written: set[int] = set()
         self.saved: dict[int, float] = {}  # job id -> work checkpointed (kept across runs)
         self.kept: dict[int, float] = {}  # job id -> seconds of work done and not lost
         self.lost: dict[int, float] = {}  # job id -> seconds of work lost
@@ -89,6 +92,7 @@ class SimBackend:
         run = Run(job, env[ATTEMPT_ID], now, saved, now + (job.work - saved), job_dir)
         self.runs[job_id] = run
         self.unsettled.add(job_id)
+        self.written.add(job_id)
         _write_state(
             job_dir, status="running", attempt_id=run.attempt, last_checkpoint_at=self.epoch + now
         )
@@ -102,7 +106,8 @@ class SimBackend:
         now = self.now()
         out = []
         for ref in refs:
-            run = self.runs.get(ref.get("sim", -1))
+            job_id = ref.get("sim", -1)
+            run = self.runs.get(job_id)
             if run is None:
                 out.append(RunStatus(False, None))
             elif run.settled:
@@ -110,7 +115,8 @@ class SimBackend:
             else:
                 # the simulator settles every run that ended before it asks for a pass
                 assert now < run.ends, f"job {run.job.id}: a run ended unsettled"
-                out.append(RunStatus(True))
+                out.append(RunStatus(True, files_unchanged=job_id not in self.written))
+            self.written.discard(job_id)
         return out
 
     def signal_preempt(self, ref: dict[str, Any]) -> None:
@@ -154,6 +160,7 @@ class SimBackend:
         status = {EXIT_COMPLETED: "completed", EXIT_PREEMPTED: "preempted"}.get(
             run.code if run.code is not None else -1, "running"
         )
+        self.written.add(job_id)
         _write_state(
             run.job_dir,
             status=status,

@@ -9,7 +9,9 @@ into plain objects. Attribute names match the ORM rows, so serializers take eith
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -295,6 +297,17 @@ class OwnWrites:
     states: dict[int, AllocationView | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ActiveState:
+    """The active allocations as of one state of an :class:`ActiveCache`: their views by
+    id (the caller's own dict; the views are shared and never modified), and the state's
+    ``mark``, which :meth:`ActiveCache.changed_between` compares."""
+
+    views: dict[int, AllocationView]
+    mark: tuple[int, int]  # (the cache's read count, its change count)
+    source: ActiveCache
+
+
 class ActiveCache:
     """The active allocations, brought up to date from the events recorded since.
 
@@ -310,6 +323,8 @@ class ActiveCache:
 
     # Past this many new events a full read is as cheap as following them.
     FULL_READ_AFTER = 2000
+    # How many changes ``changed_between`` can tell back (more: the caller compares all)
+    JOURNAL = 4096
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -318,10 +333,36 @@ class ActiveCache:
         self._held = _HeldIndex()
         self.full_reads = 0  # for tests and benchmarks: how often everything was read
         self.read_back = 0  # ... and how many allocations were read again after an event
+        # Every change of a view, numbered (the change count), so that a follower (the
+        # placement arrays: ClusterCache) learns which allocations changed between two
+        # states without comparing thousands of views: (change number, allocation id), the
+        # numbers after ``_journal_from`` all there. A full read starts a new journal.
+        self._changes = 0
+        self._journal: list[tuple[int, int]] = []
+        self._journal_from = 0
 
     def get(self, s: Session) -> list[AllocationView]:
         with self._up_to_date(s):
             return list(self._views.values())
+
+    def state(self, s: Session) -> ActiveState:
+        """The views by id, and the mark of this state, brought up to date in ``s``."""
+        with self._up_to_date(s):
+            return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
+
+    def changed_between(self, a: tuple[int, int], b: tuple[int, int]) -> set[int] | None:
+        """The ids of the allocations whose views changed between the states marked ``a``
+        and ``b`` (either may be the older); None when that is no longer known (a full
+        read since, or more changes than the journal keeps)."""
+        with self._lock:
+            if a[0] != b[0] or a[0] != self.full_reads:
+                return None
+            low, high = sorted((a[1], b[1]))
+            if low < self._journal_from:
+                return None
+            start = bisect.bisect_right(self._journal, (low, math.inf))
+            end = bisect.bisect_right(self._journal, (high, math.inf))
+            return {alloc_id for _, alloc_id in self._journal[start:end]}
 
     def held(self, s: Session | None = None) -> Held:
         """What the active allocations hold against quotas, brought up to date in ``s``;
@@ -352,6 +393,11 @@ class ActiveCache:
         if view is not None and view.active:
             self._views[alloc_id] = view
             self._held.add(view)
+        self._changes += 1
+        self._journal.append((self._changes, alloc_id))
+        if len(self._journal) > 2 * self.JOURNAL:
+            self._journal_from = self._journal[-self.JOURNAL - 1][0]
+            del self._journal[: -self.JOURNAL]
 
     def wrote(self, s: Session) -> OwnWrites:
         """What ``s``'s write transaction records of its own allocation changes; once it
@@ -394,9 +440,11 @@ class ActiveCache:
         if since is None or marker - since > self.FULL_READ_AFTER:
             self._marker = None  # a failure below leaves nothing half-read behind
             self._views, self._held = {}, _HeldIndex()
+            # a new journal: a follower of the old one starts again from the views
+            self.full_reads += 1
             for v in load_active(s):
                 self._put(v.id, v)
-            self.full_reads += 1
+            self._journal, self._journal_from = [], self._changes
         else:
             named: list[int] = [
                 int(alloc_id)

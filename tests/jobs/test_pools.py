@@ -364,7 +364,7 @@ def test_the_kept_restricted_arrays_follow_every_change_of_the_ledger(tmp_path):
             ledger.release(held.pop(0)["id"], "test", "churn")
         with ledger.db.reading() as s:
             inv = ledger.inventory_cache.get(s)
-            with ledger.cluster_cache.use(inv, ledger.active_cache.get(s)) as state:
+            with ledger.cluster_cache.use(inv, ledger.active_cache.state(s)) as state:
                 assert state is not None
                 for allowed in (frozenset({PEAK}), frozenset({"people"})):
                     kept = ledger._within(state, allowed, inv.generation, keep=True)

@@ -266,6 +266,7 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
     mine.snapshot()
     mine.profile_capacity()  # builds the arrays once
     assert mine.active_cache.full_reads == 1
+    last_reads = 1
     for step in range(60):
         ledger = mine if rng.random() < 0.7 else other
         if held and rng.random() < 0.4:
@@ -290,13 +291,19 @@ def test_the_active_cache_follows_every_change_without_reading_everything(make_l
             )
             inv = mine.inventory_cache.get(s)
             rebuilt = mine.cluster_cache.rows_rebuilt
-            with mine.cluster_cache.use(inv, active) as kept:
+            compared = mine.cluster_cache.views_compared
+            reads = mine.active_cache.full_reads
+            with mine.cluster_cache.use(inv, mine.active_cache.state(s)) as kept:
                 fresh = from_hosts(build_hosts(inv.hosts, inv.gpus, load_active(s)))
                 for name in ("cpu_free", "mem_free", "gpu_free", "gpu_mem_free", "mig_free"):
                     assert (getattr(kept, name) == getattr(fresh, name)).all(), name
             # only the hosts a change touched are rebuilt (a release and an allocation
-            # by the other ledger since the last look: at most two)
+            # by the other ledger since the last look: at most two), found from the active
+            # cache's journal without comparing the held views one by one
             assert mine.cluster_cache.rows_rebuilt - rebuilt <= 2
+            if mine.active_cache.full_reads == reads == last_reads:
+                assert mine.cluster_cache.views_compared == compared
+            last_reads = mine.active_cache.full_reads
     assert {a["id"] for a in mine.allocations()} == {i for _, i in held}
     assert charged_groups == {"physics", "chem"}
     # one full read at the start; every later change was followed from the events
@@ -465,3 +472,35 @@ def test_a_failure_while_following_changes_rebuilds_the_arrays_next_time(make_le
     with pytest.raises(RuntimeError):
         ledger.profile_capacity()
     assert ledger.profile_capacity()["gpu-1"][0] == before + 1  # the release is seen
+
+
+def test_the_active_cache_tells_which_allocations_changed_between_two_states(make_ledger):
+    """What the placement arrays follow: the allocations that changed between two states,
+    either way round, and None once that is no longer known (a journal outgrown, a full
+    read), when the arrays compare every view instead."""
+    ledger = make_ledger()
+    cache = ledger.active_cache
+
+    def state():
+        with ledger.db.reading() as s:
+            return cache.state(s)
+
+    first = state()
+    a, _ = ledger.allocate(ANN, "gpu-1", "a")
+    b, _ = ledger.allocate(ANN, "gpu-1", "b")
+    ledger.release(a["id"], "ann", "done")
+    second = state()
+    assert set(second.views) == set(first.views) | {b["id"]}
+    assert cache.changed_between(first.mark, second.mark) == {a["id"], b["id"]}
+    assert cache.changed_between(second.mark, first.mark) == {a["id"], b["id"]}
+    assert cache.changed_between(second.mark, second.mark) == set()
+    cache.JOURNAL = 2  # (a small journal: the service keeps 4 096 changes)
+    for i in range(3):
+        c, _ = ledger.allocate(ANN, "gpu-1", f"c{i}")
+        ledger.release(c["id"], "ann", "done")
+    third = state()
+    assert cache.changed_between(second.mark, third.mark) is None
+    cache._marker = None  # what a failure while following does: everything is read again
+    fourth = state()
+    assert cache.changed_between(third.mark, fourth.mark) is None
+    assert cache.changed_between(fourth.mark, state().mark) == set()

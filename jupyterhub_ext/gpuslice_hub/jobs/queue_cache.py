@@ -9,8 +9,9 @@ seen.
 
 Transition ids are taken when a row is inserted and become visible when its transaction
 commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
-looks back ``LOOKBACK`` ids for transitions it has not applied (every transition is written
-under the ledger lock, so ids commit in order today: this is a safety net), reads the whole
+looks back ``LOOKBACK`` ids for transitions it has not applied (it counts them, and reads
+them only when the count differs from those it applied; every transition is written under
+the ledger lock, so ids commit in order today: this is a safety net), reads the whole
 queue again when ids went back (SQLite reuses the highest ids after history pruning) and
 every ``FULL_READ_PASSES`` passes whatever happened (counted in passes, not seconds:
 the service passes at least every second, a simulation minutes of its time apart).
@@ -22,10 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from ..db.jobs_models import JobRow, JobTransitionRow
+from .ordering import micros
 
 QUEUED_COLUMNS = (
     JobRow.id,
@@ -43,6 +45,17 @@ LOOKBACK = 200
 FULL_READ_PASSES = 100
 CHUNK = 500  # job ids per statement (old SQLite takes at most 999 parameters)
 NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
+# Built once: building a statement costs about what running it does on SQLite.
+ALL_QUEUED = select(*QUEUED_COLUMNS).where(JobRow.state == "queued")
+SOME = select(*QUEUED_COLUMNS, JobRow.state).where(JobRow.id.in_(bindparam("ids", expanding=True)))
+TRANSITIONS_AFTER = select(JobTransitionRow.id, JobTransitionRow.job_id).where(
+    JobTransitionRow.id > bindparam("after")
+)
+COUNT_BETWEEN = (
+    select(func.count())
+    .select_from(JobTransitionRow)
+    .where(JobTransitionRow.id > bindparam("after"), JobTransitionRow.id <= bindparam("upto"))
+)
 
 
 @dataclass
@@ -59,6 +72,8 @@ class QueuedJob:
     not_before: datetime | None
     waiting_reason: str | None
     time_window: str | None
+    # submitted_at in microseconds since the epoch, worked out once (queue_order)
+    submitted_us: int
 
     @classmethod
     def of(cls, row: Any) -> QueuedJob:
@@ -74,6 +89,7 @@ class QueuedJob:
             row.not_before,
             row.waiting_reason,
             row.time_window,
+            micros(row.submitted_at),
         )
 
 
@@ -99,22 +115,26 @@ class QueueCache:
             # is not in it, and the next pass reads its job again
             newest = conn.execute(NEWEST_TRANSITION).scalar() or 0
             self._remember(s, newest)
-            rows = conn.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued"))
+            rows = conn.execute(ALL_QUEUED)
             self.jobs = {r.id: QueuedJob.of(r) for r in rows}
             self._passes = 1
             return list(self.jobs.values())
         window = self._newest - LOOKBACK
-        seen = conn.execute(
-            select(JobTransitionRow.id, JobTransitionRow.job_id).where(JobTransitionRow.id > window)
-        ).all()
+        seen: list[Any] = list(conn.execute(TRANSITIONS_AFTER, {"after": self._newest}))
+        # The look-back: as many transitions within it as were applied means none came late
+        # (a count, not the rows: those are what was applied). Otherwise it is read again.
+        within = conn.execute(COUNT_BETWEEN, {"after": window, "upto": self._newest}).scalar()
+        if within == len(self._applied):
+            seen += self._applied
+        else:
+            seen = list(conn.execute(TRANSITIONS_AFTER, {"after": window}))
         changed = {job_id for tid, job_id in seen if (tid, job_id) not in self._applied}
         if changed:
             ids = sorted(changed)
             # in chunks: a database takes a bounded number of parameters per statement
             changed_rows: list[Any] = []
             for at in range(0, len(ids), CHUNK):
-                chunk = JobRow.id.in_(ids[at : at + CHUNK])
-                changed_rows += conn.execute(select(*QUEUED_COLUMNS, JobRow.state).where(chunk))
+                changed_rows += conn.execute(SOME, {"ids": ids[at : at + CHUNK]})
             found = set()
             for r in changed_rows:
                 found.add(r.id)
@@ -131,11 +151,7 @@ class QueueCache:
 
     def _remember(self, s: Session, newest: int) -> None:
         self._newest = newest
-        rows = s.connection().execute(
-            select(JobTransitionRow.id, JobTransitionRow.job_id).where(
-                JobTransitionRow.id > newest - LOOKBACK
-            )
-        )
+        rows = s.connection().execute(TRANSITIONS_AFTER, {"after": newest - LOOKBACK})
         self._applied = {(tid, job_id) for tid, job_id in rows}
 
     def reasons_written(self, reasons: dict[int, str]) -> None:

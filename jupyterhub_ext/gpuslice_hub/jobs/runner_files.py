@@ -55,22 +55,47 @@ class RunnerFiles:
         # time bound, the last save time): the checked claims only, never the file (its
         # owner writes it, up to a MiB)
         self._seen: dict[str, tuple[tuple[Any, Any], dict[str, Any], float]] = {}
+        # job folder -> the claims last answered for the files as ``_seen`` has them: the
+        # same object while the files stay the same (the scheduler's pass compares by
+        # identity to know that nothing changed), or absent
+        self._merged: dict[str, tuple[dict[str, Any], float, dict[str, Any]]] = {}
         # job folder -> its JobDir and where its two files are (Path arithmetic is not free)
         self._paths: dict[str, tuple[JobDir, tuple[str, str], tuple[str, str]]] = {}
 
-    def claims(self, job_dir: str, fresh: bool = False) -> dict[str, Any]:
+    def claims(self, job_dir: str, fresh: bool = False, unchanged: bool = False) -> dict[str, Any]:
         """The runner's checked claims (:func:`runner_claims`), ``last_checkpoint_at``
         being the later of its own and the checkpoint library's last save. ``fresh``: read
         the files whatever their identity says (a run that just ended: on a shared
-        filesystem ``lstat`` may answer from a cache that missed the runner's last write)."""
-        claims, saved = self._read(job_dir, fresh)
-        claims = dict(claims)
+        filesystem ``lstat`` may answer from a cache that missed the runner's last write).
+        ``unchanged``: the backend wrote the folder itself and vouches that it wrote
+        nothing there since it was last asked (the simulator's): what was read is kept
+        without a ``stat``.
+
+        While the files stay the same the same dict is answered, pass after pass: it is
+        shared, never to be changed by a caller."""
+        hit = self._seen.get(job_dir) if unchanged and not fresh else None
+        claims, saved = (hit[1], hit[2]) if hit is not None else self._read(job_dir, fresh)
+        own = claims.get("last_checkpoint_at", 0.0)
         # the time bound runner_claims applies, against now rather than when it was read
-        if claims.get("last_checkpoint_at", 0.0) > clock.timestamp() + CHECKPOINT_SKEW:
-            del claims["last_checkpoint_at"]
-        if saved > claims.get("last_checkpoint_at", 0.0):
-            claims["last_checkpoint_at"] = saved
-        return claims
+        if own > clock.timestamp() + CHECKPOINT_SKEW:
+            self._merged.pop(job_dir, None)
+            out = dict(claims)
+            del out["last_checkpoint_at"]
+            if saved > 0.0:
+                out["last_checkpoint_at"] = saved
+            return out
+        merged = self._merged.get(job_dir)
+        if merged is not None and merged[0] is claims and merged[1] == saved:
+            return merged[2]
+        out = dict(claims)
+        if saved > own:
+            out["last_checkpoint_at"] = saved
+        cached = self._seen.get(job_dir)
+        if cached is not None and cached[1] is claims:
+            self._merged[job_dir] = (claims, saved, out)
+        else:
+            self._merged.pop(job_dir, None)
+        return out
 
     def _read(self, job_dir: str, fresh: bool) -> tuple[dict[str, Any], float]:
         paths = self._paths.get(job_dir)
@@ -100,3 +125,4 @@ class RunnerFiles:
         for gone in set(self._paths) - job_dirs:
             del self._paths[gone]
             self._seen.pop(gone, None)
+            self._merged.pop(gone, None)

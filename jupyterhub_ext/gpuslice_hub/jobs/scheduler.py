@@ -44,6 +44,7 @@ JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
 FULL_PASS_SECONDS = 60.0
 NEWEST_EVENT = select(func.max(EventRow.id))
+ROW = select(JOBS).where(JOBS.c.id == bindparam("job_id"))
 # A job no move was found for is looked at again after this long (a plan looks at every
 # host with preemptible jobs: not on every pass)
 DEFRAG_RETRY = timedelta(minutes=5)
@@ -59,6 +60,10 @@ class Scheduler:
         self.log = jobs.log
         # job id -> the runner's last utilization_at passed on to the ledger
         self._usage_seen: dict[int, str] = {}
+        # job id -> (row, runner claims, until when): a running job's row and claims that a
+        # pass found nothing to write for (by identity: RowCache and RunnerFiles answer the
+        # same objects while nothing changed), until a time-bound check could turn
+        self._quiet: dict[int, tuple[Any, dict[str, Any], datetime]] = {}
         # the pass when the backend queues and places the jobs itself (Slurm)
         self._delegated: DelegatedPass | None = None
         # what the queue was last tried against (_queue_may_move), and when a waiting
@@ -115,6 +120,9 @@ class Scheduler:
             )
             statuses = []
         self.runner_files.keep({job.job_dir for job in active})
+        if len(self._quiet) > len(active):
+            ids = {job.id for job in active}
+            self._quiet = {i: q for i, q in self._quiet.items() if i in ids}
         for job, status in zip(active, statuses, strict=False):
             try:
                 self._watch(job, now, status)
@@ -130,6 +138,12 @@ class Scheduler:
                 self._start_queued(now)
                 # only once the pass went through: one that failed is tried again
                 self._marker, self._full_at = marker, now
+
+    def _row(self, job_id: int) -> Any:
+        """A job's whole row as it is now, or None: a row, not an ORM object, and without
+        its history (``JobManager.row`` loads that too, which a pass never needs)."""
+        with self.jobs.db.reading() as s:
+            return s.connection().execute(ROW, {"job_id": job_id}).first()
 
     def _queue_may_move(self, now: datetime) -> tuple[Any, ...] | None:
         """The state to try the queue against, or None when trying it again could start or
@@ -156,12 +170,15 @@ class Scheduler:
 
     def _watch(self, job: JobRow, now: datetime, status: RunStatus) -> None:
         # a run that ended is read afresh: its runner's last words decide how it ends
-        runner = self.runner_files.claims(job.job_dir, fresh=not status.alive)
+        runner = self.runner_files.claims(
+            job.job_dir, fresh=not status.alive, unchanged=status.files_unchanged
+        )
         if status.alive:
             self._progress(job, runner, now)
             self._report_usage(job, runner)
             return
         self._usage_seen.pop(job.id, None)
+        self._quiet.pop(job.id, None)
         self._finished(job, status, runner, now)
 
     def _report_usage(self, job: JobRow, runner: dict[str, Any]) -> None:
@@ -176,6 +193,12 @@ class Scheduler:
             self.jobs.ledger.record_usage(int(alloc_id), util, memory, 0.0, interval)
 
     def _progress(self, job: JobRow, runner: dict[str, Any], now: datetime) -> None:
+        quiet = self._quiet.get(job.id)
+        if quiet is not None and quiet[0] is job and quiet[1] is runner and now < quiet[2]:
+            # The same row and the same claims as a pass that found nothing to write, before
+            # any time-bound check could turn: nothing to write again (a pass over 1 000
+            # running jobs compared each one's progress field by field to learn that).
+            return
         over_time = self._runtime(job, now) > job.max_runtime
         deadline = job.preempt_deadline
         if (
@@ -186,7 +209,9 @@ class Scheduler:
             # Nothing to write: a pass over 1 000 running jobs made 1 000 write
             # transactions (each reading the row and its history again) to change nothing.
             self._grace_over(job, now, deadline)
+            self._quiet[job.id] = (job, runner, self._quiet_until(job, runner, now))
             return
+        self._quiet.pop(job.id, None)
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != job.state:
@@ -207,6 +232,21 @@ class Scheduler:
             self.jobs.release(allocs, f"job {job.id} timed out")
             return
         self._grace_over(job, now, deadline)
+
+    def _quiet_until(self, job: JobRow, runner: dict[str, Any], now: datetime) -> datetime:
+        """Until when ``_progress`` of this same row and claims has nothing to write: the
+        time-bound checks (its max runtime, a grace period, a checkpoint time not yet
+        reached) are the only ones that can turn; a job in another state is asked again at
+        the next pass."""
+        if job.state not in ("starting", "running") or job.attempt_started_at is None:
+            return now
+        # (a limit decades away is as good as none, and stays within what a datetime holds)
+        left = min(job.max_runtime - job.run_seconds, 1e9)
+        until = job.attempt_started_at + timedelta(seconds=left)
+        saved = runner.get("last_checkpoint_at", 0.0)
+        if saved and saved > clock.timestamp():
+            return now  # _progress_fields caps it at now: it changes as time passes
+        return until
 
     def _grace_over(self, job: JobRow, now: datetime, deadline: datetime | None) -> None:
         """A preempted job still running after its grace period is killed."""
@@ -403,7 +443,7 @@ class Scheduler:
         must queued jobs wait: while the preempted job still checkpoints, its slice is not
         free, and other jobs may take other free capacity."""
         for res in list(self.jobs.reservations.values()):
-            row = self.jobs.row(res.job_id)
+            row = self._row(res.job_id)
             if row is None or row.state not in ACTIVE:
                 return True
         return False
@@ -460,19 +500,23 @@ class Scheduler:
             if opens is not None and any(j.priority_class == "preemptible" for j in ready):
                 later.append(opens)
         self._next_due = min(later, default=None)
-        # the pools of each job blocked so far (None: the whole cluster): a later job that
-        # wants capacity in them waits behind it (split pools: one in other pools need not)
-        blocked: list[frozenset[str] | None] = []
+        # the pools of the jobs blocked so far (None: the whole cluster): a later job that
+        # wants capacity in them waits behind them (split pools: one in other pools need
+        # not). A set: thousands of blocked jobs wait for a handful of different pools.
+        blocked: set[frozenset[str] | None] = set()
         refused: dict[tuple[Any, ...], Refused] = {}
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
         ordered = queue_order(ready, now, self.jobs.aging_seconds)
         # The plan's order: the job whose room is made takes it first, then the jobs moved
         # for it go where the plan found room for them, then the rest (stable sort).
-        came_back = {i for j, st in moving.items() if st == "ready" for i in self.moves[j][0].jobs}
-        ordered.sort(
-            key=lambda j: 0 if moving.get(j.id) == "ready" else 1 if j.id in came_back else 2
-        )
+        if moving:  # (a sort of the whole queue again: only while a move is under way)
+            came_back = {
+                i for j, st in moving.items() if st == "ready" for i in self.moves[j][0].jobs
+            }
+            ordered.sort(
+                key=lambda j: 0 if moving.get(j.id) == "ready" else 1 if j.id in came_back else 2
+            )
         for job in ordered:
             rank = PRIORITY_CLASSES[job.priority_class]
             if moving.get(job.id) == "moving":
@@ -481,7 +525,7 @@ class Scheduler:
                     f"waits for {len(move.jobs)} preemptible job(s) to move off {move.host}: "
                     "the free capacity it needs is split across GPUs"
                 )
-                blocked.append(self._widest(job, may_borrow))
+                blocked.add(self._widest(job, may_borrow))
                 continue
             # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
             # again when the blocked one's slice frees up.
@@ -524,7 +568,7 @@ class Scheduler:
             if refusal is not None:
                 reasons[job.id] = refusal.message
                 if refusal.code == "no_capacity":
-                    blocked.append(widest)
+                    blocked.add(widest)
                     # one plan per blocked shape a pass: it looks at every movable job
                     moved = ""
                     if shape not in planned:
@@ -537,7 +581,7 @@ class Scheduler:
                 continue
             assert granted is not None
             self.moves.pop(job.id, None)
-            row = self.jobs.row(job.id)
+            row = self._row(job.id)
             if row is None or row.state != "queued":  # cancelled meanwhile
                 self.jobs.release([g["id"] for g in granted], f"job {job.id} no longer queued")
                 continue
@@ -607,7 +651,7 @@ class Scheduler:
             if job_id not in queued or now >= until:
                 self.moves.pop(job_id, None)
                 continue
-            rows = [self.jobs.row(i) for i in move.jobs]
+            rows = [self._row(i) for i in move.jobs]
             # done once every moved job has given back what the plan freed (one that
             # checkpointed first and started again elsewhere is done too)
             still = any(
@@ -812,11 +856,11 @@ class Scheduler:
 
 
 def _left_over(
-    pools: frozenset[str] | None, blocked: list[frozenset[str] | None]
+    pools: frozenset[str] | None, blocked: set[frozenset[str] | None]
 ) -> frozenset[str] | None:
     """Of ``pools`` (None: the whole cluster, no split), those no blocked job waits for;
     empty or None when there are none."""
-    if pools is None or any(b is None for b in blocked):
+    if pools is None or None in blocked:
         return None
     return pools.difference(*[b for b in blocked if b is not None])
 

@@ -184,7 +184,7 @@ class AllocationMixin(CapacityMixin):
                             allocation_id=held.id,
                         )
                 inv = self.inventory_cache.get(s)
-                active = self.active_cache.get(s)
+                active = self.active_cache.state(s)
                 charge = self.effective_quotas(s).check(
                     caller.user, caller.groups, quota_usage(profile, inv), self.active_cache.held()
                 )

@@ -114,7 +114,7 @@ class CapacityMixin(LedgerBase):
         if capacity is not None:
             return capacity
         totals = self._totals(inv, allowed)
-        with self.cluster_cache.use(inv, self.active_cache.get(s)) as state:
+        with self.cluster_cache.use(inv, self.active_cache.state(s)) as state:
             usable = None if state is None else self._within(state, allowed, inv.generation, True)
             capacity = {
                 name: (count_fits(p.request(), usable), totals[name])
@@ -182,7 +182,7 @@ class CapacityMixin(LedgerBase):
         if not charged:
             return {}
         empty = self._empty(inv, False, allowed)
-        with self.cluster_cache.use(inv, self.active_cache.get(s)) as state:
+        with self.cluster_cache.use(inv, self.active_cache.state(s)) as state:
             usable = None if state is None else self._within(state, allowed, inv.generation, True)
             return {
                 name: (count_fits(r, usable), count_fits(r, empty)) for name, r in charged.items()

@@ -29,6 +29,10 @@ class RunStatus:
     completing: bool = False  # ending on ``node`` (a run that ended, never a new one)
     state: str = ""  # the backend's word for it (Slurm: PENDING, CANCELLED, ...), for messages
     partition: str = ""  # Slurm: the partition the job is in (burst.py)
+    # The backend writes the run's folder itself and vouches that it wrote nothing there
+    # since it was last asked (the simulator's backend): the pass keeps what it read of the
+    # folder without a stat. A real runner writes its own folder: False for every real one.
+    files_unchanged: bool = False
 
 
 class Backend(Protocol):

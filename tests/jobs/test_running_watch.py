@@ -1,0 +1,154 @@
+"""The pass's watch of running jobs does only what can have changed: a job whose row and
+runner files are as the last pass left them is not compared field by field again, yet its
+time-bound checks (max runtime) still turn on time, and a change the runner writes is
+still copied. A backend that wrote the folder itself and vouches it wrote nothing since
+(the simulator's) saves the ``stat`` too.
+
+The scheduler is driven at chosen instants (``tick(now)``) over a real SQLite ledger."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from gpuslice.run.jobdir import JobDir
+from gpuslice_hub.db.jobs_models import JobRow
+from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.jobs import runner_files
+from gpuslice_hub.jobs import scheduler as scheduler_module
+from gpuslice_hub.jobs.backends.base import RunStatus
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.runner_files import RunnerFiles
+from gpuslice_hub.jobs.runner_state import ATTEMPT_ID
+from gpuslice_hub.jobs.scheduler import Scheduler
+from tests.jobs.full_cluster import PROFILES, IdleBackend, hosts, insert_queued
+from tests.service.conftest import build_ledger
+
+
+class WatchedBackend(IdleBackend):
+    """Runs are alive until killed; ``unchanged`` is what it vouches of their folders."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unchanged = False
+        self.killed: list[dict[str, Any]] = []
+        self.attempts: dict[int, str] = {}
+
+    def start(self, job_id: int, job_dir: str, env: dict[str, str], **kw: Any) -> dict[str, Any]:
+        self.attempts[job_id] = env[ATTEMPT_ID]
+        return super().start(job_id)
+
+    def poll(self, ref: dict[str, Any]) -> RunStatus:
+        if ref in self.killed:
+            return RunStatus(False, None)
+        return RunStatus(True, files_unchanged=self.unchanged)
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        self.killed.append(ref)
+
+
+@pytest.fixture
+def running(tmp_path: Path, monkeypatch):
+    """A job started and running (its runner said so), and a count of the field-by-field
+    comparisons and of the stats of runner files made since."""
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=hosts(1))
+    backend = WatchedBackend()
+    manager = JobManager(ledger, ledger.db, backend, tmp_path / "jobs")  # type: ignore[arg-type]
+    manager.run_jobs_as_service_user = True
+    scheduler = Scheduler(manager)
+    (job_id,) = insert_queued(ledger.db, tmp_path, [("alice", "gpu-1", "normal")])
+    with ledger.db.writing() as s:
+        s.execute(update(JobRow).where(JobRow.id == job_id).values(max_runtime=3600.0))
+    t0 = utcnow()
+    scheduler.tick(t0)
+    assert backend.started == [job_id]
+    folder = JobDir(Path(str(tmp_path / f"job-{job_id}")))
+    folder.root.mkdir(exist_ok=True)
+    folder.checkpoints.mkdir(exist_ok=True)
+    folder.write_state(status="running", attempt_id=backend.attempts[job_id], cells_done=1)
+    scheduler.tick(t0 + timedelta(seconds=1))
+    assert manager.get(job_id)["state"] == "running"
+    counts = {"compared": 0, "stat": 0}
+    compare, key = scheduler_module._progress_changed, runner_files._key
+
+    def counted_compare(*a: Any) -> bool:
+        counts["compared"] += 1
+        return compare(*a)
+
+    def counted_key(*a: Any) -> Any:
+        counts["stat"] += 1
+        return key(*a)
+
+    monkeypatch.setattr(scheduler_module, "_progress_changed", counted_compare)
+    monkeypatch.setattr(runner_files, "_key", counted_key)
+    try:
+        yield scheduler, backend, job_id, folder, t0, counts
+    finally:
+        ledger.db.dispose()
+
+
+def test_a_job_nothing_changed_for_is_not_compared_again(running):
+    scheduler, _backend, _job_id, _folder, t0, counts = running
+    scheduler.tick(t0 + timedelta(seconds=2))  # the first pass that finds nothing to write
+    assert counts["compared"] == 1
+    for i in range(3, 10):
+        scheduler.tick(t0 + timedelta(seconds=i))
+    assert counts["compared"] == 1
+    assert counts["stat"] == 2 * 8  # its two files are still stat'ed every pass
+
+
+def test_what_the_runner_writes_is_still_copied(running):
+    scheduler, _backend, job_id, folder, t0, _counts = running
+    scheduler.tick(t0 + timedelta(seconds=2))
+    folder.write_state(
+        status="running", attempt_id=scheduler.jobs.backend.attempts[job_id], cells_done=4
+    )
+    scheduler.tick(t0 + timedelta(seconds=3))
+    assert scheduler.jobs.get(job_id)["cells_done"] == 4
+
+
+def test_the_max_runtime_still_stops_a_job_nothing_changed_for(running):
+    scheduler, backend, job_id, _folder, t0, _counts = running
+    scheduler.tick(t0 + timedelta(seconds=2))
+    scheduler.tick(t0 + timedelta(seconds=3000))
+    assert scheduler.jobs.get(job_id)["state"] == "running"
+    scheduler.tick(t0 + timedelta(seconds=3602))  # past its 3 600 s from the start at t0
+    assert scheduler.jobs.get(job_id)["state"] == "timed-out"
+    assert backend.killed
+
+
+def test_a_backend_that_vouches_for_the_folder_saves_the_stat(running):
+    scheduler, backend, job_id, folder, t0, counts = running
+    backend.unchanged = True
+    for i in range(2, 6):
+        scheduler.tick(t0 + timedelta(seconds=i))
+    assert counts["stat"] == 0
+    assert scheduler.jobs.get(job_id)["cells_done"] == 1
+    # a backend that does not vouch: the folder is looked at, and the change found
+    backend.unchanged = False
+    folder.write_state(status="running", attempt_id=backend.attempts[job_id], cells_done=2)
+    scheduler.tick(t0 + timedelta(seconds=6))
+    assert counts["stat"] == 2
+    assert scheduler.jobs.get(job_id)["cells_done"] == 2
+
+
+def test_the_same_claims_are_answered_while_the_files_stay_the_same(tmp_path: Path):
+    jd = JobDir(tmp_path / "job")
+    jd.root.mkdir()
+    jd.checkpoints.mkdir()
+    jd.write_state(status="running", cells_done=1)
+    files = RunnerFiles()
+    first = files.claims(str(jd.root))
+    assert files.claims(str(jd.root)) is first
+    assert files.claims(str(jd.root), unchanged=True) is first
+    jd.last_save_marker.write_text("2000.5")
+    second = files.claims(str(jd.root))
+    assert second is not first and second["last_checkpoint_at"] == 2000.5
+    # a run that ended is read afresh: new claims, even from the same bytes
+    assert files.claims(str(jd.root), fresh=True) is not second
+    assert json.loads(jd.state_path.read_text())["cells_done"] == 1
