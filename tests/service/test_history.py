@@ -133,3 +133,25 @@ def test_pruning_keeps_every_figure_and_everything_live(make_ledger):
 
     # nothing older left: pruning again changes nothing
     assert not prune_history(ledger, now - timedelta(days=30))
+
+
+def test_transition_ids_keep_growing_after_pruning(make_ledger):
+    """The job whose transition is the newest keeps its history, however old: SQLite would
+    hand a deleted highest id out again, and the scheduler's kept queue counts on ids that
+    only grow."""
+    ledger = make_ledger()
+    now = utcnow()
+    older = add_job(ledger, "completed", now - OLD, finished=now - OLD)
+    newest_job = add_job(ledger, "completed", now - OLD, finished=now - OLD)
+    with ledger.db.reading() as s:
+        top = s.execute(select(func.max(JobTransitionRow.id))).scalar()
+    assert prune_history(ledger, now - timedelta(days=30)).transitions == 2
+    with ledger.db.reading() as s:
+        left = s.execute(select(JobTransitionRow.job_id)).scalars().all()
+    assert sorted(left) == [newest_job, newest_job] and older not in left
+    later = add_job(ledger, "running", now)
+    with ledger.db.reading() as s:
+        ids = s.execute(
+            select(JobTransitionRow.id).where(JobTransitionRow.job_id == later)
+        ).scalars()
+        assert min(ids) > top

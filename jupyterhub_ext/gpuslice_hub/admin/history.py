@@ -185,13 +185,23 @@ def _add_total(s: Session, key: Key, n: int, hours: float) -> None:
 
 def _prune_transitions(ledger: Ledger, before: datetime, batch: int) -> int:
     """The state history of jobs that ended before ``before``, each job's whole history at
-    once (a live job, or one that ended since, keeps all of its own)."""
+    once (a live job, or one that ended since, keeps all of its own). The job with the
+    newest transition keeps its history too: SQLite hands the highest ids out again once
+    they are deleted, and the scheduler's kept queue (queue_cache.py) counts on transition
+    ids that only grow."""
     with ledger.db.writing() as s:
+        newest = s.execute(
+            select(JobTransitionRow.job_id).order_by(JobTransitionRow.id.desc()).limit(1)
+        ).scalar()
         ids = (
             s.execute(
                 select(JobTransitionRow.id)
                 .join(JobRow, JobRow.id == JobTransitionRow.job_id)
-                .where(JobRow.state.in_(TERMINAL_JOB_STATES), JobRow.finished_at < before)
+                .where(
+                    JobRow.state.in_(TERMINAL_JOB_STATES),
+                    JobRow.finished_at < before,
+                    JobTransitionRow.job_id != newest,
+                )
                 .limit(batch)
             )
             .scalars()

@@ -95,7 +95,7 @@ class DelegatedPass:
             # of the queue, what a pass reads (whole rows of thousands of jobs cost most
             # of it): the few that start or are submitted are read in full below
             queued: list[Any] = self.queued.read(conn)
-        self.scheduler.runner_files.keep({j.job_dir for j in active})
+        self.scheduler.keep_watching(active)
         known: list[Any] = [j for j in active if self._current(j.backend_ref)]
         known += [j for j in queued if self._queued_in_engine(j.backend_ref)]
         try:

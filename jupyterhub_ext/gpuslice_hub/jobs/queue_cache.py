@@ -11,10 +11,12 @@ Transition ids are taken when a row is inserted and become visible when its tran
 commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
 looks back ``LOOKBACK`` ids for transitions it has not applied (it counts them, and reads
 them only when the count differs from those it applied; every transition is written under
-the ledger lock, so ids commit in order today: this is a safety net), reads the whole
-queue again when ids went back (SQLite reuses the highest ids after history pruning) and
-every ``FULL_READ_PASSES`` passes whatever happened (counted in passes, not seconds:
-the service passes at least every second, a simulation minutes of its time apart).
+the ledger lock, so ids commit in order today: this is a safety net). Counting is enough
+because ids only grow: history pruning keeps the newest transition's job (SQLite would hand
+deleted highest ids out again). The whole queue is read again when ids went back anyway
+(someone deleted rows by hand) and every ``FULL_READ_PASSES`` passes whatever happened
+(counted in passes, not seconds: the service passes at least every second, a simulation
+minutes of its time apart).
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ class QueueCache:
     def __init__(self) -> None:
         self.jobs: dict[int, QueuedJob] = {}
         self._newest: int | None = None  # the newest transition id read
-        # (transition id, job id) within the look-back, applied: with the job, an id SQLite
-        # handed out again after pruning is still told apart
+        # (transition id, job id) within the look-back, applied: as many as the database
+        # has there means none came late
         self._applied: set[tuple[int, int]] = set()
         self._passes = 0  # since the last full read
 
@@ -107,7 +109,7 @@ class QueueCache:
         conn = s.connection()
         self._passes += 1
         newest_now = conn.execute(NEWEST_TRANSITION).scalar() or 0
-        # Ids that went back (SQLite reuses the highest ids once history pruning deleted
+        # Ids that went back (SQLite reuses the highest ids once someone deleted
         # them): what is new can no longer be told by id, read everything.
         went_back = self._newest is not None and newest_now < self._newest
         if self._newest is None or self._passes > FULL_READ_PASSES or went_back:

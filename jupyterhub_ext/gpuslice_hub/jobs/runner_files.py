@@ -71,8 +71,9 @@ class RunnerFiles:
         nothing there since it was last asked (the simulator's): what was read is kept
         without a ``stat``.
 
-        While the files stay the same the same dict is answered, pass after pass: it is
-        shared, never to be changed by a caller."""
+        While the files stay the same (and the runner's checkpoint time is not ahead of
+        the clock) the same dict is answered, pass after pass: it is shared, never to be
+        changed by a caller."""
         hit = self._seen.get(job_dir) if unchanged and not fresh else None
         claims, saved = (hit[1], hit[2]) if hit is not None else self._read(job_dir, fresh)
         own = claims.get("last_checkpoint_at", 0.0)

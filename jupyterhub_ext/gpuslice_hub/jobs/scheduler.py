@@ -119,10 +119,7 @@ class Scheduler:
                 "the %s backend could not be asked about its runs", self.jobs.backend.name
             )
             statuses = []
-        self.runner_files.keep({job.job_dir for job in active})
-        if len(self._quiet) > len(active):
-            ids = {job.id for job in active}
-            self._quiet = {i: q for i, q in self._quiet.items() if i in ids}
+        self.keep_watching(active)
         for job, status in zip(active, statuses, strict=False):
             try:
                 self._watch(job, now, status)
@@ -138,6 +135,14 @@ class Scheduler:
                 self._start_queued(now)
                 # only once the pass went through: one that failed is tried again
                 self._marker, self._full_at = marker, now
+
+    def keep_watching(self, active: list[Any]) -> None:
+        """Forget what was kept of the jobs no longer watched (their runner files, their
+        quiet memo): only ``active`` are watched from now on."""
+        self.runner_files.keep({job.job_dir for job in active})
+        if len(self._quiet) > len(active):
+            ids = {job.id for job in active}
+            self._quiet = {i: q for i, q in self._quiet.items() if i in ids}
 
     def _row(self, job_id: int) -> Any:
         """A job's whole row as it is now, or None: a row, not an ORM object, and without
@@ -774,7 +779,8 @@ class Scheduler:
             batch = changed[start : start + WAITING_BATCH]
             self.queue.reasons_written({c["job_id"]: c["reason"] for c in batch})
 
-    def _start(self, job: JobRow, grants: list[dict[str, Any]], now: datetime) -> None:
+    def _start(self, job: Any, grants: list[dict[str, Any]], now: datetime) -> None:
+        """Start ``job`` (its row as ``_row`` reads it) on ``grants``."""
         try:
             account = self.jobs.account(job.user)
         except AccountError as e:
@@ -822,7 +828,7 @@ class Scheduler:
                     attempt = (job.backend_ref or {}).get("attempt_id", attempt)
                 row.backend_ref = {**ref, "attempt_id": attempt}
 
-    def _fail(self, job: JobRow, error: str, grants: list[dict[str, Any]]) -> None:
+    def _fail(self, job: Any, error: str, grants: list[dict[str, Any]]) -> None:
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is not None and row.state not in TERMINAL:
@@ -831,7 +837,7 @@ class Scheduler:
                 transition(s, row, "failed", error)
         self.jobs.release([g["id"] for g in grants], f"job {job.id} failed to start")
 
-    def _env(self, job: JobRow, grants: list[dict[str, Any]], account: Account) -> dict[str, str]:
+    def _env(self, job: Any, grants: list[dict[str, Any]], account: Account) -> dict[str, str]:
         """The job's whole environment: the allow-list of :func:`job_environment` and the
         job's own variables. No token: the runner reports through its job folder."""
         env = {
