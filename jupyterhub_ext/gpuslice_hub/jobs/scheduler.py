@@ -239,10 +239,10 @@ class Scheduler:
         self._grace_over(job, now, deadline)
 
     def _quiet_until(self, job: JobRow, runner: dict[str, Any], now: datetime) -> datetime:
-        """Until when ``_progress`` of this same row and claims has nothing to write: the
-        time-bound checks (its max runtime, a grace period, a checkpoint time not yet
-        reached) are the only ones that can turn; a job in another state is asked again at
-        the next pass."""
+        """Until when ``_progress`` of this same row and claims has nothing to write: its
+        max runtime running out is the only check that can turn with time (a checkpoint
+        time ahead of the clock turns too: such a job is asked again at the next pass, as
+        is a job in another state, a preempting one's grace period included)."""
         if job.state not in ("starting", "running") or job.attempt_started_at is None:
             return now
         # (a limit decades away is as good as none, and stays within what a datetime holds)
