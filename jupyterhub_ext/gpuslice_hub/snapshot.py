@@ -385,14 +385,17 @@ class ActiveCache:
                 self._catch_up(s, marker)
             yield
 
-    def _put(self, alloc_id: int, view: AllocationView | None) -> None:
-        """The allocation's new state (None or inactive: no longer held)."""
+    def _put(self, alloc_id: int, view: AllocationView | None, journal: bool = True) -> None:
+        """The allocation's new state (None or inactive: no longer held). ``journal``:
+        number the change (a full read starts a new journal instead)."""
         was = self._views.pop(alloc_id, None)
         if was is not None:
             self._held.remove(was)
         if view is not None and view.active:
             self._views[alloc_id] = view
             self._held.add(view)
+        if not journal:
+            return
         self._changes += 1
         self._journal.append((self._changes, alloc_id))
         if len(self._journal) > 2 * self.JOURNAL:
@@ -443,7 +446,7 @@ class ActiveCache:
             # a new journal: a follower of the old one starts again from the views
             self.full_reads += 1
             for v in load_active(s):
-                self._put(v.id, v)
+                self._put(v.id, v, journal=False)
             self._journal, self._journal_from = [], self._changes
         else:
             named: list[int] = [
