@@ -276,8 +276,18 @@ c.GPUSliceService.log_level = "DEBUG"
 # The hub's test users have no system accounts: their jobs run as the test's own account.
 # Tests about who runs what (tests/jobs/test_job_accounts.py) switch this off.
 c.JobManager.run_jobs_as_service_user = cfg.get("jobs_as_service_user", True)
+# Tests compare a job's NumPy results bit for bit with their own (same_blas in harness/hub.py),
+# as a site sets what its jobs need in job_environment.
+c.JobManager.job_environment = cfg.get("job_environment") or dict()
 exec(cfg.get("extra_service_config", ""))
 """
+
+
+def same_blas() -> dict[str, str]:
+    """What a job's environment needs for its NumPy results to equal the test's bit for bit:
+    a machine may pin its BLAS kernels (OPENBLAS_CORETYPE), and another kernel sums in
+    another order. A job's environment is an allow-list, so the tests pass it on."""
+    return {k: os.environ[k] for k in ("OPENBLAS_CORETYPE",) if k in os.environ}
 
 
 def start_hub(
@@ -322,6 +332,7 @@ def start_hub(
         "extra_hub_config": extra_hub_config,
         "extra_service_config": extra_service_config,
         "jobs_as_service_user": jobs_as_service_user,
+        "job_environment": same_blas(),
     }
     cfg_path = workdir / "test_config.json"
     cfg_path.write_text(json.dumps(cfg))

@@ -112,8 +112,12 @@ def check_isolated(hub: Hub, facts: dict, account: pwd.struct_passwd, extra_ok=(
     assert set(facts["groups"]) == set(os.getgrouplist(account.pw_name, account.pw_gid))
     assert facts["umask"] == 0o077
     env = runner_env(facts)
+    # (and what the site sets for every job: the harness's JobManager.job_environment)
+    configured = set(hub.config.get("job_environment", {}))
     unexpected = {
-        k for k in set(env) - IDENTITY - JOB_VARS - KEPT if not k.startswith(tuple(extra_ok))
+        k
+        for k in set(env) - IDENTITY - JOB_VARS - KEPT - configured
+        if not k.startswith(tuple(extra_ok))
     }
     assert not unexpected, f"not on the allow-list: {sorted(unexpected)}"
     assert IDENTITY - {"PYTHONUNBUFFERED"} <= set(env)

@@ -140,9 +140,12 @@ def test_a_queue_nothing_changed_for_is_not_tried_again_until_something_does(tmp
     scheduler.tick(now + timedelta(seconds=1))
     assert len(calls) == tried  # same ledger, same jobs: the same answer, not asked again
 
-    scheduler.tick(now + timedelta(seconds=11))  # the backoff ended: tried again
-    assert len(calls) > tried
-    tried = len(calls)
+    # the backoff ended: job 5 is told why it waits, and its shape is not tried again
+    # (nothing was freed since it was refused: refusals.py)
+    scheduler.tick(now + timedelta(seconds=11))
+    assert len(calls) == tried
+    jobs = waiting(ledger)
+    assert jobs[5][1] == jobs[2][1] and jobs[5][1].startswith("No gpu-1 free")
     scheduler.tick(now + timedelta(seconds=12))
     assert len(calls) == tried
     scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 12))  # and at least this often
@@ -171,3 +174,50 @@ def test_a_pass_that_failed_is_tried_again_at_once(tmp_path):
         scheduler.tick()
     scheduler.tick()  # nothing changed, but the last try never went through
     assert len(calls) == 2
+
+
+def test_a_refused_shape_is_tried_again_only_once_capacity_could_be_free(tmp_path):
+    """Passes after a submission or a refused spawn (which free nothing) tell the blocked
+    shapes the reason they were given without an allocation attempt under the ledger lock;
+    a release, a drain lifted or the minute's retry tries them again."""
+    from datetime import timedelta
+
+    from gpuslice_hub.db.models import utcnow
+    from gpuslice_hub.errors import Refused
+    from gpuslice_hub.jobs.scheduler import FULL_PASS_SECONDS
+    from gpuslice_hub.ledger import Caller
+    from tests.jobs.full_cluster import insert_queued
+
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    queue(ledger, tmp_path, 12, "preemptible")
+    calls = count_allocate_calls(ledger)
+    now = utcnow()
+    scheduler.tick(now)
+    assert sorted(calls) == sorted(p["name"] for p in PROFILES)
+    before = waiting(ledger)
+
+    # a job submitted, a spawn refused: the pass runs (something changed), nothing is tried
+    (new,) = insert_queued(ledger.db, tmp_path, [("r1", "gpu-1", "preemptible")])
+    with pytest.raises(Refused):
+        ledger.allocate(Caller("zoe", (), "zoe"), "gpu-1", "")
+    calls.clear()
+    scheduler.tick(now + timedelta(seconds=1))
+    assert calls == []
+    after = waiting(ledger)
+    assert {i: after[i] for i in before} == before  # the same reasons, nothing rewritten
+    assert after[new] == before[2]  # the new gpu-1 job is told its shape's reason
+
+    # a drain (a new generation) may change what fits: tried again
+    gpu = ledger.allocations()[0]["assignments"][0]["gpu_uuid"]
+    ledger.set_drained(gpu, True, "admin", "maintenance")
+    scheduler.tick(now + timedelta(seconds=2))
+    assert sorted(calls) == sorted(p["name"] for p in PROFILES)
+    calls.clear()
+    scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 3))  # the minute's retry
+    assert sorted(calls) == sorted(p["name"] for p in PROFILES)
+
+    # a slice given back: the head takes it at once
+    ledger.set_drained(gpu, False, "admin", "done")
+    ledger.release(2, "test", "freed")
+    scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 4))
+    assert waiting(ledger)[1][0] == "starting"

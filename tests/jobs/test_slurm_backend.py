@@ -13,7 +13,7 @@ import pytest
 
 from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script, exit_code
 from gpuslice_hub.profiles import parse_profiles
-from tests.harness.hub import wait_for
+from tests.harness.hub import same_blas, wait_for
 from tests.harness.slurm import PROFILES, slurm_hosts
 from tests.jobs.notebooks import TRAIN_CELLS, loop_checkpoint_written, make_job_dir
 from tests.jobs.test_jobs_hub import expected_w
@@ -75,7 +75,7 @@ def test_preempted_by_a_higher_priority_partition_resumes_from_checkpoint(slurm,
     (d / "result.json").unlink(missing_ok=True)
     backend = SlurmBackend(sys.executable, partition="preemptible", env=slurm.env)
     # the profile's gres, on whichever node Slurm picks
-    ref = backend.submit(1, str(d), {"GPUSLICE_JOB_ID": "1"}, MIG, 1, "preemptible")
+    ref = backend.submit(1, str(d), {"GPUSLICE_JOB_ID": "1", **same_blas()}, MIG, 1, "preemptible")
     info = slurm.job_info(ref["slurm_job_id"])
     assert (info["TresPerNode"], info["ReqNodeList"]) == ("gres:gpu:1g.10gb:1", "(null)")
     slurm.wait_state(ref["slurm_job_id"], "RUNNING", timeout=60)

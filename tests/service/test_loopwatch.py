@@ -118,3 +118,43 @@ def test_frozen_startup_objects_leave_later_garbage_collectable():
         gc.unfreeze()
         gc.set_threshold(*thresholds)
         del before
+
+
+def test_a_big_answer_is_written_in_pieces_as_the_same_text(monkeypatch):
+    """The C JSON encoder holds the GIL for its whole call: an answer as big as the admin
+    overview at 200 hosts is written an item at a time, byte for byte what one call writes."""
+    import json
+
+    from gpuslice_hub.api import base
+
+    hosts = [
+        {
+            "name": f"n{i:03d}",
+            "util": [0.5, float("nan") if i == 7 else 1.0],
+            "ids": list(range(40)),
+        }
+        for i in range(200)
+    ]
+    cases = [
+        {"generated_at": "now", "hosts": hosts, "totals": {"gpus": 1600}, "few": [1, 2]},
+        hosts,
+        {1: hosts[:50], "x": None},  # a key that is not a string: written in one call
+        "text",
+    ]
+    real = json.dumps
+    sizes: list[int] = []
+
+    def counting(value, **kw):
+        out = real(value, **kw)
+        sizes.append(len(out))
+        return out
+
+    for data in cases:
+        sizes.clear()
+        monkeypatch.setattr(base.json, "dumps", counting)
+        text = base.dumps(data)
+        monkeypatch.setattr(base.json, "dumps", real)
+        assert text == real(base._finite(data), allow_nan=False)
+        if isinstance(data, list) or "hosts" in data:
+            # no single call wrote more than a host's worth (the whole is 200 of them)
+            assert max(sizes) < len(text) / 100

@@ -282,13 +282,37 @@ F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 MAX_DB_ID = 2**63 - 1  # BIGINT / SQLite INTEGER
 
 
+# A list longer than this, at the top of a response or in one of its top-level fields, is
+# written one item at a time (``dumps``).
+PIECE_ITEMS = 32
+
+
 def dumps(data: Any) -> str:
     """JSON that every client can parse: a non-finite float (which no stored figure should
-    be, but a response must never break on) is written as null rather than as NaN."""
+    be, but a response must never break on) is written as null rather than as NaN.
+
+    Written in pieces, the same text as one ``json.dumps``: the C encoder holds the GIL for
+    its whole call, so the admin overview at 200 hosts (2.5 MB: 57 ms in one call) stopped
+    the event loop's thread for as long, though it was written in a worker thread. Its long
+    lists (hosts, jobs, events) are written an item at a time; between two items the loop
+    gets its turn."""
+    if isinstance(data, dict) and all(isinstance(k, str) for k in data):
+        fields = (f"{json.dumps(k)}: {_list_in_pieces(v)}" for k, v in data.items())
+        return "{" + ", ".join(fields) + "}"
+    return _list_in_pieces(data)
+
+
+def _list_in_pieces(value: Any) -> str:
+    if isinstance(value, list) and len(value) > PIECE_ITEMS:
+        return "[" + ", ".join(_one_piece(v) for v in value) + "]"
+    return _one_piece(value)
+
+
+def _one_piece(value: Any) -> str:
     try:
-        return json.dumps(data, allow_nan=False)
+        return json.dumps(value, allow_nan=False)
     except ValueError:
-        return json.dumps(_finite(data), allow_nan=False)
+        return json.dumps(_finite(value), allow_nan=False)
 
 
 def _finite(value: Any) -> Any:

@@ -34,6 +34,7 @@ from .delegated import DelegatedPass
 from .manager import JobManager
 from .ordering import queue_order
 from .queue_cache import NEWEST_TRANSITION, QueueCache
+from .refusals import KeptRefusals
 from .row_cache import RowCache
 from .runner_files import RunnerFiles
 from .runner_state import ATTEMPT_ID
@@ -73,6 +74,9 @@ class Scheduler:
         self._next_due: datetime | None = None
         self.runner_files = RunnerFiles()
         self.queue = QueueCache()
+        # capacity refusals that still stand (refusals.py): a blocked shape is not tried
+        # again until something could have freed capacity
+        self.refusals = KeptRefusals()
         # the active jobs' rows, kept between passes (row_cache.py)
         self.active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
         # defragmentation (defrag.py): the moves under way, by the waiting job they make
@@ -120,7 +124,14 @@ class Scheduler:
             )
             statuses = []
         self.keep_watching(active)
+        quiet = self._quiet
         for job, status in zip(active, statuses, strict=False):
+            if status.files_unchanged and status.alive:
+                q = quiet.get(job.id)
+                if q is not None and q[0] is job and now < q[2]:
+                    # Its folder unwritten (the backend vouches), the same row, before any
+                    # time-bound check: what the last look found (nothing to write) holds.
+                    continue
             try:
                 self._watch(job, now, status)
             except Exception:
@@ -164,10 +175,15 @@ class Scheduler:
                 conn.execute(NEWEST_TRANSITION).scalar(),
                 current_generation(s),
             )
-        due = self._next_due is not None and now >= self._next_due
-        stale = self._full_at is None or (now - self._full_at).total_seconds() >= FULL_PASS_SECONDS
-        if marker == self._marker and not due and not stale:
-            return None
+            due = self._next_due is not None and now >= self._next_due
+            stale = (
+                self._full_at is None or (now - self._full_at).total_seconds() >= FULL_PASS_SECONDS
+            )
+            if marker == self._marker and not due and not stale:
+                return None
+            if stale:
+                self.refusals.forget()  # the minute's retry tries every shape again
+            self.refusals.check(conn, marker[0], marker[2])
         # read before the pass: what it writes itself makes the next pass look again
         return marker
 
@@ -513,6 +529,13 @@ class Scheduler:
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
         ordered = queue_order(ready, now, self.jobs.aging_seconds)
+        ledger = self.jobs.ledger
+        # A refusal is kept where its answer and its message depend on nothing but the
+        # capacity taken: not where the message counts what is free in reserved pools
+        # (which every spawn there changes).
+        keep_refusals = ledger.pools is None or not ledger.pools.reserved
+        # overcommit places a share as less than it promises, by its holder's history
+        per_user = ledger.overcommit.settings.on
         # The plan's order: the job whose room is made takes it first, then the jobs moved
         # for it go where the plan found room for them, then the rest (stable sort).
         if moving:  # (a sort of the whole queue again: only while a move is under way)
@@ -564,10 +587,19 @@ class Scheduler:
             if refusal is None:
                 # no job takes the room being made for another (people may: they come first)
                 avoid = frozenset(m.host for i, (m, _) in self.moves.items() if i != job.id)
-                granted, refusal = self._allocate(job, first, access, borrow, only, avoid)
-                if refusal is not None:
-                    capacity = refusal.code == "no_capacity"
-                    refused[shape if capacity else mine] = refusal
+                kept = (*shape, avoid, job.user if per_user else None)
+                refusal = self.refusals.get(kept)
+                if refusal is not None:  # nothing freed since this shape was refused
+                    refused[shape] = refusal
+                    if first:
+                        self.jobs.ledger.observe(job.profile)
+                else:
+                    granted, refusal = self._allocate(job, first, access, borrow, only, avoid)
+                    if refusal is not None:
+                        capacity = refusal.code == "no_capacity"
+                        refused[shape if capacity else mine] = refusal
+                        if capacity and keep_refusals:
+                            self.refusals.keep(kept, refusal)
             elif first:
                 self.jobs.ledger.observe(job.profile)
             if refusal is not None:
