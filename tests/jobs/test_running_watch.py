@@ -8,6 +8,7 @@ The scheduler is driven at chosen instants (``tick(now)``) over a real SQLite le
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,26 @@ def test_a_backend_that_vouches_for_the_folder_saves_the_stat(running):
     assert scheduler.jobs.get(job_id)["cells_done"] == 2
 
 
+def test_a_vouched_job_nothing_changed_for_is_skipped_until_its_max_runtime(running):
+    scheduler, backend, job_id, _folder, t0, _counts = running
+    backend.unchanged = True
+    scheduler.tick(t0 + timedelta(seconds=2))  # the look that finds nothing to write
+    watched: list[int] = []
+    real = scheduler._watch
+
+    def counted(job: Any, now: Any, status: RunStatus) -> None:
+        watched.append(job.id)
+        real(job, now, status)
+
+    scheduler._watch = counted  # type: ignore[method-assign]
+    for i in range(3, 10):
+        scheduler.tick(t0 + timedelta(seconds=i))
+    assert watched == []  # not even looked at: its row, folder and time bound as they were
+    scheduler.tick(t0 + timedelta(seconds=3602))  # its max runtime ran out
+    assert watched == [job_id]
+    assert scheduler.jobs.get(job_id)["state"] == "timed-out"
+
+
 def test_the_same_claims_are_answered_while_the_files_stay_the_same(tmp_path: Path):
     jd = JobDir(tmp_path / "job")
     jd.root.mkdir()
@@ -150,3 +171,12 @@ def test_the_same_claims_are_answered_while_the_files_stay_the_same(tmp_path: Pa
     assert second is not first and second["last_checkpoint_at"] == 2000.5
     # a run that ended is read afresh: new claims, even from the same bytes
     assert files.claims(str(jd.root), fresh=True) is not second
+    assert files.answers(str(jd.root), second) is False  # read afresh since
+    third = files.claims(str(jd.root))
+    assert files.answers(str(jd.root), third)
+    # a runner's checkpoint time ahead of the clock: the answer moves with the clock, so
+    # no pass may take it as settled
+    jd.write_state(status="running", cells_done=1, last_checkpoint_at=time.time() + 3600)
+    ahead = files.claims(str(jd.root))
+    assert files.claims(str(jd.root)) is not ahead
+    assert not files.answers(str(jd.root), ahead)

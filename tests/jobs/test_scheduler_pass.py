@@ -177,9 +177,9 @@ def test_a_pass_that_failed_is_tried_again_at_once(tmp_path):
 
 
 def test_a_refused_shape_is_tried_again_only_once_capacity_could_be_free(tmp_path):
-    """Passes after a submission or a refused spawn (which free nothing) tell the blocked
-    shapes the reason they were given without an allocation attempt under the ledger lock;
-    a release, a drain lifted or the minute's retry tries them again."""
+    """Passes after a submission or a refused spawn (which change nothing an allocation
+    decides on) tell the blocked shapes the reason they were given without an attempt under
+    the ledger lock; any other event, a drain, a minute's age or a release tries again."""
     from datetime import timedelta
 
     from gpuslice_hub.db.models import utcnow
@@ -207,10 +207,20 @@ def test_a_refused_shape_is_tried_again_only_once_capacity_could_be_free(tmp_pat
     assert {i: after[i] for i in before} == before  # the same reasons, nothing rewritten
     assert after[new] == before[2]  # the new gpu-1 job is told its shape's reason
 
+    # any other event may have changed the answer (an allocation: its holder's quota):
+    # tried again
+    ledger.record_event("idle-culled", "u3", "service", "idle for 2 h", {})
+    scheduler.tick(now + timedelta(seconds=2))
+    assert sorted(calls) == sorted(p["name"] for p in PROFILES)
+    calls.clear()
+    insert_queued(ledger.db, tmp_path, [("r2", "gpu-1", "preemptible")])
+    scheduler.tick(now + timedelta(seconds=2, microseconds=2))
+    assert calls == []
+
     # a drain (a new generation) may change what fits: tried again
     gpu = ledger.allocations()[0]["assignments"][0]["gpu_uuid"]
     ledger.set_drained(gpu, True, "admin", "maintenance")
-    scheduler.tick(now + timedelta(seconds=2))
+    scheduler.tick(now + timedelta(seconds=2, microseconds=3))
     assert sorted(calls) == sorted(p["name"] for p in PROFILES)
     calls.clear()
     scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 3))  # the minute's retry

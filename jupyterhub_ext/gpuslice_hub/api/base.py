@@ -296,14 +296,22 @@ def dumps(data: Any) -> str:
     the event loop's thread for as long, though it was written in a worker thread. Its long
     lists (hosts, jobs, events) are written an item at a time; between two items the loop
     gets its turn."""
-    if isinstance(data, dict) and all(isinstance(k, str) for k in data):
+    if (
+        isinstance(data, dict)
+        and any(_long(v) for v in data.values())
+        and all(isinstance(k, str) for k in data)
+    ):
         fields = (f"{json.dumps(k)}: {_list_in_pieces(v)}" for k, v in data.items())
         return "{" + ", ".join(fields) + "}"
-    return _list_in_pieces(data)
+    return _list_in_pieces(data)  # (a short answer: in one call, which is quicker)
+
+
+def _long(value: Any) -> bool:
+    return isinstance(value, list) and len(value) > PIECE_ITEMS
 
 
 def _list_in_pieces(value: Any) -> str:
-    if isinstance(value, list) and len(value) > PIECE_ITEMS:
+    if _long(value):
         return "[" + ", ".join(_one_piece(v) for v in value) + "]"
     return _one_piece(value)
 

@@ -1,20 +1,22 @@
 """Capacity refusals kept from one pass of the scheduler to the next.
 
 A pass tries each blocked shape of the queue once (``Scheduler._start_queued``), and each
-try is an allocation: the placement runs under the ledger's write lock, which spawns wait
-for. Most passes follow a change that cannot free capacity: a job submitted, a spawn that
-took a slice, a refusal. Every write that could free some (a release, a drain lifted, a
-host added, an admin's setting) records an event of another kind, or moves the
-inventory's generation, in its transaction and under the ledger lock (``ledger/``), so
-events commit in id order. A refusal for lack of capacity therefore stands until such an
-event or generation is seen, and a pass tells the shape the reason it was given instead
-of trying it again. The minute's retry of the whole queue forgets them all: it is also
-the safety net for a change that wrote no event.
+try is an allocation: quotas, then the placement, under the ledger's write lock, which
+spawns wait for. Many passes follow a change that alters nothing such a try depends on: a
+job submitted, a spawn refused. Every write that could change the answer (an allocation
+or a release, a drain, a host added, an admin's setting or quota) records an event of
+another kind than "refused", or moves the inventory's generation, in its transaction and
+under the ledger lock (``ledger/``), so events commit in id order. A refusal for lack of
+capacity, given to one user's job of one shape, therefore stands until such an event or
+generation is seen, and the pass tells the job the reason it was given instead of trying
+again. Whatever happens, a refusal is kept for at most ``max_age``: the safety net for a
+change that wrote no event.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, select
@@ -22,9 +24,9 @@ from sqlalchemy import bindparam, select
 from ..db.models import EventRow
 from ..errors import Refused
 
-# event kinds that only take capacity (or say that none was taken): every other kind may
-# have freed some
-TAKE_ONLY = frozenset({"allocated", "refused"})
+# events after which every allocation would be answered as before (a refusal writes only
+# its event)
+UNCHANGING = frozenset({"refused"})
 
 _KINDS_BETWEEN = select(EventRow.kind).where(
     EventRow.id > bindparam("after"), EventRow.id <= bindparam("upto")
@@ -32,25 +34,36 @@ _KINDS_BETWEEN = select(EventRow.kind).where(
 
 
 class KeptRefusals:
-    def __init__(self) -> None:
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
         self._kept: dict[Hashable, Refused] = {}
         # the newest event id and the generation the kept refusals were checked against
         self._seen: tuple[int, int] | None = None
+        self._since: datetime | None = None  # the check the oldest kept one followed
         self.forgotten = 0  # for tests: how often they were all forgotten
 
-    def check(self, conn: Any, newest_event: int | None, generation: int) -> None:
+    def check(self, conn: Any, newest_event: int | None, generation: int, now: datetime) -> None:
         """Before a pass tries the queue, against the state it read (``newest_event``,
-        ``generation``): forget every refusal that what happened since could undo. A
-        write that lands after that state is seen by the next pass's check."""
+        ``generation``): forget every refusal that what happened since could undo, and
+        all of them past ``max_age``. A write that lands after that state is seen by the
+        next pass's check."""
         newest = int(newest_event or 0)
         seen = self._seen
-        if seen is not None and self._kept:
-            if generation != seen[1] or newest < seen[0]:
+        if self._kept:
+            if (
+                seen is None
+                or generation != seen[1]
+                or newest < seen[0]
+                or self._since is None
+                or (now - self._since).total_seconds() >= self.max_age
+            ):
                 self.forget()
             elif newest > seen[0]:
                 kinds = conn.execute(_KINDS_BETWEEN, {"after": seen[0], "upto": newest})
-                if any(kind not in TAKE_ONLY for kind in kinds.scalars()):
+                if any(kind not in UNCHANGING for kind in kinds.scalars()):
                     self.forget()
+        if not self._kept:
+            self._since = now
         self._seen = (newest, generation)
 
     def forget(self) -> None:
@@ -58,11 +71,12 @@ class KeptRefusals:
             self.forgotten += 1
         self._kept.clear()
 
-    def get(self, shape: Hashable) -> Refused | None:
-        return self._kept.get(shape)
+    def get(self, key: Hashable) -> Refused | None:
+        return self._kept.get(key)
 
-    def keep(self, shape: Hashable, refusal: Refused) -> None:
-        """``refusal`` for lack of capacity, given to ``shape`` (everything the attempt's
-        answer depended on) in a pass checked against the current state."""
+    def keep(self, key: Hashable, refusal: Refused) -> None:
+        """``refusal`` for lack of capacity, given in a pass checked against the current
+        state to ``key`` (everything the attempt's answer depended on: the user and their
+        groups, the shape, the pools tried, the hosts avoided)."""
         if self._seen is not None:
-            self._kept[shape] = refusal
+            self._kept[key] = refusal

@@ -98,6 +98,13 @@ class RunnerFiles:
             self._merged.pop(job_dir, None)
         return out
 
+    def answers(self, job_dir: str, claims: dict[str, Any]) -> bool:
+        """Whether :meth:`claims` answers ``claims`` itself for ``job_dir`` while its files
+        stay the same (not where the runner's checkpoint time is ahead of the clock: that
+        answer changes as the clock moves)."""
+        merged = self._merged.get(job_dir)
+        return merged is not None and merged[2] is claims
+
     def _read(self, job_dir: str, fresh: bool) -> tuple[dict[str, Any], float]:
         paths = self._paths.get(job_dir)
         if paths is None:

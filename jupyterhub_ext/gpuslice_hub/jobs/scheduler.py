@@ -76,7 +76,7 @@ class Scheduler:
         self.queue = QueueCache()
         # capacity refusals that still stand (refusals.py): a blocked shape is not tried
         # again until something could have freed capacity
-        self.refusals = KeptRefusals()
+        self.refusals = KeptRefusals(FULL_PASS_SECONDS)
         # the active jobs' rows, kept between passes (row_cache.py)
         self.active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
         # defragmentation (defrag.py): the moves under way, by the waiting job they make
@@ -128,7 +128,12 @@ class Scheduler:
         for job, status in zip(active, statuses, strict=False):
             if status.files_unchanged and status.alive:
                 q = quiet.get(job.id)
-                if q is not None and q[0] is job and now < q[2]:
+                if (
+                    q is not None
+                    and q[0] is job
+                    and now < q[2]
+                    and self.runner_files.answers(job.job_dir, q[1])
+                ):
                     # Its folder unwritten (the backend vouches), the same row, before any
                     # time-bound check: what the last look found (nothing to write) holds.
                     continue
@@ -181,9 +186,7 @@ class Scheduler:
             )
             if marker == self._marker and not due and not stale:
                 return None
-            if stale:
-                self.refusals.forget()  # the minute's retry tries every shape again
-            self.refusals.check(conn, marker[0], marker[2])
+            self.refusals.check(conn, marker[0], marker[2], now)
         # read before the pass: what it writes itself makes the next pass look again
         return marker
 
@@ -530,12 +533,13 @@ class Scheduler:
         planned: set[tuple[Any, ...]] = set()
         ordered = queue_order(ready, now, self.jobs.aging_seconds)
         ledger = self.jobs.ledger
-        # A refusal is kept where its answer and its message depend on nothing but the
-        # capacity taken: not where the message counts what is free in reserved pools
-        # (which every spawn there changes).
-        keep_refusals = ledger.pools is None or not ledger.pools.reserved
-        # overcommit places a share as less than it promises, by its holder's history
-        per_user = ledger.overcommit.settings.on
+        # A refusal is kept where nothing but an event or a generation changes its answer
+        # and its message: not where overcommit places a share by its holder's usage
+        # history (read again every few minutes, with no event), nor where the message
+        # counts what is free in reserved pools.
+        keep_refusals = not ledger.overcommit.settings.on and (
+            ledger.pools is None or not ledger.pools.reserved
+        )
         # The plan's order: the job whose room is made takes it first, then the jobs moved
         # for it go where the plan found room for them, then the rest (stable sort).
         if moving:  # (a sort of the whole queue again: only while a move is under way)
@@ -587,7 +591,7 @@ class Scheduler:
             if refusal is None:
                 # no job takes the room being made for another (people may: they come first)
                 avoid = frozenset(m.host for i, (m, _) in self.moves.items() if i != job.id)
-                kept = (*shape, avoid, job.user if per_user else None)
+                kept = (*mine, avoid)
                 refusal = self.refusals.get(kept)
                 if refusal is not None:  # nothing freed since this shape was refused
                     refused[shape] = refusal

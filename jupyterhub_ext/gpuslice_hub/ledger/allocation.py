@@ -63,6 +63,15 @@ _RELEASE_CLAIMS = (
 )
 
 
+# the newest reclaim the service asked for of an allocation (``_why_stopped``)
+_RECLAIM_REQUEST = (
+    select(EVENTS.c.kind, EVENTS.c.reason)
+    .where(EVENTS.c.allocation_id == bindparam("b_id"), EVENTS.c.kind.in_(RECLAIM_KINDS))
+    .order_by(EVENTS.c.id.desc())
+    .limit(1)
+)
+
+
 class AllocationMixin(CapacityMixin):
     def allocate(
         self,
@@ -433,12 +442,7 @@ class AllocationMixin(CapacityMixin):
         """A server the service asked the hub to stop (idle cull, the owner's release, a
         silent server) is released by its spawner as "server stopped": the release keeps the
         real reason, from the service's own record of the request."""
-        row = s.execute(
-            select(EVENTS.c.kind, EVENTS.c.reason)
-            .where(EVENTS.c.allocation_id == alloc_id, EVENTS.c.kind.in_(RECLAIM_KINDS))
-            .order_by(EVENTS.c.id.desc())
-            .limit(1)
-        ).first()
+        row = s.connection().execute(_RECLAIM_REQUEST, {"b_id": alloc_id}).first()
         if row is None:
             return None
         kind, reason = row
