@@ -75,7 +75,7 @@ class Scheduler:
         self.runner_files = RunnerFiles()
         self.queue = QueueCache()
         # capacity refusals that still stand (refusals.py): a blocked shape is not tried
-        # again until something could have freed capacity
+        # again until something it depends on could have changed
         self.refusals = KeptRefusals(FULL_PASS_SECONDS)
         # the active jobs' rows, kept between passes (row_cache.py)
         self.active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
@@ -593,7 +593,7 @@ class Scheduler:
                 avoid = frozenset(m.host for i, (m, _) in self.moves.items() if i != job.id)
                 kept = (*mine, avoid)
                 refusal = self.refusals.get(kept)
-                if refusal is not None:  # nothing freed since this shape was refused
+                if refusal is not None:  # nothing it depends on changed since it was given
                     refused[shape] = refusal
                     if first:
                         self.jobs.ledger.observe(job.profile)
