@@ -292,10 +292,10 @@ def dumps(data: Any) -> str:
     be, but a response must never break on) is written as null rather than as NaN.
 
     Written in pieces, the same text as one ``json.dumps``: the C encoder holds the GIL for
-    its whole call, so the admin overview at 200 hosts (2.5 MB: 57 ms in one call) stopped
-    the event loop's thread for as long, though it was written in a worker thread. Its long
-    lists (hosts, jobs, events) are written an item at a time; between two items the loop
-    gets its turn."""
+    its whole call, so the admin overview at 200 hosts (2.5 MB: 28 to 57 ms in one call)
+    stopped the event loop's thread for as long, though it was written in a worker thread.
+    Its long lists (hosts, jobs, events) are written an item at a time; between two items
+    the loop gets its turn."""
     if (
         isinstance(data, dict)
         and any(_long(v) for v in data.values())
