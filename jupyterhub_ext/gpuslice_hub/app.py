@@ -62,6 +62,7 @@ from .api.usage_reports import UsageReportHandler
 from .db.engine import Database, open_database
 from .db.models import utcnow
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
+from .db.short_writes import ShortWrites
 from .errors import ConfigError
 from .hubapi import HubAPI, IncompleteListing
 from .idle import effective_policy
@@ -368,6 +369,7 @@ class GPUSliceService(Application):
     overcommit_settings: OvercommitSettings
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
+    short_writes: ShortWrites
     jobs: JobManager | None = None
     started_at: datetime | None = None
     # when the last reconciliation with the hub completed (api/health says it)
@@ -626,6 +628,7 @@ class GPUSliceService(Application):
         if learned:
             self.log.info("placement policy: learned from the last %d requests", learned)
         self.admin_settings = AdminSettings(self.db)
+        self.short_writes = ShortWrites(self.db)
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+from ..errors import Refused
 from .base import BaseHandler, RequestError, api_authenticated, id_page, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
@@ -82,19 +83,25 @@ class AllocationsHandler(BaseHandler):
         ):
             raise RequestError(400, "field 'wait_seconds' must be a number of seconds, 0 to 86400")
         caller = await self.resolve_caller(ident, body, "allocate")
-        # In a worker thread: placement at hundreds of hosts must not stall the event loop
-        # (the ledger and the preemption hook are thread-safe; the scheduler calls them
-        # from its own thread too).
-        alloc, created = await asyncio.to_thread(
-            self.ledger.allocate,
-            caller,
-            profile,
-            server_name,
-            purpose,
-            priority,
-            preemptible,
-            wait_seconds=wait,
-        )
+        # On the loop when the ledger call is known to be short, else in a worker thread:
+        # placement at hundreds of hosts must not stall the event loop (db/short_writes.py).
+        try:
+            alloc, created = await self.service.short_writes.run(
+                "allocate",
+                self.ledger.try_allocate,
+                caller,
+                profile,
+                server_name,
+                purpose,
+                priority,
+                preemptible,
+            )
+        except Refused as refused:
+            # Making room (a preemption asked of the job engine) may wait on the engine:
+            # never on the loop.
+            await asyncio.to_thread(
+                self.ledger.after_refusal, refused, caller, profile, server_name, wait
+            )
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout
         # the name the spawn form showed, for the lab's status bar
@@ -114,8 +121,9 @@ class AllocationHandler(BaseHandler):
         ident = self.identity()
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
         owner = None if ident.sees_all else ident.name
-        # in a worker thread, as allocate: a release waits for the ledger's writer
-        alloc, released = await asyncio.to_thread(
+        # as allocate: on the loop when known to be short, else in a worker thread
+        alloc, released = await self.service.short_writes.run(
+            "release",
             self.ledger.release,
             self.db_id(alloc_id, "allocation"),
             ident.name,

@@ -8,7 +8,7 @@ partial unique indexes on claims and servers are a second, independent guard.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -104,55 +104,105 @@ class AllocationMixin(CapacityMixin):
         gets ``Pending`` (ask again later) when ``preempt_hook`` starts freeing a slice, but
         only when the job's grace period fits in ``wait_seconds`` (how long the spawn waits).
         """
+        try:
+            return self.try_allocate(
+                caller,
+                profile_name,
+                server_name,
+                purpose,
+                priority,
+                preemptible,
+                learn=learn,
+                may_borrow=may_borrow,
+                only=only,
+                avoid=avoid,
+            )
+        except Refused as refused:
+            self.after_refusal(
+                refused, caller, profile_name, server_name, wait_seconds, quiet, purpose
+            )
+
+    def try_allocate(
+        self,
+        caller: Caller,
+        profile_name: str,
+        server_name: str = "",
+        purpose: str = "interactive",
+        priority: int = 0,
+        preemptible: bool = False,
+        learn: bool = True,
+        may_borrow: bool = False,
+        only: frozenset[str] | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> tuple[dict[str, Any], bool]:
+        """The ledger's part of :meth:`allocate`: the allocation, or ``Refused`` with nothing
+        recorded and no one asked to make room (``after_refusal`` does that). It reads and
+        writes the ledger only, so the API may run it on the event loop (db/short_writes.py).
+        """
         profile = self.profiles.get(profile_name)
         if profile is None:
             raise Refused("unknown_profile", f"unknown profile {profile_name!r}")
         if purpose not in PURPOSES:
             raise Refused("bad_request", f"purpose must be one of {list(PURPOSES)}")
-        try:
-            access = self.access(purpose, caller.groups, priority, may_borrow)
-            if access is not None and only is not None:
-                access = access.within(only)
-                if access is None:
-                    raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
-            return self._allocate(
-                caller,
-                profile,
-                server_name,
-                purpose,
-                priority,
-                preemptible,
-                learn,
-                access=access,
-                avoid=avoid,
-            )
-        except Refused as refused:
-            e = refused
-            if e.code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
-                pending = self.preempt_hook(caller, profile, server_name, wait_seconds)
-                if isinstance(pending, str):
-                    # a job could make room, not in time: the refusal says why not
-                    e = Refused(e.code, f"{e.message}; {pending}", **e.detail)
-                elif pending is not None:
-                    message = pending.pop("message")
-                    raise Pending(message, **pending) from None
-            if e.code in REFUSALS and not quiet:
-                # Recorded in a transaction of its own: the refused one was rolled back.
-                with self.db.writing() as s:
-                    self._event(
-                        s,
-                        "refused",
-                        caller.user,
-                        caller.actor,
-                        None,
-                        profile.name,
-                        e.message,
-                        {"code": e.code},
-                    )
-                self.on_refusal(profile.name, e.code)
-            if e is refused:
-                raise
-            raise e from None
+        access = self.access(purpose, caller.groups, priority, may_borrow)
+        if access is not None and only is not None:
+            access = access.within(only)
+            if access is None:
+                raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
+        return self._allocate(
+            caller,
+            profile,
+            server_name,
+            purpose,
+            priority,
+            preemptible,
+            learn,
+            access=access,
+            avoid=avoid,
+        )
+
+    def after_refusal(
+        self,
+        refused: Refused,
+        caller: Caller,
+        profile_name: str,
+        server_name: str = "",
+        wait_seconds: float | None = None,
+        quiet: bool = False,
+        purpose: str = "interactive",
+    ) -> NoReturn:
+        """What follows a refusal of :meth:`try_allocate`: for an interactive spawn of a
+        profile with ``preempt_batch``, ask ``preempt_hook`` to make room (``Pending``);
+        record the refusal (unless ``quiet``); raise what the caller is to be told."""
+        e = refused
+        profile = self.profiles.get(profile_name)
+        if profile is None or e.code in ("unknown_profile", "bad_request"):
+            raise refused  # a request that was never tried: nothing to record
+        if e.code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
+            pending = self.preempt_hook(caller, profile, server_name, wait_seconds)
+            if isinstance(pending, str):
+                # a job could make room, not in time: the refusal says why not
+                e = Refused(e.code, f"{e.message}; {pending}", **e.detail)
+            elif pending is not None:
+                message = pending.pop("message")
+                raise Pending(message, **pending) from None
+        if e.code in REFUSALS and not quiet:
+            # Recorded in a transaction of its own: the refused one was rolled back.
+            with self.db.writing() as s:
+                self._event(
+                    s,
+                    "refused",
+                    caller.user,
+                    caller.actor,
+                    None,
+                    profile.name,
+                    e.message,
+                    {"code": e.code},
+                )
+            self.on_refusal(profile.name, e.code)
+        if e is refused:
+            raise refused
+        raise e from None
 
     def _allocate(
         self,

@@ -1,0 +1,95 @@
+"""Ledger calls that the API makes on the event loop's thread when they are known to be short.
+
+Every ledger write the API makes (an allocation, a release) used to go to a worker thread,
+so that placement at hundreds of hosts never holds up the event loop. The hop is not free:
+on a 2-vCPU machine it cost about 0.25 ms of the service's CPU per request, and the worker
+then competes with the loop for the GIL, as much again — together about a quarter of an
+allocate + release cycle at 64 GPUs (docs/benchmarks.md). On a cluster where the call takes
+well under a millisecond, that is more than the call itself.
+
+So a call runs on the loop's thread when all of these hold, and in a worker thread otherwise:
+
+- the ledger is SQLite (a PostgreSQL call waits on the network);
+- no other thread of this process is writing (``Database.writer`` is free; taking it
+  without waiting means the call never queues behind another writer on the loop). Calls
+  made while one of them is in a thread wait for it on the loop (an ``asyncio.Lock``), not
+  in threads of their own, and then run on the loop;
+- the last run of the same call took under ``budget`` seconds: by the clock on the loop,
+  in CPU time in a thread (what it would have cost the loop). The first run of each call
+  is in a thread; a run over the budget sends the next ones to a thread until one there
+  is quick again. At hundreds of hosts placement alone
+  is over the budget, so there every call stays in a thread, as before.
+
+The service is the ledger's only writer (app.py, ``db_url``), so SQLite's own lock is not
+held by anyone else when this process's writer lock is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .engine import Database
+
+T = TypeVar("T")
+
+# A call that took under this the last time may run on the loop: the loop's own handling of
+# a request costs about 0.5 ms, and its stall aim is 50 ms (docs/benchmarks.md).
+BUDGET_SECONDS = 0.002
+
+
+class ShortWrites:
+    def __init__(self, db: Database, budget: float = BUDGET_SECONDS) -> None:
+        self.db = db
+        self.budget = budget
+        self._last: dict[str, float] = {}  # call name -> seconds its last run took
+        self.on_loop = 0  # runs made on the loop's thread, and in workers (for tests)
+        self.in_thread = 0
+        # Calls wait their turn here, on the loop, rather than each in a thread of its own
+        # waiting for the writer: a queue of threads keeps the writer always taken, so every
+        # call after them would find it busy and go to a thread too (at 50 clients back to
+        # back, all of them did). Made on first use, on the loop it belongs to.
+        self._turn: asyncio.Lock | None = None
+
+    async def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, on this thread when it is known to be short (above),
+        else in a worker thread; ``name`` identifies the call whose duration is kept."""
+        if not self.db.is_sqlite:
+            self.in_thread += 1
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        if self._turn is None:
+            self._turn = asyncio.Lock()
+        async with self._turn:  # (taken at once, without a pause, when no call is in a thread)
+            if self._last.get(name, math.inf) < self.budget and self.db.writer.acquire(
+                blocking=False
+            ):
+                try:
+                    self.on_loop += 1
+                    return self._on_loop(name, fn, args, kwargs)
+                finally:
+                    self.db.writer.release()
+            self.in_thread += 1
+            return await asyncio.to_thread(self._in_worker, name, fn, args, kwargs)
+
+    def _in_worker(self, name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+        # Measured as the thread's CPU time, once the writer is held: neither the wait for
+        # another writer nor the waits for the GIL while the loop serves other requests are
+        # the call's cost (timed by the clock, a busy loop made every call look slow and
+        # kept them all in threads just when the hop costs most).
+        with self.db.writer:
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._last[name] = time.thread_time() - start
+
+    def _on_loop(self, name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+        # By the clock: how long the loop was held, waits on the disk included.
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._last[name] = time.perf_counter() - start
