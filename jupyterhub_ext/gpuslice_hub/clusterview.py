@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .db.loopguard import hold, not_on_loop
 from .placement import GPUState, HostState, MigSlotState, Placement, Request
 from .placement.fit import fit_counts
 from .placement.state import ClusterState, fill_row, from_hosts
@@ -99,13 +100,21 @@ class ClusterCache:
     @contextmanager
     def use(self, inv: InventoryView, active: ActiveState) -> Iterator[ClusterState | None]:
         """The arrays for ``inv`` with ``active`` subtracted; None when no host is present."""
-        with self._lock:
+        with hold(self._lock):
             yield self._bring_up_to_date(inv, active)
 
     def _bring_up_to_date(self, inv: InventoryView, active: ActiveState) -> ClusterState | None:
         views = active.views
-        seen, self._seen = self._seen, None  # (set again once the arrays follow ``active``)
-        if self._state is None or inv.generation != self._generation:
+        seen = self._seen
+        rebuild = self._state is None or inv.generation != self._generation
+        ids = None
+        if not rebuild and seen is not None and seen[0] is active.source:
+            ids = active.source.changed_between(seen[1], active.mark)
+        if rebuild or ids is None:
+            # (before anything changes: a short write that gives way leaves all as it was)
+            not_on_loop("building the placement arrays, or comparing every allocation")
+        self._seen = None  # (set again once the arrays follow ``active``)
+        if rebuild:
             self._state = None  # a failure below leaves nothing half-built behind
             layout = _Layout(inv.hosts, inv.gpus)
             by_host: dict[str, dict[int, Any]] = {name: {} for name in layout.names}
@@ -119,9 +128,6 @@ class ClusterCache:
             self.rows_rebuilt += len(hosts)
             self._seen = (active.source, active.mark)
             return self._state
-        ids = None
-        if seen is not None and seen[0] is active.source:
-            ids = active.source.changed_between(seen[1], active.mark)
         try:
             state = self._follow(views, ids)
         except BaseException:

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 
 from .clock import now as clock_now
 from .db.admin_models import UsageReportRow
+from .db.loopguard import hold, not_on_loop
 from .db.models import AllocationRow
 from .placement import Request
 from .profiles import Profile
@@ -142,8 +143,9 @@ class OvercommitHistory:
 
     def observed(self, s: Session) -> dict[Key, Observed]:
         now = clock_now()
-        with self._lock:
+        with hold(self._lock):
             if self._read_at is None or not self._read_at <= now < self._read_at + REFRESH:
+                not_on_loop("reading the usage history")
                 since = now - timedelta(days=self.settings.days)
                 self._seen = read_history(s, since, now)
                 self._read_at = now

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
 
 from .db.engine import after_commit
+from .db.loopguard import WouldWait, hold, not_on_loop
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
 from .quotas import Held, Usage
 
@@ -323,6 +324,8 @@ class ActiveCache:
 
     # Past this many new events a full read is as cheap as following them.
     FULL_READ_AFTER = 2000
+    # A short write on the event loop follows at most this many (db/loopguard.py).
+    LOOP_FOLLOWS = 100
     # How many changes ``changed_between`` can tell back (more: the caller compares all)
     JOURNAL = 4096
 
@@ -354,7 +357,7 @@ class ActiveCache:
         """The ids of the allocations whose views changed between the states marked ``a``
         and ``b`` (either may be the older); None when that is no longer known (a full
         read since, or more changes than the journal keeps)."""
-        with self._lock:
+        with hold(self._lock):
             if a[0] != b[0] or a[0] != self.full_reads:
                 return None
             low, high = sorted((a[1], b[1]))
@@ -369,7 +372,7 @@ class ActiveCache:
         without ``s``, as the last look left them (or a newer state's): for a caller that
         has just called ``get`` under the ledger lock, where nothing could change since."""
         if s is None:
-            with self._lock:
+            with hold(self._lock):
                 return self._held.snapshot()
         with self._up_to_date(s):
             return self._held.snapshot()
@@ -378,7 +381,7 @@ class ActiveCache:
     def _up_to_date(self, s: Session) -> Iterator[None]:
         """Holding the lock, with the views caught up with what ``s`` can read."""
         marker = int(s.connection().execute(_NEWEST_EVENT).scalar() or 0)
-        with self._lock:
+        with hold(self._lock):
             # A reader whose transaction began before the newest write asks for an older
             # state: it gets the newer one (never older than what it could read).
             if self._marker is None or marker > self._marker:
@@ -418,12 +421,15 @@ class ActiveCache:
         cache takes those states and moves the marker past them. Otherwise (another
         process's event in between, an event whose allocation it did not record) it does
         nothing, and the next ``get`` reads the change back as it always did."""
-        with self._lock:
-            try:
-                self._take_own(own)
-            except BaseException:
-                self._marker = None  # taken part of the way: read everything next time
-                raise
+        try:
+            with hold(self._lock):
+                try:
+                    self._take_own(own)
+                except BaseException:
+                    self._marker = None  # taken part of the way: read everything next time
+                    raise
+        except WouldWait:
+            pass  # (on the loop, the cache busy: the next look reads the change back)
 
     def _take_own(self, own: OwnWrites) -> None:
         if self._marker is None or not own.events:
@@ -440,6 +446,8 @@ class ActiveCache:
 
     def _catch_up(self, s: Session, marker: int) -> None:
         since = self._marker
+        if since is None or marker - since > self.LOOP_FOLLOWS:
+            not_on_loop("reading the active allocations back")
         if since is None or marker - since > self.FULL_READ_AFTER:
             self._marker = None  # a failure below leaves nothing half-read behind
             self._views, self._held = {}, _HeldIndex()
@@ -472,5 +480,6 @@ class InventoryCache:
     def get(self, s: Session) -> InventoryView:
         generation = current_generation(s)
         if self._view is None or self._view.generation != generation:
+            not_on_loop("reading a new inventory")
             self._view = load_inventory(s, generation)
         return self._view

@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import text
 
 from gpuslice_hub.db.engine import CHECKPOINT_EVERY, open_database
-from gpuslice_hub.db.short_writes import ShortWrites
+from gpuslice_hub.db.loopguard import WouldWait, hold, set_short_write
+from gpuslice_hub.db.short_writes import AWAY_AFTER_SLOW, ShortWrites
 from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller
 
@@ -71,12 +72,32 @@ def test_a_call_over_the_budget_sends_the_next_one_to_a_thread(tmp_path):
     async def main() -> None:
         await writes.run("x", fn)  # first: in a thread, measured quick
         await writes.run("x", fn, 0.1)  # on the loop, over the budget
-        await writes.run("x", fn)  # so in a thread, quick again
-        await writes.run("x", fn)  # back on the loop
+        for _ in range(AWAY_AFTER_SLOW + 1):
+            await writes.run("x", fn)  # so the next ones in threads, then on the loop
         await writes.run("y", fn)  # another call has its own measure: first in a thread
 
     asyncio.run(main())
-    assert calls == ["worker", "loop", "worker", "loop", "worker"]
+    assert calls == ["worker", "loop"] + ["worker"] * AWAY_AFTER_SLOW + ["loop", "worker"]
+
+
+def test_a_call_slow_in_a_thread_stays_there_until_one_is_quick(tmp_path):
+    db = open_database(f"sqlite:///{tmp_path}/l.sqlite")
+    writes = ShortWrites(db, budget=0.05)
+    calls: list[str] = []
+
+    def spin(seconds: float) -> None:  # CPU time, which is what a run in a thread counts
+        calls.append("loop" if threading.current_thread() is threading.main_thread() else "worker")
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    async def main() -> None:
+        await writes.run("x", spin, 0.1)
+        await writes.run("x", spin, 0.0)
+        await writes.run("x", spin, 0.0)
+
+    asyncio.run(main())
+    assert calls == ["worker", "worker", "loop"]
 
 
 def test_a_busy_writer_sends_the_call_to_a_thread_and_the_loop_keeps_turning(tmp_path):
@@ -174,9 +195,99 @@ def test_the_write_ahead_log_starts_over_though_writes_never_stop(tmp_path):
             t.join(30)
     with db.reading() as s:
         rows = s.execute(text("SELECT count(*) FROM t")).scalar_one()
-    assert rows >= 40 * CHECKPOINT_EVERY
+    assert rows == db._commits - 1 >= 40 * CHECKPOINT_EVERY - 1  # (and the CREATE TABLE)
     # Each row fills a page of its own: a log never started over would hold one frame per
     # row (8 MB here); started over after each checkpoint, a few checkpoints' worth.
     wal = os.path.getsize(f"{tmp_path}/l.sqlite-wal")
     assert wal < 10 * CHECKPOINT_EVERY * 4096 * 2, wal
     db.dispose()
+
+
+def _warm(ledger, writes: ShortWrites, seen: list[str]):  # type: ignore[no-untyped-def]
+    """An ``allocate`` that notes where each attempt ran, made once (in a thread) so that
+    the next is made on the loop."""
+
+    def allocate(server: str):  # type: ignore[no-untyped-def]
+        seen.append("loop" if threading.current_thread() is threading.main_thread() else "worker")
+        return ledger.try_allocate(ALICE, "share-250", server)
+
+    return allocate
+
+
+def test_a_call_gives_way_to_a_thread_when_another_thread_holds_a_cache(tmp_path):
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    writes = ShortWrites(ledger.db, budget=1.0)
+    seen: list[str] = []
+    allocate = _warm(ledger, writes, seen)
+    held, loop_turned = threading.Event(), threading.Event()
+
+    def counting_placement() -> None:  # as the spawn form's counts hold the arrays
+        with ledger.cluster_cache._lock:
+            held.set()
+            loop_turned.wait(30)
+
+    async def main() -> dict:
+        await writes.run("allocate", allocate, "first")
+        threading.Thread(target=counting_placement, daemon=True).start()
+        assert await asyncio.to_thread(held.wait, 30)
+        asyncio.get_running_loop().call_soon(loop_turned.set)
+        alloc, created = await writes.run("allocate", allocate, "second")
+        assert created
+        return alloc
+
+    alloc = asyncio.run(main())
+    # tried on the loop, given way, made in a thread once the arrays were free
+    assert seen == ["worker", "loop", "worker"]
+    assert writes.gave_way == 1
+    held_now = ledger.allocations(active_only=True)
+    assert sorted(a["server_name"] for a in held_now) == ["first", "second"]
+    assert alloc["id"] in {a["id"] for a in held_now}
+
+
+def test_a_new_inventory_is_read_in_a_thread_not_on_the_loop(tmp_path):
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    writes = ShortWrites(ledger.db, budget=1.0)
+    seen: list[str] = []
+    allocate = _warm(ledger, writes, seen)
+    gpu = "GPU-sim-node-a-2"  # (SIM_HOSTS: a whole GPU of node-a)
+
+    async def main() -> None:
+        await writes.run("allocate", allocate, "a")
+        await writes.run("allocate", allocate, "b")  # on the loop: nothing to rebuild
+        ledger.set_drained(gpu, True, "admin", "maintenance")  # a new generation
+        await writes.run("allocate", allocate, "c")  # gives way: the inventory is read
+        await writes.run("allocate", allocate, "d")  # on the loop again
+
+    asyncio.run(main())
+    assert seen == ["worker", "loop", "loop", "worker", "loop"]
+    assert writes.gave_way == 1
+    assert len(ledger.allocations(active_only=True)) == 4
+
+
+def test_a_busy_cache_after_a_commit_on_the_loop_is_left_to_read_the_change_back(tmp_path):
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    first, _ = ledger.allocate(ALICE, "share-250", "a")
+    cache = ledger.active_cache
+    held, done = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        with cache._lock:
+            held.set()
+            done.wait(30)
+
+    threading.Thread(target=reader, daemon=True).start()
+    assert held.wait(30)
+    set_short_write(True)
+    try:
+        with pytest.raises(WouldWait), hold(cache._lock):
+            pass
+        # the release commits; following it in the cache gives way (nothing raised)
+        _, released = ledger.release(first["id"], "hub", "done")
+        assert cache._lock.locked()  # made while the reader still held it: never waited
+    finally:
+        set_short_write(False)
+        done.set()
+    assert released
+    assert ledger.allocations(active_only=True) == []
+    with ledger.db.reading() as s:
+        assert first["id"] not in {v.id for v in cache.get(s)}

@@ -100,7 +100,14 @@ class AllocationsHandler(BaseHandler):
             # Making room (a preemption asked of the job engine) may wait on the engine:
             # never on the loop.
             await asyncio.to_thread(
-                self.ledger.after_refusal, refused, caller, profile, server_name, wait
+                self.ledger.after_refusal,
+                refused,
+                caller,
+                profile,
+                server_name,
+                wait,
+                False,
+                purpose,
             )
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout

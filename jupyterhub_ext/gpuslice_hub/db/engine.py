@@ -82,9 +82,11 @@ class Database:
         self._guard: contextlib.AbstractContextManager[Any] = (
             self.writer if self.is_sqlite else contextlib.nullcontext()
         )
-        self._commits = 0
+        self._commits = 0  # (counted holding the writer)
         self._checkpoint_due = False
+        self._closed = False
         self._checkpointer: ThreadPoolExecutor | None = None
+        self._checkpointer_lock = threading.Lock()
 
     @property
     def is_sqlite(self) -> bool:
@@ -105,10 +107,16 @@ class Database:
         time whatever is asked.
         """
         with self._write_sessions() as session:
-            with self._guard, session.begin():
-                if lock and not self.is_sqlite:
-                    session.execute(select(LedgerLock).where(LedgerLock.id == 1).with_for_update())
-                yield session
+            with self._guard:
+                with session.begin():
+                    if lock and not self.is_sqlite:
+                        session.execute(
+                            select(LedgerLock).where(LedgerLock.id == 1).with_for_update()
+                        )
+                    yield session
+                checkpoint = self.is_sqlite and self._committed()
+            if checkpoint:
+                self._checkpoint_soon()
             # committed: what the transaction asked to learn of it (never on a rollback).
             # The write stands whatever a callback does: its failure is logged, not raised
             # to a caller who would take the committed write for a failed one.
@@ -117,20 +125,26 @@ class Database:
                     fn()
                 except Exception:
                     log.exception("a callback after a committed ledger write failed")
-        if self.is_sqlite:
-            self._commits += 1  # (approximate across threads: it only paces checkpoints)
-            if self._commits % CHECKPOINT_EVERY == 0:
-                self._checkpoint_soon()
+
+    def _committed(self) -> bool:
+        """Count a commit (the writer held); True when a checkpoint is due and none is."""
+        self._commits += 1
+        if self._commits % CHECKPOINT_EVERY or self._checkpoint_due or self._closed:
+            return False
+        self._checkpoint_due = True
+        return True
 
     def _checkpoint_soon(self) -> None:
-        """Copy the WAL back into the database file in a thread of its own (a PASSIVE
-        checkpoint waits for no reader or writer), one at a time."""
-        if self._checkpoint_due:
-            return
-        self._checkpoint_due = True
-        if self._checkpointer is None:
-            self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-checkpoint")
-        self._checkpointer.submit(self.checkpoint)
+        """Copy the WAL back into the database file in a thread of its own."""
+        with self._checkpointer_lock:
+            try:
+                if self._checkpointer is None:
+                    self._checkpointer = ThreadPoolExecutor(
+                        1, thread_name_prefix="sqlite-checkpoint"
+                    )
+                self._checkpointer.submit(self.checkpoint)
+            except RuntimeError:  # disposed of meanwhile: the last close checkpoints
+                self._checkpoint_due = False
 
     def checkpoint(self) -> None:
         # Holding the writer: SQLite starts the log over only when a write finds every frame
@@ -157,9 +171,10 @@ class Database:
             raw.close()
 
     def dispose(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.shutdown(wait=True)
-            self._checkpointer = None
+        with self._checkpointer_lock:
+            self._closed = True
+            if self._checkpointer is not None:
+                self._checkpointer.shutdown(wait=True)
         self.read_engine.dispose()
         if self.write_engine is not self.read_engine:
             self.write_engine.dispose()

@@ -2,10 +2,9 @@
 
 Every ledger write the API makes (an allocation, a release) used to go to a worker thread,
 so that placement at hundreds of hosts never holds up the event loop. The hop is not free:
-on a 2-vCPU machine it cost about 0.25 ms of the service's CPU per request, and the worker
-then competes with the loop for the GIL, as much again — together about a quarter of an
-allocate + release cycle at 64 GPUs (docs/benchmarks.md). On a cluster where the call takes
-well under a millisecond, that is more than the call itself.
+on a 2-vCPU machine it cost about 0.3 ms of the service's CPU per allocate + release cycle,
+and running the SQL in the worker (each SQLite call lets go of the GIL and takes it back)
+as much again: together about a quarter of the cycle at 64 GPUs (docs/benchmarks.md).
 
 So a call runs on the loop's thread when all of these hold, and in a worker thread otherwise:
 
@@ -14,11 +13,16 @@ So a call runs on the loop's thread when all of these hold, and in a worker thre
   without waiting means the call never queues behind another writer on the loop). Calls
   made while one of them is in a thread wait for it on the loop (an ``asyncio.Lock``), not
   in threads of their own, and then run on the loop;
-- the last run of the same call took under ``budget`` seconds: by the clock on the loop,
-  in CPU time in a thread (what it would have cost the loop). The first run of each call
-  is in a thread; a run over the budget sends the next ones to a thread until one there
-  is quick again. At hundreds of hosts placement alone
-  is over the budget, so there every call stays in a thread, as before.
+- its last run took under ``budget`` seconds: by the clock on the loop, in CPU time in a
+  thread (what it would have cost the loop). The first run of each call is in a thread; a
+  run in a thread over the budget sends the next one there too, and a run on the loop
+  over it sends the next ``AWAY_AFTER_SLOW``.
+
+On the loop the call may not wait for a cache that another thread holds, nor rebuild one
+(db/loopguard.py): where it would, it rolls back and is made again in a thread. At 200
+hosts placement from the kept arrays is quick enough that spawns' calls run on the loop
+there too (docs/benchmarks.md). What no check sees beforehand: the rare rebuild of a
+learning placement policy's typical requests, which the budget then sends to threads.
 
 The service is the ledger's only writer (app.py, ``db_url``), so SQLite's own lock is not
 held by anyone else when this process's writer lock is free.
@@ -33,12 +37,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .engine import Database
+from .loopguard import WouldWait, set_short_write
 
 T = TypeVar("T")
 
 # A call that took under this the last time may run on the loop: the loop's own handling of
 # a request costs about 0.5 ms, and its stall aim is 50 ms (docs/benchmarks.md).
 BUDGET_SECONDS = 0.002
+# After a run on the loop over the budget, this many runs of the call are made in threads.
+AWAY_AFTER_SLOW = 16
 
 
 class ShortWrites:
@@ -46,8 +53,10 @@ class ShortWrites:
         self.db = db
         self.budget = budget
         self._last: dict[str, float] = {}  # call name -> seconds its last run took
+        self._away: dict[str, int] = {}  # call name -> runs still to make in a thread
         self.on_loop = 0  # runs made on the loop's thread, and in workers (for tests)
         self.in_thread = 0
+        self.gave_way = 0  # runs on the loop that gave way to a thread (WouldWait)
         # Calls wait their turn here, on the loop, rather than each in a thread of its own
         # waiting for the writer: a queue of threads keeps the writer always taken, so every
         # call after them would find it busy and go to a thread too (at 50 clients back to
@@ -63,14 +72,22 @@ class ShortWrites:
         if self._turn is None:
             self._turn = asyncio.Lock()
         async with self._turn:  # (taken at once, without a pause, when no call is in a thread)
-            if self._last.get(name, math.inf) < self.budget and self.db.writer.acquire(
-                blocking=False
+            if (
+                self._last.get(name, math.inf) < self.budget
+                and not self._away.get(name)
+                and self.db.writer.acquire(blocking=False)
             ):
                 try:
                     self.on_loop += 1
                     return self._on_loop(name, fn, args, kwargs)
+                except WouldWait:
+                    # it would have waited for a cache another thread holds, or rebuilt
+                    # one: rolled back, and made again in a thread (db/loopguard.py)
+                    self.gave_way += 1
                 finally:
                     self.db.writer.release()
+            elif self._away.get(name):
+                self._away[name] -= 1
             self.in_thread += 1
             return await asyncio.to_thread(self._in_worker, name, fn, args, kwargs)
 
@@ -89,7 +106,14 @@ class ShortWrites:
     def _on_loop(self, name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         # By the clock: how long the loop was held, waits on the disk included.
         start = time.perf_counter()
+        set_short_write(True)
         try:
             return fn(*args, **kwargs)
         finally:
-            self._last[name] = time.perf_counter() - start
+            set_short_write(False)
+            took = self._last[name] = time.perf_counter() - start
+            if took >= self.budget:
+                # Not just the next run: a run that was slow on the loop (the GIL taken by
+                # a busy scheduler pass at each of its SQL statements) would be quick again
+                # in a thread, and every other run would hold the loop up.
+                self._away[name] = AWAY_AFTER_SLOW

@@ -14,6 +14,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ..db.loopguard import hold
 from ..db.models import (
     utcnow,
 )
@@ -251,7 +252,7 @@ class AllocationMixin(CapacityMixin):
                     if enforce_quota:
                         raise Refused("over_quota", charge)
                     charge = Charge(None)  # counted against the user, beyond their quota
-                with self.cluster_cache.use(inv, active) as state, self._policy_lock:
+                with self.cluster_cache.use(inv, active) as state, hold(self._policy_lock):
                     result: Placement | Refusal = Refusal("there are no hosts")
                     tries = access.tries if access is not None else (None,)
                     for i, allowed in enumerate(tries):
