@@ -110,9 +110,11 @@ class ClusterCache:
         ids = None
         if not rebuild and seen is not None and seen[0] is active.source:
             ids = active.source.changed_between(seen[1], active.mark)
-        if rebuild or ids is None:
-            # (before anything changes: a short write that gives way leaves all as it was)
-            not_on_loop("building the placement arrays, or comparing every allocation")
+        if rebuild or ids is None or len(ids) > ActiveCache.LOOP_FOLLOWS:
+            # (before anything changes or is learned: a short write that gives way leaves
+            # all as it was; many changes, as after a burst of releases in threads, mean
+            # many rows to rebuild and to score again)
+            not_on_loop("building the placement arrays, or following many changes")
         self._seen = None  # (set again once the arrays follow ``active``)
         if rebuild:
             self._state = None  # a failure below leaves nothing half-built behind

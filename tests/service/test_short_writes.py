@@ -4,6 +4,7 @@ write-ahead log copied back off the write path (``Database.checkpoint``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -12,10 +13,11 @@ import pytest
 from sqlalchemy import text
 
 from gpuslice_hub.db.engine import CHECKPOINT_EVERY, open_database
-from gpuslice_hub.db.loopguard import WouldWait, hold, set_short_write
+from gpuslice_hub.db.loopguard import WouldWait, hold, in_short_write, set_short_write
 from gpuslice_hub.db.short_writes import AWAY_AFTER_SLOW, ShortWrites
 from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller
+from gpuslice_hub.snapshot import ActiveCache
 
 from .conftest import build_ledger
 
@@ -185,7 +187,7 @@ def test_the_write_ahead_log_starts_over_though_writes_never_stop(tmp_path):
     for t in others:
         t.start()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240
         while db._commits < 40 * CHECKPOINT_EVERY and time.monotonic() < deadline:
             with db.writing() as s:
                 s.execute(text("INSERT INTO t (v) VALUES (:v)"), {"v": "y" * 3000})
@@ -215,7 +217,8 @@ def _warm(ledger, writes: ShortWrites, seen: list[str]):  # type: ignore[no-unty
 
 
 def test_a_call_gives_way_to_a_thread_when_another_thread_holds_a_cache(tmp_path):
-    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    # (a policy that learns the request mix: the request given way is learned once)
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", policy="fgd")
     writes = ShortWrites(ledger.db, budget=1.0)
     seen: list[str] = []
     allocate = _warm(ledger, writes, seen)
@@ -228,6 +231,7 @@ def test_a_call_gives_way_to_a_thread_when_another_thread_holds_a_cache(tmp_path
 
     async def main() -> dict:
         await writes.run("allocate", allocate, "first")
+        assert ledger.policy.online.seen == 1
         threading.Thread(target=counting_placement, daemon=True).start()
         assert await asyncio.to_thread(held.wait, 30)
         asyncio.get_running_loop().call_soon(loop_turned.set)
@@ -239,6 +243,7 @@ def test_a_call_gives_way_to_a_thread_when_another_thread_holds_a_cache(tmp_path
     # tried on the loop, given way, made in a thread once the arrays were free
     assert seen == ["worker", "loop", "worker"]
     assert writes.gave_way == 1
+    assert ledger.policy.online.seen == 2
     held_now = ledger.allocations(active_only=True)
     assert sorted(a["server_name"] for a in held_now) == ["first", "second"]
     assert alloc["id"] in {a["id"] for a in held_now}
@@ -291,3 +296,45 @@ def test_a_busy_cache_after_a_commit_on_the_loop_is_left_to_read_the_change_back
     assert ledger.allocations(active_only=True) == []
     with ledger.db.reading() as s:
         assert first["id"] not in {v.id for v in cache.get(s)}
+
+
+def test_many_changes_made_in_threads_are_followed_in_a_thread(tmp_path):
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    writes = ShortWrites(ledger.db, budget=1.0)
+    seen: list[str] = []
+    allocate = _warm(ledger, writes, seen)
+    many = ActiveCache.LOOP_FOLLOWS + 1
+    # room for them all: shares of a hundredth of a GPU
+    tiny = dataclasses.replace(ledger.profiles["share-250"], gpu_milli=10, gpu_memory_mib=10)
+    ledger.profiles["share-250"] = tiny
+
+    async def main() -> None:
+        await writes.run("allocate", allocate, "a")
+        await writes.run("allocate", allocate, "b")  # on the loop
+        burst = [ledger.allocate(ALICE, "share-250", f"x{i}")[0] for i in range(many)]
+        for alloc in burst:  # released elsewhere (a reconcile): the arrays did not follow
+            ledger.release(alloc["id"], "hub", "gone")
+        await writes.run("allocate", allocate, "c")  # too much to follow on the loop
+        await writes.run("allocate", allocate, "d")
+
+    asyncio.run(main())
+    # "c": tried on the loop, given way before anything was learned, made in a thread
+    assert seen == ["worker", "loop", "loop", "worker", "loop"]
+    assert writes.gave_way == 1
+
+
+def test_a_refusal_on_the_loop_leaves_the_loop_as_it_was(tmp_path):
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    writes = ShortWrites(ledger.db, budget=1.0)
+
+    async def main() -> None:
+        await writes.run("allocate", ledger.try_allocate, ALICE, "gpu-1", "a")
+        await writes.run("allocate", ledger.try_allocate, ALICE, "gpu-1", "b")
+        with pytest.raises(Refused):  # node-a has two whole GPUs
+            await writes.run("allocate", ledger.try_allocate, ALICE, "gpu-1", "c")
+
+    asyncio.run(main())
+    assert writes.on_loop == 2 and writes.in_thread == 1
+    assert not in_short_write()  # the flag was put back though the call raised
+    assert ledger.db.writer.acquire(blocking=False)  # and the writer let go
+    ledger.db.writer.release()

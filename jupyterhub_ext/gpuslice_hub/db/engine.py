@@ -137,6 +137,9 @@ class Database:
     def _checkpoint_soon(self) -> None:
         """Copy the WAL back into the database file in a thread of its own."""
         with self._checkpointer_lock:
+            if self._closed:
+                self._checkpoint_due = False
+                return
             try:
                 if self._checkpointer is None:
                     self._checkpointer = ThreadPoolExecutor(

@@ -21,8 +21,10 @@ So a call runs on the loop's thread when all of these hold, and in a worker thre
 On the loop the call may not wait for a cache that another thread holds, nor rebuild one
 (db/loopguard.py): where it would, it rolls back and is made again in a thread. At 200
 hosts placement from the kept arrays is quick enough that spawns' calls run on the loop
-there too (docs/benchmarks.md). What no check sees beforehand: the rare rebuild of a
-learning placement policy's typical requests, which the budget then sends to threads.
+there too (docs/benchmarks.md). What no check sees beforehand, because it comes after the
+policy has learned the request (a call given way then would be learned twice): the rare
+rebuild of a learning policy's typical requests, and FGD's first scoring of a request
+shape it has not seen. The budget sends the calls after such a run to threads.
 
 The service is the ledger's only writer (app.py, ``db_url``), so SQLite's own lock is not
 held by anyone else when this process's writer lock is free.

@@ -290,7 +290,8 @@ class AllocationMixin(CapacityMixin):
                     charge,
                     overcommitted=request != profile.request(),
                 )
-                return allocation_json(row, self._gpus(s)), True
+                # (``inv``, not read again: nothing may give way after the policy learned)
+                return allocation_json(row, inv.by_uuid), True
         except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
             log.error("ledger constraint refused an allocation: %s", e)
             raise Refused("conflict", "the slice was taken concurrently; retry") from e
