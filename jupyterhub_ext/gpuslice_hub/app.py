@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -61,6 +62,7 @@ from .api.reclaim import IdlePolicyHandler, ReclaimHandler
 from .api.usage_reports import UsageReportHandler
 from .db.engine import Database, open_database
 from .db.models import utcnow
+from .db.owner import LedgerInUse, hold_ledger
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .db.short_writes import ShortWrites
 from .errors import ConfigError
@@ -119,9 +121,11 @@ class GPUSliceService(Application):
         help="""SQLAlchemy URL of the ledger database.
 
         SQLite (WAL mode) by default; use ``postgresql://user:password@host/db`` (psycopg 3)
-        when the hub runs at scale. Run one service process per ledger: PostgreSQL does not
+        when the hub runs at scale. One service process per ledger: PostgreSQL does not
         make several replicas safe (the scheduler, reconciler and sampler have no leader, and
-        pending preemptions live in the process).""",
+        pending preemptions live in the process), so the service holds its ledger while it
+        runs (a lock file beside a SQLite ledger, an advisory lock on PostgreSQL) and a
+        second one refuses to start, after waiting 20 s for one being replaced to exit.""",
     ).tag(config=True)
 
     gpu_backend = Enum(
@@ -370,6 +374,8 @@ class GPUSliceService(Application):
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
     short_writes: ShortWrites
+    # lets go of the ledger at shutdown (db/owner.py); nothing to let go before it is held
+    _let_go_of_ledger: Callable[[], None] = staticmethod(lambda: None)
     jobs: JobManager | None = None
     started_at: datetime | None = None
     # when the last reconciliation with the hub completed (api/health says it)
@@ -614,6 +620,8 @@ class GPUSliceService(Application):
 
     def open_ledger(self) -> None:
         self.db = open_database(self.db_url)
+        # one service per ledger, before anything reads or migrates it (db/owner.py)
+        self._let_go_of_ledger = hold_ledger(self.db, safe_url(self.db_url))
         private_sqlite_files(self.db_url)
         ensure_schema(self.db, self.upgrade_command)
         self.ledger = Ledger(
@@ -810,6 +818,7 @@ class GPUSliceService(Application):
         self.report_pool.shutdown(wait=False, cancel_futures=True)
         if self.db is not None:
             self.db.dispose()
+        self._let_go_of_ledger()
 
     def _held_uuids(self) -> set[str]:
         """The GPUs and MIG instances an active allocation holds."""
@@ -996,7 +1005,12 @@ class UpgradeDB(Application):
         service.load_settings()
         db = open_database(service.db_url)
         try:
-            upgrade(db)
+            # never under a running service (db/owner.py): it waits for no one
+            let_go = hold_ledger(db, safe_url(service.db_url), wait=0)
+            try:
+                upgrade(db)
+            finally:
+                let_go()
         finally:
             db.dispose()
         service.log.info("database %s is at the newest schema", safe_url(service.db_url))
@@ -1022,7 +1036,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app.initialize(argv)
         app.start()
-    except (ConfigError, SchemaError) as e:
+    except (ConfigError, SchemaError, LedgerInUse) as e:
         print(
             f"gpuslice: invalid configuration: {e}"
             if isinstance(e, ConfigError)
