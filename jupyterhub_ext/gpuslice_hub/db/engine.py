@@ -75,7 +75,7 @@ class Database:
         self._write_sessions = sessionmaker(self.write_engine, expire_on_commit=False)
         # SQLite's one writer, within this process: a thread that wants to write waits here
         # and goes as soon as the writer before it is done, where SQLite's busy handler
-        # would poll with sleeps of up to 100 ms (50 spawns at once waited in those sleeps).
+        # polls with sleeps of up to 100 ms between tries.
         # Re-entrant: ``ShortWrites`` takes it around a whole ledger call that then writes.
         # (PostgreSQL writes run side by side; those that allocate queue on the lock row.)
         self.writer = threading.RLock()
