@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.owner import LedgerInUse, hold_ledger
@@ -69,8 +71,7 @@ def test_the_same_process_cannot_hold_one_ledger_twice_either(tmp_path):
     hold_ledger(open_database(url), url, wait=0)()
 
 
-def test_the_service_refuses_to_start_on_a_ledger_another_service_holds(tmp_path):
-    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+def service_config(tmp_path: Path, url: str) -> Path:
     config = tmp_path / "gpuslice_config.py"
     config.write_text(
         f"c.GPUSliceService.db_url = {url!r}\n"
@@ -79,6 +80,12 @@ def test_the_service_refuses_to_start_on_a_ledger_another_service_holds(tmp_path
         " 'gpus': [{'model': 'NVIDIA A100-SXM4-80GB', 'memory_mib': 81920}]}]\n"
         "c.GPUSliceService.profiles = [{'name': 'gpu-1', 'kind': 'gpu', 'count': 1}]\n"
     )
+    return config
+
+
+def test_the_service_refuses_to_start_on_a_ledger_another_service_holds(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    config = service_config(tmp_path, url)
     db = open_database(url)
     let_go = hold_ledger(db, url, wait=0)
     start = textwrap.dedent(
@@ -103,3 +110,24 @@ def test_the_service_refuses_to_start_on_a_ledger_another_service_holds(tmp_path
     assert done.returncode == 1, done.stderr[-2000:]
     assert "gpuslice: another gpuslice service" in done.stderr
     assert "upgrade" not in done.stderr  # refused before the schema was looked at
+
+
+def test_upgrade_db_refuses_at_once_under_a_running_service(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    config = service_config(tmp_path, url)
+    db = open_database(url)
+    let_go = hold_ledger(db, url, wait=0)  # as the running service holds it
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuslice_hub.app", "upgrade-db", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        let_go()
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "gpuslice: another gpuslice service" in done.stderr
+    with db.reading() as s:  # nothing was migrated
+        assert not s.execute(text("SELECT name FROM sqlite_master")).all()
+    db.dispose()

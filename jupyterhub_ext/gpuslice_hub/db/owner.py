@@ -28,8 +28,9 @@ from sqlalchemy import make_url, text
 from .engine import Database
 
 WAIT_SECONDS = 20.0
-# The advisory lock's key: "gpuslice" as a 64-bit integer (advisory locks are per database).
-ADVISORY_KEY = int.from_bytes(b"gpuslice", "big") - 2**63
+# The advisory lock's key: the bytes of "gpuslice" as one integer (it fits PostgreSQL's
+# signed bigint; advisory locks are per database).
+ADVISORY_KEY = int.from_bytes(b"gpuslice", "big")
 
 
 class LedgerInUse(RuntimeError):
