@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -60,9 +59,10 @@ from .api.metrics import MetricsHandler
 from .api.pages import AdminPageHandler, HomeHandler
 from .api.reclaim import IdlePolicyHandler, ReclaimHandler
 from .api.usage_reports import UsageReportHandler
+from .db import owner
 from .db.engine import Database, open_database
 from .db.models import utcnow
-from .db.owner import LedgerInUse, hold_ledger
+from .db.owner import LedgerHold, LedgerInUse, hold_ledger
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .db.short_writes import ShortWrites
 from .errors import ConfigError
@@ -374,8 +374,8 @@ class GPUSliceService(Application):
     inventory = Instance(Inventory, allow_none=True)
     db: Database | None = None
     short_writes: ShortWrites
-    # lets go of the ledger at shutdown (db/owner.py); nothing to let go before it is held
-    _let_go_of_ledger: Callable[[], None] = staticmethod(lambda: None)
+    # the hold on the ledger (db/owner.py), let go at shutdown; None before it is held
+    ledger_hold: LedgerHold | None = None
     jobs: JobManager | None = None
     started_at: datetime | None = None
     # when the last reconciliation with the hub completed (api/health says it)
@@ -621,7 +621,7 @@ class GPUSliceService(Application):
     def open_ledger(self) -> None:
         self.db = open_database(self.db_url)
         # one service per ledger, before anything reads or migrates it (db/owner.py)
-        self._let_go_of_ledger = hold_ledger(self.db, safe_url(self.db_url))
+        self.ledger_hold = hold_ledger(self.db, safe_url(self.db_url))
         private_sqlite_files(self.db_url)
         ensure_schema(self.db, self.upgrade_command)
         self.ledger = Ledger(
@@ -799,6 +799,8 @@ class GPUSliceService(Application):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        lost: list[LedgerInUse] = []
+        self._hold_watch = asyncio.ensure_future(self._watch_hold(stop, lost))
         await stop.wait()
         self.log.info("gpuslice service stopping")
         server.stop()
@@ -810,6 +812,7 @@ class GPUSliceService(Application):
             self._kubernetes_sync,
             self._inventory_refresh,
             self._loop_watch,
+            self._hold_watch,
         )
         for task in tasks:
             if task is not None:
@@ -818,7 +821,10 @@ class GPUSliceService(Application):
         self.report_pool.shutdown(wait=False, cancel_futures=True)
         if self.db is not None:
             self.db.dispose()
-        self._let_go_of_ledger()
+        if self.ledger_hold is not None:
+            self.ledger_hold.let_go()
+        if lost:
+            raise lost[0]  # (main() says it, and exits with 1 for the hub to see)
 
     def _held_uuids(self) -> set[str]:
         """The GPUs and MIG instances an active allocation holds."""
@@ -950,6 +956,27 @@ class GPUSliceService(Application):
                     continue
             stopped.append(a.id)
         return stopped
+
+    async def _watch_hold(self, stop: asyncio.Event, lost: list[LedgerInUse]) -> None:
+        """Every ``owner.CHECK_SECONDS``: this service still holds its ledger, or takes it
+        again if it lost it and no one else took it; if another service did, this one stops
+        (``lost``) rather than run a second scheduler on the ledger."""
+        hold = self.ledger_hold
+        assert hold is not None
+        while True:
+            await asyncio.sleep(owner.CHECK_SECONDS)
+            try:
+                what = await asyncio.to_thread(hold.check)
+            except LedgerInUse as e:
+                self.log.error("this service lost its hold on the ledger, and is stopping: %s", e)
+                lost.append(e)
+                stop.set()
+                return
+            except Exception:
+                self.log.exception("checking this service's hold on the ledger failed")
+                continue
+            if what is not None:
+                self.log.warning("%s", what)
 
     async def _reconcile_loop(self) -> None:
         """Reconcile every ``reconcile_interval``. Until a pass succeeds (at startup the hub's

@@ -7,14 +7,16 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from gpuslice_hub.db.engine import open_database
-from gpuslice_hub.db.owner import LedgerInUse, hold_ledger
+from gpuslice_hub.db.owner import ADVISORY_KEY, LedgerInUse, hold_ledger
 from gpuslice_hub.db.schema import safe_url
+from tests.harness.hub import free_ports
 
 # Another process asks for the ledger and reports what it got.
 OTHER = textwrap.dedent(
@@ -131,3 +133,118 @@ def test_upgrade_db_refuses_at_once_under_a_running_service(tmp_path):
     with db.reading() as s:  # nothing was migrated
         assert not s.execute(text("SELECT name FROM sqlite_master")).all()
     db.dispose()
+
+
+# -- a hold lost while the service runs (LedgerHold.check) -------------------------------
+
+
+def take_away(db_url: str) -> None:
+    """End this process's hold the way it is lost in the field: the lock file removed (an
+    admin's cleanup), or the hold's PostgreSQL session ended (a dropped connection)."""
+    if db_url.startswith("sqlite"):
+        os.remove(make_url(db_url).database + ".service-lock")
+        return
+    hi, lo = divmod(ADVISORY_KEY, 1 << 32)
+    other = open_database(db_url)
+    with other.write_engine.connect() as conn:
+        pids = conn.execute(
+            text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND classid = :hi AND objid = :lo"
+            ),
+            {"hi": hi, "lo": lo},
+        ).scalars()
+        pids = list(pids)
+        assert len(pids) == 1
+        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pids[0]}).scalar()
+        conn.commit()
+    other.dispose()
+
+
+def test_a_hold_that_was_lost_and_is_free_is_taken_again(db_url):
+    db = open_database(db_url)
+    hold = hold_ledger(db, safe_url(db_url), wait=0)
+    try:
+        assert hold.check() is None  # held all along: nothing to say
+        take_away(db_url)
+        assert other_process(db_url, 0) == "held"  # lost: a second service could start
+        what = hold.check()
+        assert what is not None and "again" in what
+        answer = other_process(db_url, 0)  # held again: it cannot any more
+        assert answer.startswith("refused: another gpuslice service")
+        if db_url.startswith("sqlite"):
+            assert f"process {os.getpid()}" in answer
+        assert hold.check() is None
+    finally:
+        hold.let_go()
+    assert other_process(db_url, 0) == "held"
+    db.dispose()
+
+
+def test_a_hold_another_service_took_meanwhile_cannot_be_checked_back(db_url):
+    db = open_database(db_url)
+    hold = hold_ledger(db, safe_url(db_url), wait=0)
+    second_db = open_database(db_url)
+    try:
+        take_away(db_url)
+        second = hold_ledger(second_db, safe_url(db_url), wait=0)
+        with pytest.raises(LedgerInUse, match="another gpuslice service"):
+            hold.check()
+        second.let_go()
+    finally:
+        hold.let_go()
+        second_db.dispose()
+    db.dispose()
+
+
+def test_a_service_that_lost_its_ledger_to_another_stops_and_says_why(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    config = service_config(tmp_path, url)
+    with config.open("a") as f:  # (jobs as the service's account: this test runs no job)
+        f.write(f"c.GPUSliceService.jobs_root = {str(tmp_path / 'jobs')!r}\n")
+        f.write("c.JobManager.run_jobs_as_service_user = True\n")
+    start = textwrap.dedent(
+        """
+        import sys
+        import gpuslice_hub.db.owner as owner
+        owner.CHECK_SECONDS = 0.2  # (a real service checks every 5 s)
+        from gpuslice_hub.app import main
+        main(["--config", sys.argv[1]])
+        """
+    )
+    port = free_ports(1)[0]
+    env = {
+        **os.environ,
+        "JUPYTERHUB_API_TOKEN": "unused",
+        "JUPYTERHUB_SERVICE_NAME": "x",
+        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
+    }
+    service = subprocess.Popen(
+        [sys.executable, "-c", start, str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lock = Path(f"{tmp_path}/ledger.sqlite.service-lock")
+        deadline = time.monotonic() + 60
+        while not (lock.exists() and lock.read_text() == str(service.pid)):
+            assert service.poll() is None, service.stderr.read()[-2000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the service never held its ledger"
+            time.sleep(0.05)  # (polling another process's start, with a deadline)
+        take_away(url)
+        db = open_database(url)
+        second = hold_ledger(db, url, wait=0)  # another service, started meanwhile
+        try:
+            _, err = service.communicate(timeout=60)
+        finally:
+            second.let_go()
+            db.dispose()
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+    assert service.returncode == 1, err[-2000:]
+    assert "lost its hold on the ledger, and is stopping" in err
+    assert "gpuslice: another gpuslice service" in err

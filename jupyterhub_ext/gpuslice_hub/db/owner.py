@@ -13,6 +13,12 @@ said to run one; now a second one refuses to start and says why.
 
 A service restarted by the hub may start before the one it replaces is quite gone, so a
 start waits up to ``WAIT_SECONDS`` for the lock before refusing.
+
+A hold can be lost while the service runs: PostgreSQL lets go of the lock when the hold's
+connection drops (a network cut, an admin's ``pg_terminate_backend``, a server restart),
+and a lock file someone deleted is one a second service can create and lock again. So
+the service checks its hold every ``CHECK_SECONDS`` (``LedgerHold.check``): a hold lost
+and still free is taken again; one another service took stops this one.
 """
 
 from __future__ import annotations
@@ -21,36 +27,103 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable
 
-from sqlalchemy import make_url, text
+from sqlalchemy import Connection, make_url, text
 
 from .engine import Database
 
 WAIT_SECONDS = 20.0
+# How often a running service makes sure it still holds its ledger: the longest two
+# services could both run after a hold was lost.
+CHECK_SECONDS = 5.0
 # The advisory lock's key: the bytes of "gpuslice" as one integer (it fits PostgreSQL's
 # signed bigint; advisory locks are per database).
 ADVISORY_KEY = int.from_bytes(b"gpuslice", "big")
+
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(:k)")
+# Whether this session holds the lock: pg_locks shows a bigint key as its high and low
+# 32 bits (classid, objid), with objsubid 1.
+_HOLDS_LOCK = text(
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND pid = pg_backend_pid() AND classid = :hi AND objid = :lo AND objsubid = 1)"
+)
 
 
 class LedgerInUse(RuntimeError):
     """Another gpuslice service holds this ledger."""
 
 
-def hold_ledger(db: Database, shown_url: str, wait: float | None = None) -> Callable[[], None]:
-    """Take this process's hold on ``db``; returns what lets it go. Raises ``LedgerInUse``
-    when another process still holds it after ``wait`` seconds (``WAIT_SECONDS``).
-    ``shown_url``: the ledger's URL as messages may show it (without a password)."""
+class LedgerHold:
+    """This process's hold on its ledger (``hold_ledger``)."""
+
+    def check(self) -> str | None:
+        """Make sure the hold stands. Returns None when it did all along, or what happened
+        when it was lost (and was taken again, or cannot be looked at now: the check after
+        tries again). Raises ``LedgerInUse`` when another process holds the ledger now."""
+        raise NotImplementedError
+
+    def let_go(self) -> None:
+        raise NotImplementedError
+
+    def __call__(self) -> None:
+        self.let_go()
+
+
+class _NoHold(LedgerHold):
+    """An in-memory ledger: no other process can open it."""
+
+    def check(self) -> str | None:
+        return None
+
+    def let_go(self) -> None:
+        pass
+
+
+def hold_ledger(db: Database, shown_url: str, wait: float | None = None) -> LedgerHold:
+    """Take this process's hold on ``db``; calling what it returns lets it go. Raises
+    ``LedgerInUse`` when another process still holds it after ``wait`` seconds
+    (``WAIT_SECONDS``). ``shown_url``: the ledger's URL as messages may show it (without a
+    password)."""
     wait = WAIT_SECONDS if wait is None else wait
     if db.is_sqlite:
         path = make_url(db.url).database
         if not path or path == ":memory:":
-            return lambda: None  # a ledger no other process can open
-        return _hold_file(path + ".service-lock", shown_url, wait)
-    return _hold_advisory(db, shown_url, wait)
+            return _NoHold()
+        return _FileHold(path + ".service-lock", shown_url, wait)
+    return _AdvisoryHold(db, shown_url, wait)
 
 
-def _hold_file(lock_path: str, shown_url: str, wait: float) -> Callable[[], None]:
+class _FileHold(LedgerHold):
+    def __init__(self, path: str, shown_url: str, wait: float) -> None:
+        self.path = path
+        self.shown_url = shown_url
+        self.fd: int | None = _lock_file(path, shown_url, wait)
+
+    def check(self) -> str | None:
+        if self.fd is None:
+            return None  # let go of
+        mine = os.fstat(self.fd)
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return None
+        # Removed or replaced: the lock this process holds is on a file no other process
+        # can open any more, so it keeps no one out. Lock the one at the path.
+        fd = _lock_file(self.path, self.shown_url, 0)  # (raises LedgerInUse)
+        os.close(self.fd)
+        self.fd = fd
+        return f"the ledger's lock file {self.path} was removed; this service locked it again"
+
+    def let_go(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)  # (closing the descriptor releases the lock)
+            self.fd = None
+
+
+def _lock_file(lock_path: str, shown_url: str, wait: float) -> int:
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.monotonic() + wait
     while True:
@@ -65,38 +138,74 @@ def _hold_file(lock_path: str, shown_url: str, wait: float) -> Callable[[], None
             time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-
-    def let_go() -> None:
-        with contextlib.suppress(OSError):
-            os.close(fd)  # (closing the descriptor releases the lock)
-
-    return let_go
+    return fd
 
 
-def _hold_advisory(db: Database, shown_url: str, wait: float) -> Callable[[], None]:
-    conn = db.write_engine.connect()
-    deadline = time.monotonic() + wait
-    try:
-        while True:
-            took = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY})
-            got = bool(took.scalar())
-            conn.commit()  # a session lock outlives the transaction; none is left open
-            if got:
-                break
-            if time.monotonic() >= deadline:
-                raise LedgerInUse(_message(shown_url, "another connection"))
-            time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
-    except BaseException:
-        conn.invalidate()
-        raise
+class _AdvisoryHold(LedgerHold):
+    def __init__(self, db: Database, shown_url: str, wait: float) -> None:
+        self.db = db
+        self.shown_url = shown_url
+        self.conn: Connection | None = self.db.write_engine.connect()
+        deadline = time.monotonic() + wait
+        try:
+            while not self._try_lock(self.conn):
+                if time.monotonic() >= deadline:
+                    raise LedgerInUse(_message(shown_url, "another connection"))
+                time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
+        except BaseException:
+            self.let_go()
+            raise
 
-    def let_go() -> None:
+    @staticmethod
+    def _try_lock(conn: Connection) -> bool:
+        got = bool(conn.execute(_TRY_LOCK, {"k": ADVISORY_KEY}).scalar())
+        conn.commit()  # a session lock outlives the transaction; none is left open
+        return got
+
+    def check(self) -> str | None:
+        if self.conn is None:
+            return None  # let go of
+        try:
+            held = self._holds(self.conn)
+        except Exception:
+            # The connection dropped (the session, and its lock, ended with it). Once
+            # rolled back, the same Connection starts a new session.
+            with contextlib.suppress(Exception):
+                self.conn.rollback()
+            try:
+                held = self._holds(self.conn)
+            except Exception as e:  # the server cannot be reached: nor can it be written to
+                with contextlib.suppress(Exception):
+                    self.conn.invalidate()
+                    self.conn.rollback()
+                return f"could not check this service's hold on the ledger: {e}"
+        if held:
+            return None
+        try:
+            got = self._try_lock(self.conn)
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                self.conn.rollback()
+            return f"could not take the ledger's hold again: {e}"
+        if not got:
+            raise LedgerInUse(_message(self.shown_url, "another connection"))
+        return "the connection holding the ledger was lost; this service holds it again"
+
+    @staticmethod
+    def _holds(conn: Connection) -> bool:
+        """Whether ``conn``'s session holds the lock (a new session after a drop does not)."""
+        hi, lo = divmod(ADVISORY_KEY, 1 << 32)
+        held = bool(conn.execute(_HOLDS_LOCK, {"hi": hi, "lo": lo}).scalar())
+        conn.commit()
+        return held
+
+    def let_go(self) -> None:
         # Closed, not handed back to the pool (where the session, and its lock, would live
         # on): the session's advisory lock ends with it.
-        with contextlib.suppress(Exception):
-            conn.invalidate()
-
-    return let_go
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.invalidate()
+            self.conn = None
 
 
 def _message(shown_url: str, holder: str) -> str:
