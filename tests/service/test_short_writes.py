@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import sqlite3
 import threading
 import time
 
@@ -338,3 +339,50 @@ def test_a_refusal_on_the_loop_leaves_the_loop_as_it_was(tmp_path):
     assert not in_short_write()  # the flag was put back though the call raised
     assert ledger.db.writer.acquire(blocking=False)  # and the writer let go
     ledger.db.writer.release()
+
+
+def test_another_process_writing_sends_the_call_to_a_thread_and_the_loop_keeps_turning(
+    tmp_path,
+):
+    path = tmp_path / "l.sqlite"
+    ledger = build_ledger(f"sqlite:///{path}")
+    writes = ShortWrites(ledger.db, budget=1.0)
+    # A write transaction of another process's (an admin's sqlite3 shell, say): SQLite's
+    # lock, which this process's writer lock knows nothing of.
+    foreign = sqlite3.connect(path, isolation_level=None)
+    loop_turns = 0
+
+    async def turning() -> None:
+        nonlocal loop_turns
+        while True:
+            loop_turns += 1
+            await asyncio.sleep(0.01)
+
+    async def main() -> int:
+        first, _ = await writes.run("allocate", ledger.try_allocate, ALICE, "share-250", "s0")
+        assert writes.in_thread == 1  # measured quick: the next run would be on the loop
+        ticker = asyncio.ensure_future(turning())
+        foreign.execute("BEGIN IMMEDIATE")
+        call = asyncio.ensure_future(
+            writes.run("allocate", ledger.try_allocate, ALICE, "share-250", "s1")
+        )
+        deadline = time.monotonic() + 20
+        while writes.gave_way < 1:  # tried on the loop, gave way to a thread
+            assert time.monotonic() < deadline and not call.done()
+            await asyncio.sleep(0.01)
+        turns = loop_turns
+        while loop_turns < turns + 5:  # the loop turns while the thread waits
+            assert time.monotonic() < deadline and not call.done()
+            await asyncio.sleep(0.01)
+        foreign.execute("COMMIT")
+        second, created = await call
+        ticker.cancel()
+        assert created and second["id"] != first["id"]
+        return writes.on_loop
+
+    assert asyncio.run(main()) == 1
+    assert writes.in_thread == 2
+    foreign.close()
+    # a write off the loop waits for another process as before (SQLite's busy timeout)
+    with ledger.db.writing() as s:
+        assert s.connection().exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000

@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from .loopguard import WouldWait, in_short_write
 from .models import LedgerLock
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,10 @@ log = logging.getLogger(__name__)
 # SQLite: the write-ahead log is copied back into the database file after this many
 # commits (SQLite's own default, 1 000 pages, is about 50 allocations and releases).
 CHECKPOINT_EVERY = 50
+
+# How long a write waits for another process's write before "database is locked".
+BUSY_TIMEOUT_MS = 30_000
+BUSY_TIMEOUT_KEY = "gpuslice.busy_timeout_ms"
 
 # ``session.info[AFTER_COMMIT]``: callables a write transaction leaves to run once it has
 # committed (see ``after_commit``).
@@ -52,14 +58,36 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
         # loop included: db/short_writes.py): ``Database`` checkpoints in a thread of its own.
         cur.execute("PRAGMA wal_autocheckpoint=0")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cur.close()
+        _record.info[BUSY_TIMEOUT_KEY] = BUSY_TIMEOUT_MS
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        if not immediate:
+            conn.exec_driver_sql("BEGIN")
+            return
+        # This process's writers queue on ``Database.writer``; SQLite's busy handler is
+        # only ever waited on for another process (an admin's sqlite3 shell in a write
+        # transaction, say). Not on the event loop: a short write there gives way to a
+        # thread (db/short_writes.py), which waits.
+        short = in_short_write()
+        _set_busy_timeout(conn, 0 if short else BUSY_TIMEOUT_MS)
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except OperationalError as e:
+            if short and "locked" in str(e.orig):
+                raise WouldWait("another process is writing the ledger") from e
+            raise
 
     return engine
+
+
+def _set_busy_timeout(conn: Connection, ms: int) -> None:
+    """The connection's busy timeout, set only when it changes (kept in the pool's record)."""
+    if conn.info.get(BUSY_TIMEOUT_KEY) != ms:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={int(ms)}")
+        conn.info[BUSY_TIMEOUT_KEY] = ms
 
 
 @dataclass

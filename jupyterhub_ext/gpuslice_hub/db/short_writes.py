@@ -26,8 +26,11 @@ policy has learned the request (a call given way then would be learned twice): t
 rebuild of a learning policy's typical requests, and FGD's first scoring of a request
 shape it has not seen. The budget sends the calls after such a run to threads.
 
-The service is the ledger's only writer (app.py, ``db_url``), so SQLite's own lock is not
-held by anyone else when this process's writer lock is free.
+The service is the ledger's only writer (db/owner.py), so SQLite's own lock is normally
+free when this process's writer lock is. Another process writing anyway (an admin's
+``sqlite3`` shell left in a write transaction) would have the loop wait out SQLite's busy
+timeout (30 s): on the loop a write asks SQLite not to wait at all (db/engine.py), and a
+ledger that is locked gives way to a thread, which waits.
 """
 
 from __future__ import annotations
