@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .engine import Settings, Simulation
+from .engine import Result, Settings, Simulation
 from .interactive import ParameterError, generate, load_parameters
 from .openb import batch_jobs
 from .policies import POLICIES, PROFILE_MILLI, Policy
@@ -79,13 +82,30 @@ def _generated(args: argparse.Namespace) -> Workload:
     return Workload(args.days, sessions, jobs, sources)
 
 
+def _simulate(workload: Workload, policy: Policy, settings: Settings, seed: int) -> Result:
+    result = Simulation(workload, policy, settings, seed=seed).run()
+    print(f"policy {policy.name}: {result.wall_seconds:.0f} s of simulation", file=sys.stderr)
+    return result
+
+
+def _simulate_all(
+    workload: Workload, policies: list[Policy], settings: Settings, seed: int, jobs: int
+) -> list[Result]:
+    """Each policy's simulation, ``jobs`` at a time, each in a process of its own: a
+    simulation is one thread's work (the service's code, start to end), and the policies
+    share nothing but the workload."""
+    workers = max(1, min(jobs, len(policies)))
+    if workers == 1:
+        return [_simulate(workload, policy, settings, seed) for policy in policies]
+    # spawned, not forked: the caller may have threads (a forked lock held by one of them
+    # would never be let go in the child)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        runs = [pool.submit(_simulate, workload, p, settings, seed) for p in policies]
+        return [run.result() for run in runs]
+
+
 def _run(workload: Workload, policies: list[Policy], args: argparse.Namespace) -> None:
-    results = []
-    for policy in policies:
-        sim = Simulation(workload, policy, _settings(args), seed=args.seed)
-        result = sim.run()
-        print(f"policy {policy.name}: {result.wall_seconds:.0f} s of simulation", file=sys.stderr)
-        results.append(result)
+    results = _simulate_all(workload, policies, _settings(args), args.seed, args.jobs)
     cluster = (
         f"{len(workload.hosts)} hosts of the site's inventory"
         if workload.hosts is not None
@@ -132,8 +152,22 @@ def _common(p: argparse.ArgumentParser) -> None:
         "suggested quota is applied, from the days before); shares is STEP (batch jobs "
         "asking less than a GPU get the smallest share of a menu in steps of STEP milli-GPU)",
     )
+    p.add_argument(
+        "--jobs",
+        type=_positive,
+        default=os.cpu_count() or 1,
+        help="policies simulated at once, each in a process of its own (default: the "
+        "machine's CPUs)",
+    )
     p.add_argument("--out", help="folder for report.md, summary.json and the plots")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,15 +28,18 @@ def test_a_run_reports_every_policy_and_variant_on_one_workload(tmp_path: Path, 
     args = ["run", "--days", "1", "--hosts", "1", "--mig-hosts", "0", "--users", "6"]
     args += ["--batch-load", "0.5", "--trace", str(trace)]
     args += ["--policies", "1,4", "--vary", "idle_timeout=1800,7200"]
-    main([*args, "--out", str(out), "--save-workload", str(tmp_path / "w.json")])
+    # two policies at a time, each in a process of its own
+    main([*args, "--jobs", "2", "--out", str(out), "--save-workload", str(tmp_path / "w.json")])
     summary = json.loads((out / "summary.json").read_text())
     names = [p["policy"] for p in summary["policies"]]
     assert names == ["1", "4", "4[idle_timeout=1800.0]", "4[idle_timeout=7200.0]"]
     for p in summary["policies"]:
         assert 0 <= p["effective_utilization"] <= p["allocation_rate"] <= 1
-    # the saved workload replays to the same figures
+    # the saved workload replays to the same figures, one policy after another in this
+    # process as in their own
     again = tmp_path / "again"
     rerun = ["run", "--workload", str(tmp_path / "w.json"), "--hosts", "1", "--mig-hosts", "0"]
+    rerun += ["--jobs", "1"]
     main([*rerun, "--policies", "1,4", "--vary", "idle_timeout=1800,7200", "--out", str(again)])
     replayed = json.loads((again / "summary.json").read_text())["policies"]
     assert summary["policies"][0]["jobs_submitted"] > 0
@@ -61,7 +64,10 @@ def test_a_parameter_file_with_an_unknown_key_is_refused(tmp_path: Path):
         main(["run", "--days", "0.1", "--interactive", str(bad)])
 
 
-def test_an_unknown_policy_or_setting_is_refused():
+def test_an_unknown_policy_or_setting_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--days", "0.1", "--jobs", "0"])
+    assert "--jobs: must be 1 or more, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="unknown policy '7'"):
         main(["run", "--days", "0.1", "--policies", "7"])
     with pytest.raises(SystemExit, match="cannot vary 'quota'"):
