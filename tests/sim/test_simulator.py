@@ -250,3 +250,17 @@ def test_a_share_menu_is_refused_unless_its_step_makes_a_menu():
     for step in (5, 501, 1000):
         with pytest.raises(ValueError, match="shares must be"):
             POLICIES["4"].vary("shares", step)
+
+
+def test_a_run_removes_the_folder_it_made_and_keeps_one_it_was_given(tmp_path: Path):
+    job = BatchJob(0, "b", "g", 0, "share-250", 1800, 200)
+    w = Workload(1, [session(0, 600, Stretch(3600, 500))], [job])
+    sim = Simulation(w, POLICIES["4"], ONE_HOST, seed=3)
+    folder = sim.folder
+    assert folder.is_dir()
+    r = sim.run()
+    assert summary(r)["jobs_submitted"] == 1 and not folder.exists()
+    given = tmp_path / "kept"
+    given.mkdir()
+    Simulation(w, POLICIES["4"], ONE_HOST, seed=3, folder=given).run()
+    assert (given / "ledger.sqlite").is_file()
