@@ -448,6 +448,21 @@ class GPUSliceService(Application):
             raise ConfigError("usage_sample_interval", "must be >= 0 seconds (0: no samples)")
         if self.reclaim_silent_after < 0:
             raise ConfigError("reclaim_silent_after", "must be >= 0 seconds (0: never)")
+        if self.reconcile_interval < 0:
+            raise ConfigError("reconcile_interval", "must be >= 0 seconds (0: off)")
+        if self.reconcile_interval == 0 and self.reclaim_silent_after > 0:
+            # the check runs with the reconciler (_reconcile_loop)
+            if "reclaim_silent_after" in self.config.GPUSliceService:
+                raise ConfigError(
+                    "reclaim_silent_after",
+                    "does nothing with reconcile_interval = 0: servers that stopped reporting "
+                    "are looked for by the reconciler. Turn it on, or set "
+                    "reclaim_silent_after = 0",
+                )
+            self.log.warning(
+                "reconcile_interval is 0: a server whose idle reclaim stopped reporting is "
+                "never stopped by the service (reclaim_silent_after)"
+            )
         if self.usage_retention_days <= 0:
             raise ConfigError("usage_retention_days", "must be > 0 days")
         if self.slurm_sync_interval < 0:
@@ -963,20 +978,28 @@ class GPUSliceService(Application):
         (``lost``) rather than run a second scheduler on the ledger."""
         hold = self.ledger_hold
         assert hold is not None
-        while True:
-            await asyncio.sleep(owner.CHECK_SECONDS)
-            try:
-                what = await asyncio.to_thread(hold.check)
-            except LedgerInUse as e:
-                self.log.error("this service lost its hold on the ledger, and is stopping: %s", e)
-                lost.append(e)
-                stop.set()
-                return
-            except Exception:
-                self.log.exception("checking this service's hold on the ledger failed")
-                continue
-            if what is not None:
-                self.log.warning("%s", what)
+        # a thread of its own: never queued behind ledger calls that wait for the writer
+        checker = ThreadPoolExecutor(1, "gpuslice-ledger-hold")
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await asyncio.sleep(owner.CHECK_SECONDS)
+                try:
+                    what = await loop.run_in_executor(checker, hold.check)
+                except LedgerInUse as e:
+                    self.log.error(
+                        "this service lost its hold on the ledger, and is stopping: %s", e
+                    )
+                    lost.append(e)
+                    stop.set()
+                    return
+                except Exception:
+                    self.log.exception("checking this service's hold on the ledger failed")
+                    continue
+                if what is not None:
+                    self.log.warning("%s", what)
+        finally:
+            checker.shutdown(wait=False)
 
     async def _reconcile_loop(self) -> None:
         """Reconcile every ``reconcile_interval``. Until a pass succeeds (at startup the hub's

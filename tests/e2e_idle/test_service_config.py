@@ -207,3 +207,29 @@ def test_overcommit_settings_are_read():
     app.load_settings()
     s = app.overcommit_settings
     assert (s.on, s.ratio, s.headroom, s.days, s.min_hours) == (True, 1.3, 1.2, 14.0, 8.0)
+
+
+def test_the_silent_server_check_without_the_reconciler_is_refused_when_asked_for(caplog):
+    config = Config()
+    config.GPUSliceService.profiles = PROFILES
+    config.GPUSliceService.reconcile_interval = 0.0
+    config.GPUSliceService.reclaim_silent_after = 900.0
+    with pytest.raises(ConfigError) as e:
+        GPUSliceService(config=config).load_settings()
+    assert e.value.key == "reclaim_silent_after" and "reconcile_interval = 0" in str(e.value)
+    # left at its default, the reconciler off is said, not refused
+    del config.GPUSliceService["reclaim_silent_after"]
+
+    def warned() -> str:
+        app = GPUSliceService(config=config)
+        app.log.addHandler(caplog.handler)  # (the service's log does not reach the root's)
+        try:
+            app.load_settings()
+        finally:
+            app.log.removeHandler(caplog.handler)
+        return caplog.text
+
+    assert "never stopped by the service" in warned()
+    config.GPUSliceService.reclaim_silent_after = 0.0  # off: nothing to say
+    caplog.clear()
+    assert "never stopped" not in warned()

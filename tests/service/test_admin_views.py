@@ -478,6 +478,9 @@ def test_group_usage_counts_the_part_of_each_allocation_inside_the_window(make_l
     cull(ledger, a, 0.5, now - timedelta(days=8))
     cull(ledger, a, 2.0, now - timedelta(days=40))  # outside 30 days
     cull(ledger, None, 0.25, now - timedelta(days=1))  # a kernel cull: no allocation
+    # a Slurm job outside gpuslice, held as an external allocation for a day: no group's use
+    outside = held(ANN, "gpu-1", timedelta(days=3), timedelta(days=2))
+    set_allocation(ledger, outside, purpose="external", user="slurm:1234", groups=[])
 
     groups = {g["group"]: g for g in group_usage(ledger, now)}
     assert set(groups) == {"(no group)", "physics", "ml"}

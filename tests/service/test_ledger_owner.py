@@ -177,6 +177,7 @@ def test_a_hold_that_was_lost_and_is_free_is_taken_again(db_url):
         assert hold.check() is None
     finally:
         hold.let_go()
+    assert hold.check() is None  # let go of: never taken again by a late check
     assert other_process(db_url, 0) == "held"
     db.dispose()
 

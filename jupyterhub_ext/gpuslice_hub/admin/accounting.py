@@ -10,6 +10,7 @@ from sqlalchemy import Table, func, or_, select
 
 from ..db.models import AllocationRow, EventRow
 from ..ledger import Ledger
+from ..ledger.external import EXTERNAL
 from .history import pruned_totals, reclaimed_hours
 from .sqltime import epoch
 
@@ -52,7 +53,8 @@ def reclaimed(ledger: Ledger, now: datetime) -> dict[str, float]:
 def group_usage(ledger: Ledger, now: datetime) -> list[dict[str, Any]]:
     """Per group: allocated GPU-hours (the part of each allocation's life inside the window
     times its GPU share), split by purpose, and the GPU-hours its culled sessions gave back.
-    Busiest group first."""
+    Busiest group first. What jobs and pods outside gpuslice hold (the Slurm and Kubernetes
+    mirrors' external allocations) is no group's use of gpuslice: left out."""
     since_month = now - MONTH
     end, week, month = now.timestamp(), (now - WEEK).timestamp(), since_month.timestamp()
     cols = ALLOCATIONS.c
@@ -69,6 +71,7 @@ def group_usage(ledger: Ledger, now: datetime) -> list[dict[str, Any]]:
             ).where(
                 cols.created_at < now,
                 or_(cols.released_at.is_(None), cols.released_at > since_month),
+                cols.purpose != EXTERNAL,
             )
         ).all()
         culls = s.execute(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -76,7 +77,9 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
         try:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         except OperationalError as e:
-            if short and "locked" in str(e.orig):
+            # (SQLAlchemy's Connection is left believing it is beginning; the Session that
+            # raised through here discards the connection, the only caller that can)
+            if short and getattr(e.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
                 raise WouldWait("another process is writing the ledger") from e
             raise
 

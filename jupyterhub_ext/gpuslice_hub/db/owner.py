@@ -26,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 
-from sqlalchemy import Connection, make_url, text
+from sqlalchemy import Connection, create_engine, make_url, text
+from sqlalchemy.pool import NullPool
 
 from .engine import Database
 
@@ -40,6 +42,15 @@ CHECK_SECONDS = 5.0
 # signed bigint; advisory locks are per database).
 ADVISORY_KEY = int.from_bytes(b"gpuslice", "big")
 
+# libpq's: a keepalive after 10 s of silence, every 5 s, 3 unanswered and the connection is
+# dead; data unacknowledged for 30 s, likewise.
+_NOTICE_A_DEAD_PEER = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
 _TRY_LOCK = text("SELECT pg_try_advisory_lock(:k)")
 # Whether this session holds the lock: pg_locks shows a bigint key as its high and low
 # 32 bits (classid, objid), with objsubid 1.
@@ -54,28 +65,45 @@ class LedgerInUse(RuntimeError):
 
 
 class LedgerHold:
-    """This process's hold on its ledger (``hold_ledger``)."""
+    """This process's hold on its ledger (``hold_ledger``). ``check`` runs in a thread while
+    the service runs; it and ``let_go`` take turns, and a hold let go of is never checked
+    (taken) again."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Lock()
+        self._let_go = False
 
     def check(self) -> str | None:
-        """Make sure the hold stands. Returns None when it did all along, or what happened
-        when it was lost (and was taken again, or cannot be looked at now: the check after
-        tries again). Raises ``LedgerInUse`` when another process holds the ledger now."""
-        raise NotImplementedError
+        """Make sure the hold stands. Returns None when it did all along (or was let go
+        of), or what happened when it was lost (and was taken again, or cannot be looked at
+        now: the check after tries again). Raises ``LedgerInUse`` when another process
+        holds the ledger now."""
+        with self._turn:
+            return None if self._let_go else self._check()
 
     def let_go(self) -> None:
-        raise NotImplementedError
+        with self._turn:
+            if not self._let_go:
+                self._let_go = True
+                self._release()
 
     def __call__(self) -> None:
         self.let_go()
+
+    def _check(self) -> str | None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
 
 
 class _NoHold(LedgerHold):
     """An in-memory ledger: no other process can open it."""
 
-    def check(self) -> str | None:
+    def _check(self) -> str | None:
         return None
 
-    def let_go(self) -> None:
+    def _release(self) -> None:
         pass
 
 
@@ -95,13 +123,12 @@ def hold_ledger(db: Database, shown_url: str, wait: float | None = None) -> Ledg
 
 class _FileHold(LedgerHold):
     def __init__(self, path: str, shown_url: str, wait: float) -> None:
+        super().__init__()
         self.path = path
         self.shown_url = shown_url
-        self.fd: int | None = _lock_file(path, shown_url, wait)
+        self.fd = _lock_file(path, shown_url, wait)
 
-    def check(self) -> str | None:
-        if self.fd is None:
-            return None  # let go of
+    def _check(self) -> str | None:
         mine = os.fstat(self.fd)
         try:
             there = os.stat(self.path)
@@ -114,38 +141,45 @@ class _FileHold(LedgerHold):
         fd = _lock_file(self.path, self.shown_url, 0)  # (raises LedgerInUse)
         os.close(self.fd)
         self.fd = fd
-        return f"the ledger's lock file {self.path} was removed; this service locked it again"
+        return f"the ledger's lock file {self.path} was removed; this service holds it again"
 
-    def let_go(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)  # (closing the descriptor releases the lock)
-            self.fd = None
+    def _release(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)  # (closing the descriptor releases the lock)
 
 
 def _lock_file(lock_path: str, shown_url: str, wait: float) -> int:
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise LedgerInUse(_message(shown_url, f"process {holder}")) from None
-            time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    raise LedgerInUse(_message(shown_url, f"process {holder}")) from None
+                time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except BaseException:
+        os.close(fd)  # (a lock taken is let go with it, never left on a lost descriptor)
+        raise
     return fd
 
 
 class _AdvisoryHold(LedgerHold):
     def __init__(self, db: Database, shown_url: str, wait: float) -> None:
-        self.db = db
+        super().__init__()
         self.shown_url = shown_url
-        self.conn: Connection | None = self.db.write_engine.connect()
+        # A connection of its own, which notices a dead server or a cut network within
+        # about 30 s (TCP keepalives, a send timeout), where the kernel's defaults take
+        # about 15 minutes: a check waits on it until then.
+        self.engine = create_engine(
+            db.write_engine.url, poolclass=NullPool, connect_args=_NOTICE_A_DEAD_PEER
+        )
+        self.conn = self.engine.connect()
         deadline = time.monotonic() + wait
         try:
             while not self._try_lock(self.conn):
@@ -162,9 +196,7 @@ class _AdvisoryHold(LedgerHold):
         conn.commit()  # a session lock outlives the transaction; none is left open
         return got
 
-    def check(self) -> str | None:
-        if self.conn is None:
-            return None  # let go of
+    def _check(self) -> str | None:
         try:
             held = self._holds(self.conn)
         except Exception:
@@ -199,13 +231,12 @@ class _AdvisoryHold(LedgerHold):
         conn.commit()
         return held
 
-    def let_go(self) -> None:
-        # Closed, not handed back to the pool (where the session, and its lock, would live
+    def _release(self) -> None:
+        # Closed, not handed back to a pool (where the session, and its lock, would live
         # on): the session's advisory lock ends with it.
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.invalidate()
-            self.conn = None
+        with contextlib.suppress(Exception):
+            self.conn.invalidate()
+        self.engine.dispose()
 
 
 def _message(shown_url: str, holder: str) -> str:
