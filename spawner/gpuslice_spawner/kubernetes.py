@@ -30,6 +30,8 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
     is gpuslice's.
     """
 
+    engine_counts_shares = True  # (replicas or shards: never overcommitted)
+
     def kubernetes_resources(self) -> KubernetesResources:
         # the cluster's resource and label names: c.KubernetesResourcesConfig, shared with
         # the service's Kubernetes batch jobs

@@ -34,6 +34,8 @@ class GPUSliceSlurmSpawner(GPUSliceMixin, SlurmSpawner):
     (in gpuslice_config.py, shared with the service's Slurm jobs).
     """
 
+    engine_counts_shares = True  # (replicas or shards: never overcommitted)
+
     batch_script = Unicode(
         BATCH_SCRIPT_TEMPLATE,
         help="batchspawner's job script template, plus the line @GPUSLICE_SBATCH@ where the "

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from html import escape
-from typing import Any
+from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, Spawner
 from tornado import web
@@ -69,6 +69,10 @@ class SpawnProgress:
 
 class GPUSliceMixin(Spawner):
     """The slice logic shared by every gpuslice launcher (configure it as ``c.GPUSliceMixin``)."""
+
+    # The launcher's engine counts each share at its full size (Kubernetes' device plugin
+    # replicas, Slurm's shards): the service must not overcommit its slices.
+    engine_counts_shares: ClassVar[bool] = False
 
     service_url = Unicode(
         "http://127.0.0.1:10101/services/gpuslice/",
@@ -276,6 +280,7 @@ class GPUSliceMixin(Spawner):
                     server_name=self.name,  # type: ignore[attr-defined]
                     purpose="interactive",
                     wait_seconds=max(0.0, deadline - loop.time()),
+                    **({"overcommit": False} if self.engine_counts_shares else {}),
                 )
             except ServiceError as e:
                 refused = refusal(e, self.log)  # type: ignore[attr-defined]

@@ -158,6 +158,21 @@ def test_a_holder_with_room_in_their_history_fits_one_more_share_per_gpu(make_le
     assert sorted(charged, key=lambda c: c or 0) == [None, 200, 200, 200]
 
 
+def test_a_slice_asked_without_overcommit_is_placed_and_charged_in_full(make_ledger: Any):
+    # a spawner whose engine counts shares at their full size (Kubernetes' replicas, Slurm's
+    # shards) asks so: the history that lets ann fit five shares above does not apply
+    ledger = overcommitting(make_ledger)
+    history(ledger, "ann", 6000, held=30 * HOUR)
+    ann = Caller("ann", (), "ann")
+    for i in range(4):
+        alloc, _ = ledger.try_allocate(ann, "share-250", f"s{i}", overcommit=False)
+        (a,) = alloc["assignments"]
+        assert a["milli"] == 250 and a["charged_milli"] is None
+    with pytest.raises(Refused) as refused:  # four full shares fill the GPU
+        ledger.allocate(ann, "share-250", "s4")
+    assert refused.value.code == "no_capacity"
+
+
 def test_history_outside_the_window_or_without_memory_counts_for_nothing(make_ledger: Any):
     ledger = overcommitting(make_ledger)
     history(ledger, "ann", 6000, held=30 * HOUR, ended_ago=timedelta(days=31))

@@ -25,8 +25,10 @@ kubespawner_module = need_module("kubespawner.spawner")
 
 from kubernetes_asyncio.client import ApiClient  # noqa: E402
 
+from gpuslice_hub.client import ServiceClient  # noqa: E402
 from gpuslice_spawner.kubernetes import GPUSliceKubeSpawner  # noqa: E402
 from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig  # noqa: E402
+from gpuslice_spawner.spawner import GPUSliceSpawner  # noqa: E402
 from tests.spawner.test_launchers_kubernetes import (  # noqa: E402
     GPU_GRANT,
     MIG_GRANT,
@@ -222,3 +224,19 @@ async def test_the_profile_option_is_not_read_as_a_profile_list_slug(make_spawne
     await spawner.load_user_options()
     pod = await pod_for(spawner, MIG_GRANT)
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.18gb": "1"}
+
+
+async def test_its_slices_are_never_overcommitted(make_spawner: Any):
+    # the device plugin counts a share at its full size: the service must place it so
+    sent: list[dict[str, Any]] = []
+
+    async def allocate(_client: Any, **body: Any) -> dict[str, Any]:
+        sent.append(body)
+        return {"id": 1}
+
+    with mock.patch.object(ServiceClient, "allocate", allocate):
+        assert await make_spawner()._allocate("share-250") == {"id": 1}
+        local = GPUSliceSpawner(user=SimpleNamespace(name="alice", groups=[]))
+        await local._allocate("share-250")
+    assert sent[0]["overcommit"] is False and sent[0]["profile"] == "share-250"
+    assert "overcommit" not in sent[1]  # a local process: the service's own choice

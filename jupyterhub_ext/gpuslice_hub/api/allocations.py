@@ -19,6 +19,7 @@ CREATE_FIELDS = {
     "priority",
     "preemptible",
     "wait_seconds",
+    "overcommit",
 }
 
 
@@ -82,6 +83,9 @@ class AllocationsHandler(BaseHandler):
             isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 86400
         ):
             raise RequestError(400, "field 'wait_seconds' must be a number of seconds, 0 to 86400")
+        overcommit = body.get("overcommit", True)
+        if not isinstance(overcommit, bool):
+            raise RequestError(400, "field 'overcommit' must be true or false")
         caller = await self.resolve_caller(ident, body, "allocate")
         # On the loop when the ledger call is known to be short, else in a worker thread:
         # placement at hundreds of hosts must not stall the event loop (db/short_writes.py).
@@ -95,6 +99,7 @@ class AllocationsHandler(BaseHandler):
                 purpose,
                 priority,
                 preemptible,
+                overcommit=overcommit,
             )
         except Refused as refused:
             # Making room (a preemption asked of the job engine) may wait on the engine:

@@ -135,10 +135,13 @@ class AllocationMixin(CapacityMixin):
         may_borrow: bool = False,
         only: frozenset[str] | None = None,
         avoid: frozenset[str] = frozenset(),
+        overcommit: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         """The ledger's part of :meth:`allocate`: the allocation, or ``Refused`` with nothing
         recorded and no one asked to make room (``after_refusal`` does that). It reads and
         writes the ledger only, so the API may run it on the event loop (db/short_writes.py).
+        ``overcommit=False``: placed and charged as the profile asks even where overcommit
+        would charge less (a spawner whose engine counts each share at its full size).
         """
         profile = self.profiles.get(profile_name)
         if profile is None:
@@ -160,6 +163,7 @@ class AllocationMixin(CapacityMixin):
             learn,
             access=access,
             avoid=avoid,
+            overcommit=overcommit,
         )
 
     def after_refusal(
@@ -218,6 +222,7 @@ class AllocationMixin(CapacityMixin):
         enforce_quota: bool = True,
         access: Access | None = None,
         avoid: frozenset[str] = frozenset(),
+        overcommit: bool = True,
     ) -> tuple[dict[str, Any], bool]:
         if not profile.allowed_for(caller.groups) and enforce_quota:
             raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
@@ -225,7 +230,11 @@ class AllocationMixin(CapacityMixin):
             with self.db.writing() as s:
                 # a share of a holder whose history leaves room is placed as less than it
                 # promises (overcommit.py); everything else as the profile asks
-                request = self.overcommit.request_for(s, caller.user, profile, purpose)
+                request = (
+                    self.overcommit.request_for(s, caller.user, profile, purpose)
+                    if overcommit
+                    else profile.request()
+                )
                 if purpose == "interactive":
                     held = (
                         s.connection()
