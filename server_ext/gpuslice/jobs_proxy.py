@@ -58,7 +58,11 @@ SUBMIT_FIELDS = {
     "checkpoint_interval",
     "max_runtime",
     "parameters",
+    "time_window",
+    "burstable",
 }
+# What a resubmission keeps of the job it repeats (the service's own record of it).
+RESUBMIT_FIELDS = tuple(sorted(SUBMIT_FIELDS - {"path"}))
 # The JSON types the fields of a submission may have (``None`` is left to the service).
 SUBMIT_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,),
@@ -68,8 +72,16 @@ SUBMIT_TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint_interval": (int, float),
     "max_runtime": (int, float),
     "parameters": (dict,),
+    "time_window": (str,),
+    "burstable": (bool,),
 }
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an object"}
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    dict: "an object",
+    bool: "true or false",
+}
 _FOLDER = re.compile(r"^[A-Za-z0-9_.-]{1,60}-\d+$")
 EVENT_SCHEMA_ID = "https://events.gpuslice.dev/jobs/v1"
 EVENT_SCHEMA: dict[str, Any] = {
@@ -147,7 +159,8 @@ def check_submit_types(body: dict[str, Any]) -> None:
         value = body.get(field)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, types):
+        # (JSON's true and false are Python ints too: only a bool field takes them)
+        if isinstance(value, bool) != (types == (bool,)) or not isinstance(value, types):
             raise web.HTTPError(400, f"field {field!r} must be {_TYPE_NAMES[types[-1]]}")
 
 
@@ -484,19 +497,11 @@ class ResubmitHandler(JobsProxyHandler):
             raise web.HTTPError(404, f"the notebook snapshot of job {number} is gone") from None
         except OSError:
             pass  # submit refuses it (409), naming the path
-        body = {
-            k: old[k]
-            for k in (
-                "name",
-                "profile",
-                "slices",
-                "priority",
-                "checkpoint_interval",
-                "max_runtime",
-                "parameters",
-            )
-            if k in old
-        }
+        # the same settings: its time window and burstable too (what the job was given,
+        # a window its class imposed included)
+        body = {k: old[k] for k in RESUBMIT_FIELDS if k in old}
+        if not body.get("burstable"):
+            body.pop("burstable", None)
         job = await self.submit(body, snapshot, old.get("path") or "")
         self.set_status(201)
         self.finish(json.dumps(job))

@@ -450,6 +450,10 @@ WRONG_TYPES = [
     ("parameters", []),
     ("parameters", "x=1"),
     ("parameters", 1),
+    ("time_window", 5),
+    ("time_window", ["night"]),
+    ("burstable", 1),
+    ("burstable", "yes"),
 ]
 
 

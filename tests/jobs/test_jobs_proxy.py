@@ -23,7 +23,12 @@ pytestmark = pytest.mark.hub
 def proxy_hub(tmp_path_factory):
     from tests.harness.hub import start_hub
 
-    hub = start_hub(tmp_path_factory.mktemp("proxy-hub"), spawner="gpuslice-simple")
+    hub = start_hub(
+        tmp_path_factory.mktemp("proxy-hub"),
+        spawner="gpuslice-simple",
+        # a window to submit into (always open: the job itself is not the point)
+        extra_service_config='c.JobManager.time_windows = {"always": "00:00-24:00"}\n',
+    )
     yield hub
     hub.stop()
 
@@ -101,6 +106,22 @@ def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp
         assert again.json()["id"] != job["id"] and again.json()["profile"] == "mig-1g.10gb"
         r = server_api(hub, alice, "DELETE", f"jobs/{again.json()['id']}")
         assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+
+        # the submit dialog's time window and burst choices reach the service (which
+        # refuses burst here, naming why), and a resubmission keeps the window
+        body = {"path": "work/answer.ipynb", "profile": "mig-1g.10gb", "time_window": "always"}
+        windowed = server_api(hub, alice, "POST", "jobs", json=body)
+        assert windowed.status_code == 201, windowed.text
+        assert windowed.json()["time_window"] == "always"
+        again = server_api(hub, alice, "POST", f"jobs/{windowed.json()['id']}/resubmit")
+        assert again.status_code == 201 and again.json()["time_window"] == "always", again.text
+        for j in (windowed.json(), again.json()):
+            server_api(hub, alice, "DELETE", f"jobs/{j['id']}")
+        r = server_api(hub, alice, "POST", "jobs", json={**body, "burstable": True})
+        assert r.status_code == 400 and "no burst partition" in r.json()["message"], r.text
+        for bad in ({"time_window": 5}, {"burstable": 1}, {"burstable": "yes"}):
+            r = server_api(hub, alice, "POST", "jobs", json={**body, **bad})
+            assert r.status_code == 400 and next(iter(bad)) in r.json()["message"], r.text
 
         profiles = server_api(hub, alice, "GET", "profiles").json()
         assert "mig-1g.10gb" in json.dumps(profiles)
