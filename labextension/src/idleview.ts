@@ -52,29 +52,38 @@ export function noticeKey(event: Pick<IIdleEvent, 'kernel_id'>): string {
 export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
   const key = noticeKey(event);
   const left = secondsUntil(event.deadline, now);
-  const what = event.kernel_id ? 'this kernel' : 'this server';
+  const kernel = event.kernel_id !== null;
   const because = event.reason ? ` (${event.reason})` : '';
   switch (event.action) {
     case 'warning': {
       const idle = event.idle_seconds !== null ? ` for ${formatDuration(event.idle_seconds)}` : '';
       const when = left !== null ? `in ${formatDuration(left)}` : 'soon';
+      // A kernel's cull frees the GPU memory it holds; the server keeps its slice. A
+      // server's cull gives the slice back to the pool.
+      const outcome = kernel
+        ? `this kernel will be shut down ${when} to free its GPU memory (this server keeps its GPU slice)`
+        : `this server will be stopped ${when} and its GPU slice given back for others`;
       return {
         key,
         type: 'warning',
-        message: `Your GPU has been idle${idle}. To free the GPU for others, ${what} will be shut down ${when}. Open notebooks were saved.`,
+        message: `Your GPU has been idle${idle}: ${outcome}. Open notebooks were saved.`,
         actions: 'keep-or-release',
         saveNotebooks: true,
         autoClose: false
       };
     }
     case 'memory-warning': {
-      const when = left !== null ? ` in ${formatDuration(left)}` : '';
+      // The server's reason says what follows (interrupted or shut down, and when); without
+      // a deadline nothing does (the memory cap only warns).
+      const follows = event.deadline !== null;
       return {
         key,
         type: 'warning',
-        message: `GPU memory is over this slice's cap${because}; ${what} will be shut down${when} unless it frees memory. Open notebooks were saved.`,
+        message: follows
+          ? `GPU memory is over this slice's cap${because}. Open notebooks were saved.`
+          : `GPU memory is over this slice's cap${because}. Nothing is stopped, but others on this GPU may run out of memory: please free some.`,
         actions: 'release',
-        saveNotebooks: true,
+        saveNotebooks: follows,
         autoClose: false
       };
     }
@@ -89,12 +98,22 @@ export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
         autoClose: 5000
       };
     }
-    case 'culled':
     case 'memory-culled':
       return {
         key,
         type: 'error',
-        message: `${what === 'this kernel' ? 'The kernel' : 'The server'} was shut down and its GPU released${because || (event.action === 'memory-culled' ? ' (over the memory cap)' : ' (idle)')}. Your saved notebooks are kept.`,
+        message: `The kernel went over this slice's GPU memory cap${because}. This server keeps its GPU slice; your saved notebooks are kept.`,
+        actions: 'none',
+        saveNotebooks: false,
+        autoClose: false
+      };
+    case 'culled':
+      return {
+        key,
+        type: 'error',
+        message: kernel
+          ? `The kernel was shut down${because || ' (idle)'}, freeing its GPU memory; this server keeps its GPU slice. Your saved notebooks are kept.`
+          : `The server was stopped and its GPU slice given back${because || ' (idle)'}. Your saved notebooks are kept.`,
         actions: 'none',
         saveNotebooks: false,
         autoClose: false

@@ -44,6 +44,21 @@ describe('idle events', () => {
     });
     expect(notice.message).toContain('idle for 25m 00s');
     expect(notice.message).toContain('in 5m 00s');
+    // a kernel's cull frees its memory; the server keeps its slice
+    expect(notice.message).toContain('this kernel will be shut down');
+    expect(notice.message).toContain('this server keeps its GPU slice');
+    const server = idleNotice(
+      {
+        action: 'warning',
+        kernel_id: null,
+        deadline: '2026-01-01T12:05:00Z',
+        reason: null,
+        idle_seconds: 1500
+      },
+      NOW
+    );
+    expect(server.message).toContain('this server will be stopped in 5m 00s');
+    expect(server.message).toContain('GPU slice given back');
   });
 
   it('updates the same notification on extended and culled', () => {
@@ -75,8 +90,15 @@ describe('idle events', () => {
       autoClose: false,
       saveNotebooks: false
     });
-    expect(culled.message).toContain('The server was shut down');
+    expect(culled.message).toContain('The server was stopped and its GPU slice given back');
     expect(culled.message).toContain('idle for 30m');
+    const kernelCulled = idleNotice(
+      { action: 'culled', kernel_id: 'k1', deadline: null, reason: null, idle_seconds: 1800 },
+      NOW
+    );
+    expect(kernelCulled.message).toContain('The kernel was shut down (idle)');
+    expect(kernelCulled.message).toContain('this server keeps its GPU slice');
+    expect(kernelCulled.message).not.toContain('given back');
   });
 
   it('explains memory warnings and culls', () => {
@@ -92,17 +114,35 @@ describe('idle events', () => {
     );
     expect(warn.actions).toBe('release');
     expect(warn.message).toContain('over this slice');
+    // warn only (no deadline): nothing will be stopped, and the notice says so
+    expect(warn.message).toContain('Nothing is stopped');
+    expect(warn.saveNotebooks).toBe(false);
+    const acting = idleNotice(
+      {
+        action: 'memory-warning',
+        kernel_id: 'k2',
+        deadline: '2026-01-01T12:01:00Z',
+        reason: 'kernel uses 5000 MiB; it will be interrupted in 60 s unless it frees memory',
+        idle_seconds: null
+      },
+      NOW
+    );
+    expect(acting.message).toContain('it will be interrupted in 60 s');
+    expect(acting.message).not.toContain('shut down');
+    expect(acting.saveNotebooks).toBe(true);
     const culled = idleNotice(
       {
         action: 'memory-culled',
         kernel_id: 'k2',
         deadline: null,
-        reason: null,
+        reason: 'kernel uses 5000 MiB; it was interrupted',
         idle_seconds: null
       },
       NOW
     );
-    expect(culled.message).toContain('over the memory cap');
+    expect(culled.message).toContain('over this slice');
+    expect(culled.message).toContain('it was interrupted');
+    expect(culled.message).not.toContain('shut down');
   });
 });
 

@@ -160,9 +160,11 @@ def test_memory_cap_warns_then_acts_on_that_kernel_only():
     [w] = cap.observe(0, {"a": 500 * MiB, "b": 2000 * MiB})
     assert (w.action, w.kernel_id, w.deadline) == ("memory-warning", "b", 30)
     assert "2000 MiB" in w.reason and "1000 MiB" in w.reason
+    assert w.reason.endswith("it will be shut down in 30 s unless it frees memory")
     assert cap.observe(29, {"a": 500 * MiB, "b": 2000 * MiB}) == []
     [c] = cap.observe(30, {"a": 500 * MiB, "b": 2000 * MiB})
     assert (c.action, c.kernel_id) == ("memory-culled", "b")
+    assert c.reason.endswith("; it was shut down")
     # Back under the cap: the next excess is warned afresh.
     assert cap.observe(31, {"b": 10 * MiB}) == []
     assert [d.action for d in cap.observe(40, {"b": 1500 * MiB})] == ["memory-warning"]
@@ -171,7 +173,10 @@ def test_memory_cap_warns_then_acts_on_that_kernel_only():
 def test_memory_cap_warn_only_never_acts():
     cap = MemoryCap(1000, "warn", grace=1)
     big = {"a": 5000 * 1024 * 1024}
-    assert [d.action for d in cap.observe(0, big)] == ["memory-warning"]
+    [w] = cap.observe(0, big)
+    assert w.action == "memory-warning" and w.deadline is None
+    # the reason promises nothing that will not happen
+    assert w.reason == "kernel uses 5000 MiB of GPU memory, over its share's cap of 1000 MiB"
     assert all(cap.observe(t, big) == [] for t in range(1, 100))
 
 

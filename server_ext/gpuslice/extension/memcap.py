@@ -44,13 +44,18 @@ class MemoryCap:
             since = self._over_since.get(kid)
             if since is None:
                 self._over_since[kid] = now
-                then = "" if self.action == "warn" else f"; it will be {self._verb()}"
+                # (warn only: nothing follows, and the reason says nothing of it)
+                then = (
+                    ""
+                    if self.action == "warn"
+                    else f"; it will be {self._verb()} in {self.grace:g} s unless it frees memory"
+                )
                 decisions.append(
                     Decision(
                         MEMORY_WARNING,
                         kid,
                         None if self.action == "warn" else now + self.grace,
-                        f"kernel {what}{then} in {self.grace:g} s unless it frees memory",
+                        f"kernel {what}{then}",
                         memory_bytes=used,
                     )
                 )
@@ -62,7 +67,7 @@ class MemoryCap:
                         MEMORY_CULLED,
                         kid,
                         None,
-                        f"kernel {what}; {self._verb()}",
+                        f"kernel {what}; it was {self._verb()}",
                         memory_bytes=used,
                     )
                 )
