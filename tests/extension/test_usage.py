@@ -19,7 +19,7 @@ from tornado.httpserver import HTTPServer
 from gpuslice.activity import SERVER_KEY, Activity, ActivityReport, Attribution, IdleTrackers
 from gpuslice.activity.usage import UsageWindow, total_memory, total_utilization
 from gpuslice.extension.memcap import MemoryCap
-from gpuslice.extension.monitor import Monitor, SliceInfo
+from gpuslice.extension.monitor import Monitor, SliceInfo, _total_json
 from gpuslice.extension.service import ServiceClient
 from gpuslice.idle_policy import IdlePolicy
 
@@ -341,3 +341,20 @@ async def test_a_failed_reading_adds_nothing_to_the_interval(service):
     [body] = service.bodies
     # ticks 0, 5, 10 at 40 % and 30 at 10 %; 15, 20, 25 could not be read
     assert body["utilization"] == pytest.approx((3 * 40 + 10) / 4)
+
+
+def test_the_status_bar_total_is_combined_as_the_reports_are():
+    # (the status route's "total": one definition with the usage report's figure)
+    per_instance = Activity(50.0, 1024 * MiB, Attribution.PER_INSTANCE, (1,), ("mig-0",))
+    other = Activity(50.0, 512 * MiB, Attribution.PER_INSTANCE, (2,), ("mig-0",))
+    idle_server = Activity(0.0, None, Attribution.PER_PROCESS)
+    # two kernels on one MIG instance share its figure: counted once, not 100 %
+    both = ActivityReport(0.0, {"a": per_instance, "b": other}, idle_server)
+    assert _total_json(both) == {"utilization": 50.0, "memory_mib": 1536.0}
+    # a MIG instance without GPM: unknown, never the 0 % of what could be read
+    unknown = Activity(None, 1024 * MiB, Attribution.UNAVAILABLE, (1,), ("mig-0",))
+    assert _total_json(ActivityReport(0.0, {"a": unknown}, idle_server))["utilization"] is None
+    # two whole GPUs: the busiest one's figure, not the sum
+    g0 = Activity(70.0, None, Attribution.PER_PROCESS, (1,), ("gpu-0",))
+    g1 = Activity(40.0, None, Attribution.PER_PROCESS, (2,), ("gpu-1",))
+    assert _total_json(ActivityReport(0.0, {"a": g0, "b": g1}, idle_server))["utilization"] == 70

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..activity import SERVER_KEY, Activity, ActivityReport, ActivitySampler, IdleTrackers
+from ..activity.usage import total_memory, total_utilization
 from ..idle_policy import IdlePolicy
 from . import events
 from .decisions import CULLED, EXTENDED, MEMORY_CULLED, Decision
@@ -348,14 +349,17 @@ def _all(report: ActivityReport) -> list[Activity]:
 
 
 def _total_json(report: ActivityReport | None) -> dict[str, Any]:
-    """The slice's use: per-process figures summed (utilization as a percent of the GPU,
-    at most 100); None where nothing reported a figure."""
-    parts = _all(report) if report else []
-    utils = [a.util for a in parts if a.util is not None]
-    mems = [a.memory_bytes for a in parts if a.memory_bytes is not None]
+    """The slice's use, combined as the usage reports combine it (``total_utilization``):
+    per-process figures add up on a device (at most 100), a per-instance figure counts
+    once, the busiest device is the slice's; unknown (None) when any part's figure is,
+    never a 0 % made of the parts that could be read."""
+    if report is None:
+        return {"utilization": None, "memory_mib": None}
+    parts = _all(report)
+    util, memory = total_utilization(parts), total_memory(parts)
     return {
-        "utilization": min(100.0, round(sum(utils), 1)) if utils else None,
-        "memory_mib": round(sum(mems) / MiB, 1) if mems else None,
+        "utilization": None if util is None else round(util, 1),
+        "memory_mib": None if memory is None else round(memory / MiB, 1),
     }
 
 
