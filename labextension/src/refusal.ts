@@ -20,13 +20,19 @@ export function refusalMessage(error: unknown, doing: string): string {
     case 403:
       return `${doing} is not allowed: ${said}`;
     case 404:
-      return `${doing} failed: not found (${said}). GPU features may not be enabled on this server.`;
+      // The server's own 404s name what is missing (a job, a notebook, a profile); a bare
+      // "Not Found" is a route no extension serves.
+      return !said || /^(not found|http 404)$/i.test(said.trim())
+        ? `${doing} failed: not found. GPU features may not be enabled on this server.`
+        : `${doing} failed: ${said}`;
     case 409:
-      return `${doing} was refused: ${said}`;
     case 429:
-      return `${doing} was refused (quota reached): ${said}`;
-    case 502:
+      // (429: a quota or the limit of unfinished jobs; the message says which)
+      return `${doing} was refused: ${said}`;
     case 503:
+      // unreachable, timed out or not configured at all: the message says which
+      return `${doing} failed: the GPU service is unavailable (${said}).`;
+    case 502:
     case 504:
       return `${doing} failed: the GPU service is unavailable right now (${said}). Try again shortly.`;
     default:

@@ -10,11 +10,20 @@ describe('refusalMessage', () => {
     expect(refusalMessage(new ApiError(403, 'not your job'), 'Cancelling the job')).toBe(
       'Cancelling the job is not allowed: not your job'
     );
+    // 429 is a quota or the limit of unfinished jobs: the server's message says which
     expect(
-      refusalMessage(new ApiError(429, '2 of 2 GPU jobs running'), 'Submitting the job')
-    ).toContain('quota reached');
-    expect(refusalMessage(new ApiError(503, 'service down'), 'Loading jobs')).toContain(
-      'unavailable'
+      refusalMessage(new ApiError(429, 'you have 10 unfinished jobs, the limit'), 'Submitting')
+    ).toBe('Submitting was refused: you have 10 unfinished jobs, the limit');
+    const down = refusalMessage(new ApiError(503, 'GPUSLICE_SERVICE_URL is not set'), 'Loading');
+    expect(down).toContain('unavailable (GPUSLICE_SERVICE_URL is not set)');
+    expect(down).not.toContain('Try again');
+    expect(refusalMessage(new ApiError(504, 'no answer'), 'Loading')).toContain('Try again');
+    // the server's own 404 names what is missing; a bare one is a route nothing serves
+    expect(refusalMessage(new ApiError(404, 'no job 12'), 'Opening the log')).toBe(
+      'Opening the log failed: no job 12'
+    );
+    expect(refusalMessage(new ApiError(404, 'Not Found'), 'Loading')).toContain(
+      'GPU features may not be enabled'
     );
     expect(refusalMessage(new ApiError(0, 'x'), 'Loading jobs')).toContain('could not be reached');
     expect(refusalMessage(new ApiError(418, 'teapot'), 'X')).toBe('X failed (HTTP 418): teapot');

@@ -49,6 +49,8 @@ MAX_NOTEBOOK_BYTES = 16 * 1024 * 1024
 # The marker file is a few dozen bytes; read no more than this of it.
 MAX_MARKER_BYTES = 4096
 TERMINAL = TERMINAL_JOB_STATES
+# More than any job log holds: the runner's events and at most 1 MiB of printed output.
+WHOLE_LOG_BYTES = 4 << 20
 SUBMIT_FIELDS = {
     "path",
     "name",
@@ -303,7 +305,9 @@ async def sync_outputs(service: Service, root: str, job: dict[str, Any]) -> bool
                 raise
             continue
         write(name, data)
-    reply = await service.call("GET", f"api/jobs/{job['id']}/log")
+    # the whole log (the runner keeps at most 1 MiB of printed output, and its own events),
+    # where the panel shows only the service's default tail
+    reply = await service.call("GET", f"api/jobs/{job['id']}/log?tail={WHOLE_LOG_BYTES}")
     write("job.log", str(reply.get("log", "")).encode("utf-8", "replace"))
     write(".gpuslice-job.json", json.dumps({"id": job["id"], "state": job["state"]}).encode())
     return True
@@ -357,6 +361,12 @@ class JobWatcher:
 
 
 class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
+    @property
+    def _track_activity(self) -> bool:  # type: ignore[override]
+        # A read is the lab's poll (every 30 s in a hidden tab while a job is unfinished):
+        # not the user's activity. A submit, a cancel or a resubmit is.
+        return self.request.method != "GET"
+
     auth_resource = "gpuslice"
 
     @property

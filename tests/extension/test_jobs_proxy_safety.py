@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -539,3 +540,16 @@ def test_a_service_that_does_not_answer_in_time_is_a_504_that_says_so(env, root)
         )
         code, reply = fetch(env, api("jobs/1"))
     assert code == 504 and "did not answer within 0.5 s" in reply["message"], reply
+
+
+def test_the_panels_polls_are_not_activity_and_a_submit_is(jobs, env, root):
+    # a hidden tab polls while a job is unfinished: that must not keep the server "used"
+    settings = env.app.web_app.settings
+    long_ago = datetime(2000, 1, 1, tzinfo=UTC)
+    settings["api_last_activity"] = long_ago
+    assert fetch(env, api("jobs"), "POST", submit_body())[0] == 201
+    assert settings["api_last_activity"] > long_ago
+    settings["api_last_activity"] = long_ago
+    for path in ("jobs", "jobs/1", "jobs/1/log"):
+        assert fetch(env, api(path))[0] == 200, path
+    assert settings["api_last_activity"] == long_ago

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from traitlets.config import Config
 
 from gpuslice.activity import SERVER_KEY, IdleState
+from gpuslice.extension.app import GPUSliceExtension
 from gpuslice.extension.memcap import MemoryCap
 from gpuslice.extension.reclaim import ExtensionRefused, Reclaimer
 from gpuslice.idle_policy import IdlePolicy, PolicyConfig, PolicyError
@@ -210,3 +212,15 @@ def test_policy_config_resolution_and_errors():
         with pytest.raises(PolicyError) as e:
             PolicyConfig.parse(bad)
         assert e.value.key == key
+
+
+def test_a_profiles_short_timeout_is_warned_halfway_in_the_local_policy_too(monkeypatch):
+    # the service halves the default warning lead under a profile's short timeout; the
+    # extension's own fallback did not, and refused to load
+    monkeypatch.setenv("GPUSLICE_IDLE_TIMEOUT", "120")  # the profile's, from the spawner
+    policy = GPUSliceExtension().local_policy("ann", "share-250")
+    assert (policy.idle_timeout, policy.warning_lead) == (120, 60)
+    # set here by the admin, the same timeout under the same lead is a configuration error
+    config = Config({"GPUSliceExtension": {"idle_timeout": 120.0}})
+    with pytest.raises(ValueError, match="warning_lead"):
+        GPUSliceExtension(config=config).local_policy("ann", "share-250")

@@ -236,11 +236,15 @@ class GPUSliceExtension(ExtensionApp):
     # -- wiring -----------------------------------------------------------------------------
 
     def local_policy(self, user: str, profile: str) -> IdlePolicy:
+        # The profile's own timeout ($GPUSLICE_IDLE_TIMEOUT, when idle_timeout is not set
+        # here) is the profile's, as the service treats it: under the default warning lead
+        # a short one is warned halfway (``resolve``), never refused.
+        configured = "idle_timeout" in self.config.get(type(self).__name__, {})
         try:
             config = PolicyConfig.parse(
                 {
                     "action": self.idle_action,
-                    "idle_timeout": self.idle_timeout,
+                    **({"idle_timeout": self.idle_timeout} if configured else {}),
                     "warning_lead": self.warning_lead,
                     "max_extension": self.max_extension,
                     "profiles": self.profile_policies,
@@ -253,7 +257,9 @@ class GPUSliceExtension(ExtensionApp):
         except PolicyError as e:
             raise ValueError(f"invalid gpuslice idle policy: {e}") from None
         groups = [g for g in os.environ.get("GPUSLICE_GROUPS", "").split(",") if g]
-        return config.resolve(user, groups, profile or None)
+        return config.resolve(
+            user, groups, profile or None, None if configured else self.idle_timeout
+        )
 
     def _source_kind(self) -> str:
         if self.activity_source != "auto":
