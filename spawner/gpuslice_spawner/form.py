@@ -74,14 +74,19 @@ def render_form(
         # the default description (the profile's summary) already states a share's cap
         memory = "" if "memory cap" in description else _memory(p)
         available = bool(p.get("available"))
+        status = f"{p.get('free', 0)} of {p.get('total', 0)} free"
+        if available and not p.get("free") and p.get("from_batch"):
+            status += f", {p['from_batch']} from batch jobs"
         rows.append(
             {
                 "name": p["name"],
                 "display_name": p.get("display_name") or p["name"],
                 "available": available,
                 "checked": p["name"] == first,
-                "status": f"{p.get('free', 0)} of {p.get('total', 0)} free",
-                "details": [d for d in (description, memory, _idle(p), _reserved(p)) if d],
+                "status": status,
+                "details": [
+                    d for d in (description, memory, _idle(p), _reserved(p), _from_batch(p)) if d
+                ],
                 "reason": "" if available else (p.get("reason") or ""),
             }
         )
@@ -94,6 +99,18 @@ def render_form(
             quota_text=quota_line(quota),
             nothing_free=not any(p.get("available") for p in visible),
         )
+    )
+
+
+def _from_batch(profile: dict[str, Any]) -> str:
+    """When none is free but preemptible batch jobs hold some: what a spawn then waits for."""
+    if profile.get("free") or not profile.get("from_batch"):
+        return ""
+    seconds = profile.get("from_batch_seconds")
+    wait = f" (up to {_duration(seconds)})" if seconds else ""
+    return (
+        "none is free: your server takes the slice of a preemptible batch job, which saves a "
+        f"checkpoint and gives it up first{wait}"
     )
 
 

@@ -127,6 +127,28 @@ def test_availability_says_why_not(make_ledger):
     assert other["share-250"]["available"] and other["share-250"]["reason"] is None
 
 
+def test_slices_preemptible_jobs_hold_are_offered_to_a_spawn(make_ledger):
+    ledger = make_ledger()
+    jobs = Caller("joe", (), "scheduler")
+    # the two 1g.10gb instances: one a preemptible batch job's, one a normal job's
+    backfill, _ = ledger.allocate(jobs, "mig-1g.10gb", "job-1", purpose="batch", preemptible=True)
+    ledger.allocate(jobs, "mig-1g.10gb", "job-2", purpose="batch", preemptible=False)
+
+    def mig() -> dict:
+        return {p["name"]: p for p in ledger.availability("ann", ())}["mig-1g.10gb"]
+
+    # no job manager to preempt with: all in use
+    assert not mig()["available"] and mig()["reason"] == "all in use (2 of 2 in use)"
+    ledger.preempt_grace = 60.0  # (set by the job manager with its preemption hook)
+    offered = mig()
+    assert offered["free"] == 0 and offered["available"] and offered["reason"] is None
+    assert (offered["from_batch"], offered["from_batch_seconds"]) == (1, 60.0)
+    # the normal job's is not offered: once the preemptible one is gone, none is
+    ledger.release(backfill["id"], "joe", "done")
+    ledger.allocate(ANN, "mig-1g.10gb", "mine")
+    assert not mig()["available"] and "from_batch" not in mig()
+
+
 def test_a_new_ledger_on_the_same_database_sees_the_same_allocations(make_ledger, db_url):
     ledger = make_ledger()
     held = {ledger.allocate(ANN, p, p)[0]["id"] for p in ("mig-1g.10gb", "share-250", "gpu-1")}

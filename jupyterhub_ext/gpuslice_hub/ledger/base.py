@@ -85,6 +85,9 @@ class LedgerBase:
         self.preempt_hook: Callable[
             [Caller, Profile, str, float | None], dict[str, Any] | str | None
         ] = lambda caller, profile, server_name, wait_seconds: None
+        # Set with the hook: how long a preempted job may take to give its slice up (the
+        # spawn form says a spawn may take a preemptible job's slice); None: no job manager
+        self.preempt_grace: float | None = None
         # Set by the job manager when an admin split the cluster (pools.py)
         self.pools: Pools | None = None
         # Replaced by the service when GPUSliceService.share_overcommit_ratio > 1
@@ -101,6 +104,10 @@ class LedgerBase:
         # per ledger state, then per set of pools counted in (None: all of them)
         self._capacity_cache: (
             tuple[tuple[int, Any], dict[frozenset[str] | None, dict[str, tuple[int, int]]]] | None
+        ) = None
+        # the pools without preemptible batch jobs' slices, per ledger state and pools
+        self._without_preemptible_cache: (
+            tuple[tuple[int, Any], dict[frozenset[str] | None, ClusterState | None]] | None
         ) = None
         # the pools with nothing held, per (inventory generation, drains ignored, pools)
         self._empty_cache: dict[

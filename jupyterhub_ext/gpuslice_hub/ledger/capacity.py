@@ -219,9 +219,14 @@ class CapacityMixin(LedgerBase):
                 free, total = capacity[p.name]
                 reason = None
                 allowed = p.allowed_for(groups)
+                from_batch = 0
+                if free == 0 and allowed and p.preempt_batch and self.preempt_grace is not None:
+                    # a spawn takes a preemptible batch job's slice (after_refusal)
+                    request = charged.get(p.name) or p.request()
+                    from_batch = count_fits(request, self._without_preemptible(s, inv, widest))
                 if not allowed:
                     reason = "not allowed for your groups"
-                elif free == 0:
+                elif free == 0 and not from_batch:
                     reason = self._none_free(p, total, inv, widest, charged.get(p.name))
                 else:
                     want = quota_usage(p, inv)
@@ -231,12 +236,35 @@ class CapacityMixin(LedgerBase):
                 entry.update(
                     free=free, total=total, allowed=allowed, available=reason is None, reason=reason
                 )
+                if from_batch:
+                    # how many more a spawn gets by preempting, and how long that may take
+                    entry["from_batch"] = from_batch
+                    entry["from_batch_seconds"] = self.preempt_grace
                 if reserved is not None:
                     entry["reserved_free"] = reserved[p.name][0]
                 if batch is not None:
                     entry["batch_free"], entry["batch_total"] = batch[p.name]
                 out.append(entry)
             return out
+
+    def _without_preemptible(
+        self, s: Session, inv: InventoryView, allowed: frozenset[str] | None
+    ) -> ClusterState | None:
+        """The ``allowed`` pools as they would be without the slices of preemptible batch
+        jobs (what an interactive spawn may take by preemption), kept until the ledger
+        changes (as ``_capacity``)."""
+        marker = (inv.generation, s.connection().execute(select(func.max(EVENTS.c.id))).scalar())
+        cached = self._without_preemptible_cache
+        if cached is None or cached[0] != marker:
+            cached = self._without_preemptible_cache = (marker, {})
+        if allowed not in cached[1]:
+            kept = [
+                a for a in self.active_cache.get(s) if not (a.purpose == "batch" and a.preemptible)
+            ]
+            hosts = build_hosts(inv.hosts, inv.gpus, kept)
+            state = from_hosts(hosts) if hosts else None
+            cached[1][allowed] = None if state is None else self._within(state, allowed, None)
+        return cached[1][allowed]
 
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
