@@ -13,9 +13,11 @@ ServiceError = JSONError
 class ServiceClient(JSONClient):
     """The gpuslice service, called with its own token (the spawner allocates for users)."""
 
-    async def profiles(self, user: str) -> dict[str, Any]:
-        """``{"user", "simulated", "profiles": [...]}`` with live availability for ``user``."""
-        return await self.request("GET", "api/profiles", query={"user": user})
+    async def profiles(self, user: str, overcommit: bool = True) -> dict[str, Any]:
+        """``{"user", "simulated", "profiles": [...]}`` with live availability for ``user``
+        (``overcommit=False``: counted as allocations that are never overcommitted)."""
+        query = {"user": user} if overcommit else {"user": user, "overcommit": "false"}
+        return await self.request("GET", "api/profiles", query=query)
 
     async def allocate(self, **body: Any) -> dict[str, Any]:
         return await self.request("POST", "api/allocations", body)

@@ -27,7 +27,14 @@ class Limit:
             return False
         return self.max_milli is None or used.milli + want.milli <= self.max_milli
 
+    @property
+    def unbounded(self) -> bool:
+        """Neither limit set (an admin's "no limit" override): it limits nothing."""
+        return self.max_slices is None and self.max_milli is None
+
     def describe(self, used: Usage) -> str:
+        if self.unbounded:
+            return "no limit"
         parts = []
         if self.max_slices is not None:
             parts.append(f"{used.slices:g} of {self.max_slices:g} slices")
@@ -123,9 +130,11 @@ class Quotas:
         by_user, by_group = held.users.get(user, Usage()), held.groups
         out = []
         limit = self.users.get(user, self.default_user)
-        if limit is not None:
+        if limit is not None and not limit.unbounded:
             out.append({"scope": "user", "name": user, **limit.standing(by_user)})
         for g in sorted(set(groups) & set(self.groups)):
+            if self.groups[g].unbounded:
+                continue
             used = by_group.get(g, Usage())
             out.append({"scope": "group", "name": g, **self.groups[g].standing(used)})
         return out

@@ -27,7 +27,9 @@ def _idle(p: dict[str, Any]) -> str:
     for this user (``idle`` in ``api/profiles``: the admin's policy and exemptions)."""
     idle = p.get("idle") or {"timeout": p.get("idle_timeout") or 0, "action": "server"}
     if idle.get("exempt"):
-        return "not reclaimed when idle (you are exempt)"
+        # the service's reason: the user, one of their groups, or the profile is exempt
+        why = idle.get("exempt_reason") or "you are exempt"
+        return f"not reclaimed when idle ({why})"
     timeout = idle.get("timeout") or 0
     if not timeout:
         return "never reclaimed when idle"

@@ -182,7 +182,10 @@ class GPUSliceMixin(Spawner):
 
     async def _render_options_form(self, spawner: Any) -> str:
         try:
-            data = await self.client.profiles(self.user.name)  # type: ignore[attr-defined]
+            data = await self.client.profiles(
+                self.user.name,  # type: ignore[attr-defined]
+                overcommit=not self.engine_counts_shares,
+            )
         except ServiceError as e:
             return f"<p class='text-danger'>{escape(refusal(e, self.log).message)}</p>"  # type: ignore[attr-defined]
         return render_form(

@@ -98,7 +98,7 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         ann_slice.wait_for()
         text = ann_slice.inner_text()
         assert "share 0.25 GPU" in text and "ann" in text, text
-        assert "13% busy" in text and "idle 25 min" in text, text
+        assert "13% of its GPU busy (reported" in text and "idle 25 min" in text, text
         assert "bob" in page.locator("#gs-hosts").inner_text()
         # The batch job's runner reports its utilization too (through the scheduler).
         job_slice = page.locator("#gs-hosts li", has_text=f"job {job_id}")

@@ -60,12 +60,14 @@ def test_the_form_says_what_the_server_will_do(hub_factory):
     assert "idle kernels are shut down after 10 min; the slice is held until you stop the" in (
         row(html, "mig-1g.10gb")
     )
-    assert "not reclaimed when idle (you are exempt)" in row(html, "gpu-1")
+    # the reason is the service's: here the profile's exemption, not the person's
+    assert "not reclaimed when idle (profile gpu-1 is exempt)" in row(html, "gpu-1")
 
     # an exemption set in the admin panel shows up in the form too
     r = hub.api("PUT", "/api/admin/exemptions/ann", admin, json={"reason": "demo day"})
     assert r.status_code == 200, r.text
-    assert "not reclaimed when idle (you are exempt)" in row(spawn_page(hub, "ann"), "share-250")
+    shown = row(spawn_page(hub, "ann"), "share-250")
+    assert "not reclaimed when idle (exempted by admin: demo day)" in shown
     # and the server, asking for its policy, is told the same
     held = hub.allocate("ann", "share-250").json()
     policy = hub.api("GET", f"/api/idle-policy?allocation_id={held['id']}", ann).json()

@@ -262,11 +262,14 @@ def test_the_spawn_form_counts_what_fits_for_each_user(make_ledger: Any):
     ledger = overcommitting(make_ledger)
     history(ledger, "ann", 6000, held=30 * HOUR)
 
-    def free(user: str) -> tuple[int, int]:
-        (entry,) = [p for p in ledger.availability(user, ()) if p["name"] == "share-250"]
+    def free(user: str, overcommit: bool = True) -> tuple[int, int]:
+        listed = ledger.availability(user, (), overcommit)
+        (entry,) = [p for p in listed if p["name"] == "share-250"]
         return entry["free"], entry["total"]
 
     assert free("ann") == (5, 5) and free("bob") == (4, 4)
+    # asked for by a Kubernetes or Slurm spawner, ann's shares are placed in full: so counted
+    assert free("ann", overcommit=False) == (4, 4)
     for i in range(3):
         spawn(ledger, "ann", f"s{i}")
     # 600 milli and 49 152 MiB charged: two more of ann's 200, one of bob's 250

@@ -17,7 +17,7 @@ from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.models import Base
 from gpuslice_hub.db.schema import SchemaError, alembic_config, ensure_schema, upgrade
 from gpuslice_hub.overrides import apply_overrides
-from gpuslice_hub.quotas import parse_quotas
+from gpuslice_hub.quotas import Held, Usage, parse_quotas
 
 
 def assert_models_match(db) -> None:
@@ -102,6 +102,12 @@ def test_overrides_replace_limits_and_a_group_keeps_its_borrowing() -> None:
     assert q.default_user is not None and q.default_user.max_slices is None  # no limit
     # the configured quotas themselves are untouched
     assert base.users["ann"].max_slices == 1 and "bob" not in base.users
+    # a "no limit" override limits nobody: the spawn form and overview list no quota for
+    # it (they said "Your quota:  in use."), and it describes itself as what it is
+    held = Held({}, {})
+    assert q.standing("carl", (), held) == []
+    assert [x["name"] for x in q.standing("ann", ("physics",), held)] == ["ann", "physics"]
+    assert q.default_user.describe(Usage()) == "no limit"
 
 
 def test_a_quota_override_reaches_every_ledger_on_the_database(make_ledger) -> None:

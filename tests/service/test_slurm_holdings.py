@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from gpuslice_hub.api.admin import quota_holdings
 from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller
 from gpuslice_hub.slurmsync import check_nodes, sync_once
@@ -114,6 +115,8 @@ def test_a_foreign_jobs_mig_instance_is_held_and_given_back(make_ledger):
     assert held["host"] == "node-a" and held["user"] == "" and held["kind"] == "mig"
     assert held["assignments"][0]["mig_profile"] == "1g.10gb"
     assert free(ledger, "mig-1g.10gb") == before - 1
+    # no quota counts it: the admin panel's quota table has no row (a blank user) for it
+    assert quota_holdings(ledger.snapshot()[2]) == ({}, {})
     # the same figure again changes nothing (no churn of allocations and events)
     assert ledger.sync_external({"node-a": Counter({"gpu:1g.10gb": 1})}, GRES)[:2] == (0, 0)
     # nobody releases it but the mirror: an admin's release would offer a device in use

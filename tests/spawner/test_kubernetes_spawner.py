@@ -240,3 +240,15 @@ async def test_its_slices_are_never_overcommitted(make_spawner: Any):
         await local._allocate("share-250")
     assert sent[0]["overcommit"] is False and sent[0]["profile"] == "share-250"
     assert "overcommit" not in sent[1]  # a local process: the service's own choice
+    # and its spawn form counts them so
+    asked: list[dict[str, Any]] = []
+
+    async def request(_client: Any, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        asked.append({"path": path, **kw})
+        return {"profiles": [], "simulated": False}
+
+    with mock.patch.object(ServiceClient, "request", request):
+        await make_spawner()._render_options_form(None)
+        await local._render_options_form(None)
+    assert asked[0]["query"] == {"user": "alice", "overcommit": "false"}
+    assert asked[1]["query"] == {"user": "alice"}

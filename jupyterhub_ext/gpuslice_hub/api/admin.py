@@ -4,9 +4,12 @@ of such actions. Each change is recorded as an event with who made it and why.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
+from ..ledger.external import EXTERNAL
 from ..overrides import ADMIN_EVENT_KINDS, AdminSettings, parse_limit_body, quotas_json
+from ..snapshot import AllocationView
 from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
 
 
@@ -53,15 +56,7 @@ class QuotasHandler(AdminBase):
 
     def _quotas(self) -> dict[str, Any]:
         _, _, active = self.ledger.snapshot()
-        users: dict[str, dict[str, float]] = {}
-        groups: dict[str, dict[str, float]] = {}
-        for a in active:
-            for key, table in ((a.user, users), (a.charged_group, groups)):
-                if key is None:
-                    continue
-                held = table.setdefault(key, {"slices": 0.0, "milli": 0})
-                held["slices"] += a.quota_weight
-                held["milli"] += a.gpu_milli
+        users, groups = quota_holdings(active)
         with self.ledger.db.reading() as s:
             effective = self.ledger.effective_quotas(s)
         return {
@@ -70,6 +65,26 @@ class QuotasHandler(AdminBase):
             "effective": quotas_json(effective),
             "in_use": {"users": users, "groups": groups},
         }
+
+
+def quota_holdings(
+    active: Iterable[AllocationView],
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """What each user holds and what is charged to each group, as the quotas count it: the
+    holdings of jobs and pods outside gpuslice (the Slurm and Kubernetes mirrors') count
+    against nobody."""
+    users: dict[str, dict[str, float]] = {}
+    groups: dict[str, dict[str, float]] = {}
+    for a in active:
+        if a.purpose == EXTERNAL:
+            continue
+        for key, table in ((a.user, users), (a.charged_group, groups)):
+            if key is None:
+                continue
+            held = table.setdefault(key, {"slices": 0.0, "milli": 0})
+            held["slices"] += a.quota_weight
+            held["milli"] += a.gpu_milli
+    return users, groups
 
 
 class QuotaHandler(AdminBase):

@@ -75,13 +75,18 @@ class ProfilesHandler(BaseHandler):
             groups = looked_up
         else:
             user = ident.name
+        # false: counted as the spawner will ask for them (its engine counts each share in
+        # full, so its allocations are never overcommitted: "overcommit" in api/allocations)
+        overcommit = self.get_argument("overcommit", "true")
+        if overcommit not in ("true", "false"):
+            raise RequestError(400, "overcommit must be true or false")
         # in a worker thread: at hundreds of hosts a count after a change takes tens of ms,
         # and the quota's figures wait for the ledger's cache
-        await self.write_computed(lambda: self._profiles(user, groups))
+        await self.write_computed(lambda: self._profiles(user, groups, overcommit == "true"))
 
-    def _profiles(self, user: str, groups: Sequence[str]) -> dict[str, Any]:
+    def _profiles(self, user: str, groups: Sequence[str], overcommit: bool) -> dict[str, Any]:
         inv = self.service.inventory
-        profiles = self.ledger.availability(user, groups)
+        profiles = self.ledger.availability(user, groups, overcommit)
         # what idle reclaim will do on each, as the user's server will apply it
         store = self.service.admin_settings
         exemption = store.exemption(user) if store is not None else None

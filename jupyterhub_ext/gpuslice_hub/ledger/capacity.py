@@ -188,9 +188,13 @@ class CapacityMixin(LedgerBase):
                 name: (count_fits(r, usable), count_fits(r, empty)) for name, r in charged.items()
             }
 
-    def availability(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
+    def availability(
+        self, user: str, groups: Iterable[str], overcommit: bool = True
+    ) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not: for a
-        server of this user, so in the pools a server of theirs may use. With reserved
+        server of this user, so in the pools a server of theirs may use (``overcommit``:
+        as its allocations would be charged; False: in full, as a spawner that asks for
+        them so is given them). With reserved
         pools, ``reserved_free`` says how many of the free ones are reserved for people, and
         ``batch_free`` / ``batch_total`` what a batch job may take at any hour (the peak
         pool: the submit dialog's figures)."""
@@ -209,7 +213,7 @@ class CapacityMixin(LedgerBase):
                 batch = self._capacity(s, inv, batch_access.widest)
             held = self.active_cache.held(s)
             charged: dict[str, Request] = {}
-            if self.overcommit.settings.on:
+            if self.overcommit.settings.on and overcommit:
                 # the counts for this user, charged from their history
                 charged = self._charged_requests(s, user)
                 capacity = {**capacity, **self._charged_capacity(s, inv, charged, widest)}

@@ -155,7 +155,7 @@
           'utilized',
           used,
           t.used_milli === null
-            ? 'no usage reports yet'
+            ? 'no current usage report'
             : `reports cover ${gpus(t.reported_milli)} GPUs`,
           'used'
         ),
@@ -193,7 +193,11 @@
     }
     const what =
       who.purpose === 'batch' ? `job ${who.job_id ?? '?'}` : who.server_name || 'default server';
-    const util = who.reported_at ? `${pct(who.utilization)} busy` : 'no report';
+    // the latest report, however old (its age says how much it stands for now); a share's
+    // figure is of its whole GPU (the admin guide's "How the figures are made")
+    const util = who.reported_at
+      ? `${pct(who.utilization)} of its GPU busy (reported ${ago(who.reported_at)})`
+      : 'no report';
     const idle =
       who.reported_at && who.idle_seconds > 0 ? `, idle ${duration(who.idle_seconds)}` : '';
     return h(
@@ -460,7 +464,7 @@
         `allocated ${gpus(last.allocated_milli)}`
       ),
       h('span', { className: 'gs-key gs-key-used' }, `utilized ${gpus(last.used_milli)}`),
-      ` · ${pts.length} samples · queued jobs now: ${last.queued_jobs}`
+      ` · ${pts.length} samples · queued jobs in the last one: ${last.queued_jobs}`
     );
     box.replaceChildren(svg, legend);
   }
@@ -1011,12 +1015,12 @@
 
   // -- forms ----------------------------------------------------------------------------
 
-  function number(form, name, scale) {
+  function number(form, name, scale, empty = 'no limit') {
     const raw = form.elements[name].value.trim();
     if (raw === '') return null;
     const v = Number(raw);
     if (!Number.isFinite(v) || v < 0) {
-      throw new Error(`${name.replace('_', ' ')} must be a number ≥ 0 (empty: no limit)`);
+      throw new Error(`${name.replace('_', ' ')} must be a number ≥ 0 (empty: ${empty})`);
     }
     return scale ? Math.round(v * scale) : v;
   }
@@ -1061,7 +1065,7 @@
       exemptError.hidden = true;
       try {
         const user = exempt.elements.user.value.trim();
-        const hours = number(exempt, 'hours');
+        const hours = number(exempt, 'hours', undefined, 'until ended');
         const body = { reason: exempt.elements.reason.value.trim() };
         if (hours !== null) body.hours = hours;
         await api('PUT', `admin/exemptions/${encodeURIComponent(user)}`, body);
