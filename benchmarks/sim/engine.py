@@ -245,7 +245,7 @@ class Simulation:
             manager.burst_after_wait, manager.burst_when_allocated_above = burst
             self.burst = Burst(manager, manager.log)
         self.ledger.preempt_hook = manager.preempt_for_interactive
-        self.ledger.preempt_grace = manager.preempt_grace
+        self.ledger.spawn_preemption = manager.spawn_preemption
         self.scheduler = Scheduler(manager)
         self.idle_config = PolicyConfig.parse(
             {"action": "server", "idle_timeout": p.idle_timeout, "warning_lead": p.warning_lead}

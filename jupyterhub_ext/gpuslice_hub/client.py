@@ -13,10 +13,17 @@ ServiceError = JSONError
 class ServiceClient(JSONClient):
     """The gpuslice service, called with its own token (the spawner allocates for users)."""
 
-    async def profiles(self, user: str, overcommit: bool = True) -> dict[str, Any]:
+    async def profiles(
+        self, user: str, overcommit: bool = True, wait_seconds: float | None = None
+    ) -> dict[str, Any]:
         """``{"user", "simulated", "profiles": [...]}`` with live availability for ``user``
-        (``overcommit=False``: counted as allocations that are never overcommitted)."""
-        query = {"user": user} if overcommit else {"user": user, "overcommit": "false"}
+        (``overcommit=False``: counted as allocations that are never overcommitted;
+        ``wait_seconds``: how long a spawn waits for a batch job to give a slice up)."""
+        query = {"user": user}
+        if not overcommit:
+            query["overcommit"] = "false"
+        if wait_seconds is not None:
+            query["wait_seconds"] = f"{wait_seconds:g}"
         return await self.request("GET", "api/profiles", query=query)
 
     async def allocate(self, **body: Any) -> dict[str, Any]:

@@ -43,6 +43,10 @@ export function refusalMessage(error: unknown, doing: string): string {
 /** One line for a profile in the submit dialog's list, with its live availability. */
 export function profileLabel(profile: IProfile): string {
   const name = profile.display_name || profile.name;
+  if (forPeopleOnly(profile)) {
+    // a spawn would preempt a batch job for it; a batch job queues
+    return `${name} — all ${profile.total} in use`;
+  }
   if (!profile.available) {
     return `${name} — unavailable${profile.reason ? `: ${profile.reason}` : ''}`;
   }
@@ -64,5 +68,10 @@ export function defaultProfile(profiles: IProfile[], preferred?: string): string
   if (preferred && profiles.some(p => p.name === preferred)) {
     return preferred;
   }
-  return (profiles.find(p => p.available) ?? profiles[0])?.name ?? '';
+  return (profiles.find(p => p.available && !forPeopleOnly(p)) ?? profiles[0])?.name ?? '';
+}
+
+/** Available only to an interactive spawn, by preempting a batch job: none is free. */
+function forPeopleOnly(profile: IProfile): boolean {
+  return Boolean(profile.from_batch) && !profile.free;
 }

@@ -84,6 +84,9 @@ export interface IProfile {
   batch_total?: number;
   available: boolean;
   reason: string | null;
+  /** None free, but an interactive spawn would take a preemptible job's slice (a batch
+   * job would queue: the submit dialog treats it as all in use). */
+  from_batch?: boolean;
 }
 
 /** A time window batch jobs may be limited to (the admin's JobManager.time_windows). */

@@ -58,6 +58,13 @@ describe('profiles in the submit dialog', () => {
     expect(profileLabel(profiles[1])).toBe('Quarter GPU — 3 of 8 free');
   });
 
+  it('treats a profile only a spawn could take from a batch job as all in use', () => {
+    const people = { ...profiles[1], free: 0, from_batch: true };
+    expect(profileLabel(people)).toBe('Quarter GPU — all 8 in use');
+    expect(defaultProfile([people, profiles[0]])).toBe('share-250'); // none free: the first
+    expect(defaultProfile([people, { ...profiles[1], name: 'x' }])).toBe('x');
+  });
+
   it('labels what a batch job may take on a cluster split into pools', () => {
     const split = { ...profiles[1], batch_free: 1, batch_total: 4 };
     expect(profileLabel(split)).toBe('Quarter GPU — 1 of 4 free for batch jobs');

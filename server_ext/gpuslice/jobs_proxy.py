@@ -49,8 +49,9 @@ MAX_NOTEBOOK_BYTES = 16 * 1024 * 1024
 # The marker file is a few dozen bytes; read no more than this of it.
 MAX_MARKER_BYTES = 4096
 TERMINAL = TERMINAL_JOB_STATES
-# More than any job log holds: the runner's events and at most 1 MiB of printed output.
-WHOLE_LOG_BYTES = 4 << 20
+# The most of a job's log the service hands out (its ``tail`` limit): the whole log, but for
+# one that printed more than that over many attempts (the runner keeps 1 MiB an attempt).
+WHOLE_LOG_BYTES = 10_000_000
 SUBMIT_FIELDS = {
     "path",
     "name",
@@ -512,6 +513,13 @@ class ResubmitHandler(JobsProxyHandler):
         body = {k: old[k] for k in RESUBMIT_FIELDS if k in old}
         if not body.get("burstable"):
             body.pop("burstable", None)
+        if body.get("time_window") is not None:
+            # A window the job's class has (now) is the class's to impose: the one the job
+            # ran in may have been the class's then, since changed by the admins.
+            standing = await self.service.call("GET", "api/profiles")
+            classes = ((standing or {}).get("jobs") or {}).get("class_windows") or {}
+            if body.get("priority") in classes:
+                body.pop("time_window")
         job = await self.submit(body, snapshot, old.get("path") or "")
         self.set_status(201)
         self.finish(json.dumps(job))

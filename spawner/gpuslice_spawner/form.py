@@ -69,7 +69,11 @@ def render_form(
     visible = [p for p in profiles if p.get("allowed", True)]
     if not visible:
         return "<p>No GPU profile is open to you. Ask your JupyterHub admin for access.</p>"
-    first = next((p["name"] for p in visible if p.get("available")), None)
+    # a profile with free slices first: one taken from a batch job costs that job a restart
+    first = next(
+        (p["name"] for p in visible if p.get("available") and p.get("free")),
+        next((p["name"] for p in visible if p.get("available")), None),
+    )
     rows = []
     for p in visible:
         description = p.get("description") or ""
@@ -78,7 +82,7 @@ def render_form(
         available = bool(p.get("available"))
         status = f"{p.get('free', 0)} of {p.get('total', 0)} free"
         if available and not p.get("free") and p.get("from_batch"):
-            status += f", {p['from_batch']} from batch jobs"
+            status += ", one from a batch job"
         rows.append(
             {
                 "name": p["name"],
@@ -106,13 +110,14 @@ def render_form(
 
 def _from_batch(profile: dict[str, Any]) -> str:
     """When none is free but preemptible batch jobs hold some: what a spawn then waits for."""
-    if profile.get("free") or not profile.get("from_batch"):
+    if profile.get("free") or not profile.get("from_batch") or not profile.get("available"):
         return ""
     seconds = profile.get("from_batch_seconds")
-    wait = f" (up to {_duration(seconds)})" if seconds else ""
+    if not seconds:  # the cluster's engine preempts the job: the server starts meanwhile
+        return "none is free: your server takes the slice of a preemptible batch job"
     return (
         "none is free: your server takes the slice of a preemptible batch job, which saves a "
-        f"checkpoint and gives it up first{wait}"
+        f"checkpoint and gives it up first (up to {_duration(seconds)})"
     )
 
 

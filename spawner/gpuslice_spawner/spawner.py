@@ -185,6 +185,9 @@ class GPUSliceMixin(Spawner):
             data = await self.client.profiles(
                 self.user.name,  # type: ignore[attr-defined]
                 overcommit=not self.engine_counts_shares,
+                # what a spawn from this form waits for a batch job: no offer it would not
+                # get (a job whose checkpoint takes longer is not preempted for it)
+                wait_seconds=self.preempt_wait(),
             )
         except ServiceError as e:
             return f"<p class='text-danger'>{escape(refusal(e, self.log).message)}</p>"  # type: ignore[attr-defined]

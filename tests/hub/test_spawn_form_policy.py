@@ -113,11 +113,14 @@ def test_the_form_escapes_what_it_shows_and_an_admin_template_replaces_it(tmp_pa
     nothing = render_form([profiles[0]])
     assert "Nothing is free for you right now" in nothing and "[type=submit]" in nothing
     # none free, but a spawn may take a preemptible batch job's slice: offered, and said so
-    taken = {**profiles[1], "free": 0, "from_batch": 2, "from_batch_seconds": 60}
+    taken = {**profiles[1], "free": 0, "from_batch": True, "from_batch_seconds": 60}
     html = render_form([taken])
-    assert 'value="b" checked' in html and "0 of 4 free, 2 from batch jobs" in html
+    assert 'value="b" checked' in html and "0 of 4 free, one from a batch job" in html
     assert "preemptible batch job" in html and "up to 1 min" in html
     assert "gpuslice-none" not in html
+    # a profile with free slices is preselected before one taken from a batch job
+    free = {**profiles[1], "name": "c"}
+    assert 'value="c" checked' in render_form([taken, free])
 
     (tmp_path / "spawn_form.html").write_text(
         "<ul>{% for p in profiles %}<li>{{ p.display_name }}: {{ p.status }}</li>{% endfor %}</ul>"

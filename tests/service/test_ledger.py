@@ -127,26 +127,33 @@ def test_availability_says_why_not(make_ledger):
     assert other["share-250"]["available"] and other["share-250"]["reason"] is None
 
 
-def test_slices_preemptible_jobs_hold_are_offered_to_a_spawn(make_ledger):
+def test_a_profile_a_spawn_would_get_by_preemption_is_offered(make_ledger):
     ledger = make_ledger()
-    jobs = Caller("joe", (), "scheduler")
-    # the two 1g.10gb instances: one a preemptible batch job's, one a normal job's
-    backfill, _ = ledger.allocate(jobs, "mig-1g.10gb", "job-1", purpose="batch", preemptible=True)
-    ledger.allocate(jobs, "mig-1g.10gb", "job-2", purpose="batch", preemptible=False)
+    for name in ("one", "two"):  # none of mig-1g.10gb is free for ann
+        ledger.allocate(Caller("joe", (), "joe"), "mig-1g.10gb", name)
+    asked: list[tuple] = []
+    answer: float | str | None = None
+
+    def spawn_preemption(caller, profile, overcommit, wait_seconds):  # the job manager's
+        asked.append((caller.user, profile.name, overcommit, wait_seconds))
+        return answer
 
     def mig() -> dict:
-        return {p["name"]: p for p in ledger.availability("ann", ())}["mig-1g.10gb"]
+        listed = ledger.availability("ann", (), False, 90.0)
+        return {p["name"]: p for p in listed}["mig-1g.10gb"]
 
-    # no job manager to preempt with: all in use
-    assert not mig()["available"] and mig()["reason"] == "all in use (2 of 2 in use)"
-    ledger.preempt_grace = 60.0  # (set by the job manager with its preemption hook)
+    # no job manager: all in use
+    assert mig()["reason"] == "all in use (2 of 2 in use)"
+    ledger.spawn_preemption = spawn_preemption
+    assert mig()["reason"] == "all in use (2 of 2 in use)" and "from_batch" not in mig()
+    # asked only of a profile none of which is free, as the spawn would be placed
+    assert set(asked) == {("ann", "mig-1g.10gb", False, 90.0)}
+    answer = 60.0  # a job would give its slice up within the spawner's wait
     offered = mig()
     assert offered["free"] == 0 and offered["available"] and offered["reason"] is None
-    assert (offered["from_batch"], offered["from_batch_seconds"]) == (1, 60.0)
-    # the normal job's is not offered: once the preemptible one is gone, none is
-    ledger.release(backfill["id"], "joe", "done")
-    ledger.allocate(ANN, "mig-1g.10gb", "mine")
-    assert not mig()["available"] and "from_batch" not in mig()
+    assert (offered["from_batch"], offered["from_batch_seconds"]) == (True, 60.0)
+    answer = "batch job 7 could give its slice up, but it may take up to 600 s"
+    assert not mig()["available"] and mig()["reason"] == answer
 
 
 def test_a_new_ledger_on_the_same_database_sees_the_same_allocations(make_ledger, db_url):

@@ -247,8 +247,11 @@ async def test_its_slices_are_never_overcommitted(make_spawner: Any):
         asked.append({"path": path, **kw})
         return {"profiles": [], "simulated": False}
 
+    kube = make_spawner()
     with mock.patch.object(ServiceClient, "request", request):
-        await make_spawner()._render_options_form(None)
+        await kube._render_options_form(None)
         await local._render_options_form(None)
-    assert asked[0]["query"] == {"user": "alice", "overcommit": "false"}
-    assert asked[1]["query"] == {"user": "alice"}
+    # (and how long a spawn from it waits for a batch job: what the form may offer)
+    kube_wait, local_wait = f"{kube.preempt_wait():g}", f"{local.preempt_wait():g}"
+    assert asked[0]["query"] == {"user": "alice", "overcommit": "false", "wait_seconds": kube_wait}
+    assert asked[1]["query"] == {"user": "alice", "wait_seconds": local_wait}

@@ -113,6 +113,7 @@ class AllocationsHandler(BaseHandler):
                 wait,
                 False,
                 purpose,
+                overcommit,
             )
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout

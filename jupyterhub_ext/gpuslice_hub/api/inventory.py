@@ -80,13 +80,25 @@ class ProfilesHandler(BaseHandler):
         overcommit = self.get_argument("overcommit", "true")
         if overcommit not in ("true", "false"):
             raise RequestError(400, "overcommit must be true or false")
+        # how long the spawner waits for a batch job to give a slice up (absent: no limit)
+        raw_wait = self.get_argument("wait_seconds", None)
+        wait: float | None = None
+        if raw_wait is not None:
+            try:
+                wait = float(raw_wait)
+            except ValueError:
+                wait = -1.0
+            if not 0 <= wait <= 86400:  # (NaN included)
+                raise RequestError(400, "wait_seconds must be a number of seconds, 0 to 86400")
         # in a worker thread: at hundreds of hosts a count after a change takes tens of ms,
         # and the quota's figures wait for the ledger's cache
-        await self.write_computed(lambda: self._profiles(user, groups, overcommit == "true"))
+        await self.write_computed(lambda: self._profiles(user, groups, overcommit == "true", wait))
 
-    def _profiles(self, user: str, groups: Sequence[str], overcommit: bool) -> dict[str, Any]:
+    def _profiles(
+        self, user: str, groups: Sequence[str], overcommit: bool, wait: float | None
+    ) -> dict[str, Any]:
         inv = self.service.inventory
-        profiles = self.ledger.availability(user, groups, overcommit)
+        profiles = self.ledger.availability(user, groups, overcommit, wait)
         # what idle reclaim will do on each, as the user's server will apply it
         store = self.service.admin_settings
         exemption = store.exemption(user) if store is not None else None

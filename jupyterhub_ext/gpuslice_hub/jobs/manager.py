@@ -74,6 +74,11 @@ class Reservation:
 RUN_ORDER_COLUMNS = (JobRow.id, JobRow.state, JobRow.priority_class, JobRow.submitted_at)
 
 
+# The spawn form asks, for each profile none of which is free, whether a spawn would take a
+# preemptible job's slice: it looks at this many candidates (in the order a spawn does).
+FORM_VICTIMS = 16
+
+
 class JobManager(LoggingConfigurable):
     schedule_interval = Float(
         1.0, help="Seconds between scheduler passes (a submission or a finished run wakes it)."
@@ -657,20 +662,11 @@ class JobManager(LoggingConfigurable):
         self.wake.set()
         return self.get(job_id) or {}
 
-    def preempt_for_interactive(
-        self, caller: Caller, profile: Profile, server_name: str, wait_seconds: float | None
-    ) -> dict[str, Any] | str | None:
-        """The ledger's hook: free a slice for an interactive spawn, or None if no job can.
-
-        A job is only preempted when its grace period fits in the spawn's ``wait_seconds``:
-        a spawn that gives up first would have cost the job its work for nothing. Then the
-        answer is why not (a str)."""
-        key = (caller.user, server_name)
-        held = self.reservations.get(key)
-        if held is not None:
-            job = self.row(held.job_id)
-            if job is not None and job.state == "preempting":
-                return self._pending(job, "your server will start when it has checkpointed")
+    def _victim_for(
+        self, caller: Caller, profile: Profile, overcommit: bool, limit: int | None = None
+    ) -> JobRow | None:
+        """The preemptible job whose slice a spawn of ``profile`` by ``caller`` would take
+        (``pick_victim``), or None. ``overcommit``: as the spawn is placed (False: in full)."""
         with self.db.reading() as s:
             candidates = list(
                 s.scalars(
@@ -679,26 +675,80 @@ class JobManager(LoggingConfigurable):
                     )
                 )
             )
-        victim = pick_victim(
+        request = (
+            self.ledger.request_for(caller.user, profile, "interactive")
+            if overcommit
+            else profile.request()
+        )
+        return pick_victim(
             self.ledger,
             profile,
             candidates,
             below_rank=len(PRIORITY_CLASSES),
             access=self.ledger.access("interactive", caller.groups),
-            request=self.ledger.request_for(caller.user, profile, "interactive"),
+            request=request,
+            limit=limit,
         )
+
+    def _too_long(self, victim: JobRow, wait_seconds: float | None) -> str | None:
+        """Why a spawn that waits at most ``wait_seconds`` does not preempt ``victim``
+        (its grace period is longer: the spawn would give up first, and the job would have
+        lost its work for nothing); None when it may."""
+        if victim.state == "preempting" or wait_seconds is None:
+            return None
+        if self.preempt_grace <= wait_seconds:
+            return None
+        return (
+            f"batch job {victim.id} could give its slice up, but it may take up to "
+            f"{self.preempt_grace:g} s to checkpoint and this spawn waits at most "
+            f"{wait_seconds:.0f} s (an admin can raise Spawner.start_timeout and "
+            "GPUSliceMixin.preempt_wait_timeout above JobManager.preempt_grace)"
+        )
+
+    def spawn_preemption(
+        self, caller: Caller, profile: Profile, overcommit: bool, wait_seconds: float | None
+    ) -> float | str | None:
+        """For the spawn form (the ledger's ``spawn_preemption`` hook): what a spawn of
+        ``profile`` that finds none free would get, by the check ``preempt_for_interactive``
+        makes (on the first ``FORM_VICTIMS`` candidates: a bounded look that may miss a
+        later one, never offer what a spawn would not get). None: no job would make room;
+        a str: one would, not within the spawn's wait (why not); else the seconds the
+        spawn may wait for it (0: the cluster's engine preempts it)."""
+        victim = self._victim_for(caller, profile, overcommit, limit=FORM_VICTIMS)
+        if victim is None:
+            return None
+        if self.delegated:
+            return 0.0
+        return self._too_long(victim, wait_seconds) or float(self.preempt_grace)
+
+    def preempt_for_interactive(
+        self,
+        caller: Caller,
+        profile: Profile,
+        server_name: str,
+        wait_seconds: float | None,
+        overcommit: bool = True,
+    ) -> dict[str, Any] | str | None:
+        """The ledger's hook: free a slice for an interactive spawn, or None if no job can.
+
+        A job is only preempted when its grace period fits in the spawn's ``wait_seconds``:
+        a spawn that gives up first would have cost the job its work for nothing. Then the
+        answer is why not (a str). ``overcommit``: as the spawn is placed (False: in
+        full, as the Kubernetes and Slurm spawners ask)."""
+        key = (caller.user, server_name)
+        held = self.reservations.get(key)
+        if held is not None:
+            job = self.row(held.job_id)
+            if job is not None and job.state == "preempting":
+                return self._pending(job, "your server will start when it has checkpointed")
+        victim = self._victim_for(caller, profile, overcommit)
         if victim is None:
             return None
         if self.delegated:
             return self._engine_preempts(victim, caller, profile)
-        too_long = wait_seconds is not None and self.preempt_grace > wait_seconds
-        if victim.state != "preempting" and too_long:
-            return (
-                f"batch job {victim.id} could give its slice up, but it may take up to "
-                f"{self.preempt_grace:g} s to checkpoint and this spawn waits at most "
-                f"{wait_seconds:.0f} s (an admin can raise Spawner.start_timeout and "
-                "GPUSliceMixin.preempt_wait_timeout above JobManager.preempt_grace)"
-            )
+        why = self._too_long(victim, wait_seconds)
+        if why is not None:
+            return why
         if victim.state != "preempting":
             reason = f"{profile.name} needed by the interactive server of {caller.user}"
             self.preempt(victim.id, "scheduler", reason)

@@ -59,7 +59,7 @@ def start_jobs(app: GPUSliceService) -> JobManager:
     elif manager.runner_python:
         manager.backend = LocalBackend(python)
     app.ledger.preempt_hook = manager.preempt_for_interactive
-    app.ledger.preempt_grace = manager.preempt_grace
+    app.ledger.spawn_preemption = manager.spawn_preemption
     scheduler = Scheduler(manager, simulated=bool(app.inventory and app.inventory.simulated))
     scheduler.pass_seconds = pass_histogram(app.registry)
     manager.task = asyncio.ensure_future(scheduler.run_forever())

@@ -28,11 +28,17 @@ def pick_victim(
     below_rank: int,
     access: Access | None = None,
     request: Request | None = None,
+    limit: int | None = None,
 ) -> JobRow | None:
     """``candidates``: preemptible jobs holding slices (running or already preempting).
     ``access``: the pools the request may use (split pools): a victim must free room there.
     ``request``: what will be placed (a share charged less than ``profile`` promises, when
-    overcommitted; default: the profile's request)."""
+    overcommitted; default: the profile's request). ``limit``: look at the first ``limit``
+    candidates only, in the order a spawn looks at them (the spawn form's bounded look).
+
+    Asked when ``request`` fits nowhere as things stand (a spawn refused for capacity; a
+    profile the spawn form counts none of): a job's release can then only make room on the
+    hosts where it holds slices, so only those are placed on."""
     hosts, gpus, active = ledger.snapshot()
     eligible = [j for j in candidates if PRIORITY_CLASSES[j.priority_class] < below_rank]
     first = _in_first_pools(ledger, active, access)
@@ -47,12 +53,22 @@ def pick_victim(
             -(j.attempt_started_at.timestamp() if j.attempt_started_at else 0),
         )
     )
+    if limit is not None:
+        eligible = eligible[:limit]
     request = request or profile.request()
+    host_of = {a.id: a.host for a in active}
     for job in eligible:
-        freed = set(job.allocation_ids or [])
-        remaining = build_hosts(hosts, gpus, [a for a in active if a.id not in freed])
+        freed = {int(i) for i in job.allocation_ids or []}
+        where = {host_of[i] for i in freed if i in host_of}
+        if not where:
+            continue  # it holds nothing (any more): its release frees nothing
+        remaining = build_hosts(
+            [h for h in hosts if h.name in where],
+            [g for g in gpus if g.host in where],
+            [a for a in active if a.host in where and a.id not in freed],
+        )
         if not remaining:
-            return None
+            continue
         state = from_hosts(remaining)
         if access is not None:
             state = ledger._within(state, access.widest, None)

@@ -175,6 +175,7 @@ class AllocationMixin(CapacityMixin):
         wait_seconds: float | None = None,
         quiet: bool = False,
         purpose: str = "interactive",
+        overcommit: bool = True,
     ) -> NoReturn:
         """What follows a refusal of :meth:`try_allocate`: for an interactive spawn of a
         profile with ``preempt_batch``, ask ``preempt_hook`` to make room (``Pending``);
@@ -184,7 +185,7 @@ class AllocationMixin(CapacityMixin):
         if profile is None or e.code in ("unknown_profile", "bad_request"):
             raise refused  # a request that was never tried: nothing to record
         if e.code == "no_capacity" and purpose == "interactive" and profile.preempt_batch:
-            pending = self.preempt_hook(caller, profile, server_name, wait_seconds)
+            pending = self.preempt_hook(caller, profile, server_name, wait_seconds, overcommit)
             if isinstance(pending, str):
                 # a job could make room, not in time: the refusal says why not
                 e = Refused(e.code, f"{e.message}; {pending}", **e.detail)

@@ -82,12 +82,16 @@ class LedgerBase:
         # Set by the job manager: (caller, profile, server_name, wait_seconds) -> {"job_id",
         # "retry_after", "message"} when it starts preempting a batch job for this spawn; a
         # str when one could be preempted but not within the spawn's wait (why not); None.
+        # (the last argument: whether the spawn is placed overcommitted, as it asked)
         self.preempt_hook: Callable[
-            [Caller, Profile, str, float | None], dict[str, Any] | str | None
-        ] = lambda caller, profile, server_name, wait_seconds: None
-        # Set with the hook: how long a preempted job may take to give its slice up (the
-        # spawn form says a spawn may take a preemptible job's slice); None: no job manager
-        self.preempt_grace: float | None = None
+            [Caller, Profile, str, float | None, bool], dict[str, Any] | str | None
+        ] = lambda caller, profile, server_name, wait_seconds, overcommit: None
+        # Set with it: (caller, profile, overcommit, wait_seconds) -> what a spawn that finds
+        # none free would get by preemption (JobManager.spawn_preemption), for the spawn
+        # form; None: no job manager
+        self.spawn_preemption: (
+            Callable[[Caller, Profile, bool, float | None], float | str | None] | None
+        ) = None
         # Set by the job manager when an admin split the cluster (pools.py)
         self.pools: Pools | None = None
         # Replaced by the service when GPUSliceService.share_overcommit_ratio > 1
@@ -104,10 +108,6 @@ class LedgerBase:
         # per ledger state, then per set of pools counted in (None: all of them)
         self._capacity_cache: (
             tuple[tuple[int, Any], dict[frozenset[str] | None, dict[str, tuple[int, int]]]] | None
-        ) = None
-        # the pools without preemptible batch jobs' slices, per ledger state and pools
-        self._without_preemptible_cache: (
-            tuple[tuple[int, Any], dict[frozenset[str] | None, ClusterState | None]] | None
         ) = None
         # the pools with nothing held, per (inventory generation, drains ignored, pools)
         self._empty_cache: dict[

@@ -189,12 +189,18 @@ class CapacityMixin(LedgerBase):
             }
 
     def availability(
-        self, user: str, groups: Iterable[str], overcommit: bool = True
+        self,
+        user: str,
+        groups: Iterable[str],
+        overcommit: bool = True,
+        wait_seconds: float | None = None,
     ) -> list[dict[str, Any]]:
         """Every profile with free / total and, when it can't be had now, why not: for a
         server of this user, so in the pools a server of theirs may use (``overcommit``:
         as its allocations would be charged; False: in full, as a spawner that asks for
-        them so is given them). With reserved
+        them so is given them). A profile none of which is free is available when a spawn
+        would take a preemptible batch job's slice (``spawn_preemption``, within
+        ``wait_seconds``, the spawner's wait): ``from_batch``. With reserved
         pools, ``reserved_free`` says how many of the free ones are reserved for people, and
         ``batch_free`` / ``batch_total`` what a batch job may take at any hour (the peak
         pool: the submit dialog's figures)."""
@@ -223,13 +229,16 @@ class CapacityMixin(LedgerBase):
                 free, total = capacity[p.name]
                 reason = None
                 allowed = p.allowed_for(groups)
-                from_batch = 0
-                if free == 0 and allowed and p.preempt_batch and self.preempt_grace is not None:
-                    # a spawn takes a preemptible batch job's slice (after_refusal)
-                    request = charged.get(p.name) or p.request()
-                    from_batch = count_fits(request, self._without_preemptible(s, inv, widest))
+                # what a spawn that finds none free gets by preemption (after_refusal)
+                preempted: float | str | None = None
+                if free == 0 and allowed and p.preempt_batch and self.spawn_preemption:
+                    caller = Caller(user, groups, user)
+                    preempted = self.spawn_preemption(caller, p, overcommit, wait_seconds)
+                from_batch = isinstance(preempted, float)
                 if not allowed:
                     reason = "not allowed for your groups"
+                elif free == 0 and isinstance(preempted, str):
+                    reason = preempted
                 elif free == 0 and not from_batch:
                     reason = self._none_free(p, total, inv, widest, charged.get(p.name))
                 else:
@@ -240,35 +249,16 @@ class CapacityMixin(LedgerBase):
                 entry.update(
                     free=free, total=total, allowed=allowed, available=reason is None, reason=reason
                 )
-                if from_batch:
-                    # how many more a spawn gets by preempting, and how long that may take
-                    entry["from_batch"] = from_batch
-                    entry["from_batch_seconds"] = self.preempt_grace
+                if from_batch and reason is None:
+                    # a spawn takes a batch job's slice, waiting up to this for it
+                    entry["from_batch"] = True
+                    entry["from_batch_seconds"] = preempted
                 if reserved is not None:
                     entry["reserved_free"] = reserved[p.name][0]
                 if batch is not None:
                     entry["batch_free"], entry["batch_total"] = batch[p.name]
                 out.append(entry)
             return out
-
-    def _without_preemptible(
-        self, s: Session, inv: InventoryView, allowed: frozenset[str] | None
-    ) -> ClusterState | None:
-        """The ``allowed`` pools as they would be without the slices of preemptible batch
-        jobs (what an interactive spawn may take by preemption), kept until the ledger
-        changes (as ``_capacity``)."""
-        marker = (inv.generation, s.connection().execute(select(func.max(EVENTS.c.id))).scalar())
-        cached = self._without_preemptible_cache
-        if cached is None or cached[0] != marker:
-            cached = self._without_preemptible_cache = (marker, {})
-        if allowed not in cached[1]:
-            kept = [
-                a for a in self.active_cache.get(s) if not (a.purpose == "batch" and a.preemptible)
-            ]
-            hosts = build_hosts(inv.hosts, inv.gpus, kept)
-            state = from_hosts(hosts) if hosts else None
-            cached[1][allowed] = None if state is None else self._within(state, allowed, None)
-        return cached[1][allowed]
 
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
