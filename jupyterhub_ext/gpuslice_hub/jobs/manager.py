@@ -77,6 +77,14 @@ RUN_ORDER_COLUMNS = (JobRow.id, JobRow.state, JobRow.priority_class, JobRow.subm
 # The spawn form asks, for each profile none of which is free, whether a spawn would take a
 # preemptible job's slice: it looks at this many candidates (in the order a spawn does).
 FORM_VICTIMS = 16
+# What choosing a victim reads of a job (pick_victim, _too_long)
+VICTIM_COLUMNS = (
+    JobRow.id,
+    JobRow.state,
+    JobRow.priority_class,
+    JobRow.attempt_started_at,
+    JobRow.allocation_ids,
+)
 
 
 class JobManager(LoggingConfigurable):
@@ -664,17 +672,20 @@ class JobManager(LoggingConfigurable):
 
     def _victim_for(
         self, caller: Caller, profile: Profile, overcommit: bool, limit: int | None = None
-    ) -> JobRow | None:
+    ) -> Any:
         """The preemptible job whose slice a spawn of ``profile`` by ``caller`` would take
-        (``pick_victim``), or None. ``overcommit``: as the spawn is placed (False: in full)."""
+        (``pick_victim``), or None. ``overcommit``: as the spawn is placed (False: in full).
+        With ``limit`` (the spawn form's look) the candidates are rows of the columns the
+        choice reads, not ORM objects: the form asks at every look, and a backfilled
+        cluster runs thousands of them."""
+        preemptible = (JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible")
         with self.db.reading() as s:
-            candidates = list(
-                s.scalars(
-                    select(JobRow).where(
-                        JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible"
-                    )
-                )
-            )
+            candidates: list[Any]
+            if limit is None:
+                candidates = list(s.scalars(select(JobRow).where(*preemptible)))
+            else:
+                rows = s.connection().execute(select(*VICTIM_COLUMNS).where(*preemptible))
+                candidates = list(rows)
         request = (
             self.ledger.request_for(caller.user, profile, "interactive")
             if overcommit

@@ -8,7 +8,7 @@ since its last checkpoint at stake.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..clusterview import build_hosts
@@ -24,13 +24,15 @@ from .states import PRIORITY_CLASSES
 def pick_victim(
     ledger: Ledger,
     profile: Profile,
-    candidates: list[JobRow],
+    candidates: Sequence[Any],
     below_rank: int,
     access: Access | None = None,
     request: Request | None = None,
     limit: int | None = None,
-) -> JobRow | None:
-    """``candidates``: preemptible jobs holding slices (running or already preempting).
+) -> Any:
+    """``candidates``: preemptible jobs holding slices (running or already preempting), as
+    ``JobRow`` objects or rows of their ``id``, ``state``, ``priority_class``,
+    ``attempt_started_at`` and ``allocation_ids``; the one chosen is returned.
     ``access``: the pools the request may use (split pools): a victim must free room there.
     ``request``: what will be placed (a share charged less than ``profile`` promises, when
     overcommitted; default: the profile's request). ``limit``: look at the first ``limit``
