@@ -134,9 +134,9 @@ def test_a_profile_a_spawn_would_get_by_preemption_is_offered(make_ledger):
     asked: list[tuple] = []
     answer: float | str | None = None
 
-    def spawn_preemption(caller, profile, overcommit, wait_seconds):  # the job manager's
-        asked.append((caller.user, profile.name, overcommit, wait_seconds))
-        return answer
+    def spawn_preemption(caller, profiles, overcommit, wait_seconds):  # the job manager's
+        asked.extend((caller.user, p.name, overcommit, wait_seconds) for p in profiles)
+        return {p.name: answer for p in profiles}
 
     def mig() -> dict:
         listed = ledger.availability("ann", (), False, 90.0)

@@ -670,22 +670,29 @@ class JobManager(LoggingConfigurable):
         self.wake.set()
         return self.get(job_id) or {}
 
-    def _victim_for(
-        self, caller: Caller, profile: Profile, overcommit: bool, limit: int | None = None
-    ) -> Any:
-        """The preemptible job whose slice a spawn of ``profile`` by ``caller`` would take
-        (``pick_victim``), or None. ``overcommit``: as the spawn is placed (False: in full).
-        With ``limit`` (the spawn form's look) the candidates are rows of the columns the
-        choice reads, not ORM objects: the form asks at every look, and a backfilled
-        cluster runs thousands of them."""
+    def _candidates(self, light: bool) -> list[Any]:
+        """The preemptible jobs that hold (or are giving back) slices. ``light``: rows of
+        the columns choosing a victim reads, not ORM objects (the spawn form asks at every
+        look, and a backfilled cluster runs thousands of them)."""
         preemptible = (JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible")
         with self.db.reading() as s:
-            candidates: list[Any]
-            if limit is None:
-                candidates = list(s.scalars(select(JobRow).where(*preemptible)))
-            else:
-                rows = s.connection().execute(select(*VICTIM_COLUMNS).where(*preemptible))
-                candidates = list(rows)
+            if not light:
+                return list(s.scalars(select(JobRow).where(*preemptible)))
+            return list(s.connection().execute(select(*VICTIM_COLUMNS).where(*preemptible)))
+
+    def _victim_for(
+        self,
+        caller: Caller,
+        profile: Profile,
+        overcommit: bool,
+        limit: int | None = None,
+        candidates: list[Any] | None = None,
+    ) -> Any:
+        """The preemptible job whose slice a spawn of ``profile`` by ``caller`` would take
+        (``pick_victim``), or None. ``overcommit``: as the spawn is placed (False: in full);
+        ``limit``, ``candidates``: the spawn form's bounded look, at jobs it read once."""
+        if candidates is None:
+            candidates = self._candidates(light=False)
         request = (
             self.ledger.request_for(caller.user, profile, "interactive")
             if overcommit
@@ -717,20 +724,36 @@ class JobManager(LoggingConfigurable):
         )
 
     def spawn_preemption(
-        self, caller: Caller, profile: Profile, overcommit: bool, wait_seconds: float | None
-    ) -> float | str | None:
-        """For the spawn form (the ledger's ``spawn_preemption`` hook): what a spawn of
-        ``profile`` that finds none free would get, by the check ``preempt_for_interactive``
+        self,
+        caller: Caller,
+        profiles: list[Profile],
+        overcommit: bool,
+        wait_seconds: float | None,
+    ) -> dict[str, float | str | None]:
+        """For the spawn form (the ledger's ``spawn_preemption`` hook), per profile: what a
+        spawn of it that finds none free would get, by the check ``preempt_for_interactive``
         makes (on the first ``FORM_VICTIMS`` candidates: a bounded look that may miss a
         later one, never offer what a spawn would not get). None: no job would make room;
         a str: one would, not within the spawn's wait (why not); else the seconds the
-        spawn may wait for it (0: the cluster's engine preempts it)."""
-        victim = self._victim_for(caller, profile, overcommit, limit=FORM_VICTIMS)
-        if victim is None:
-            return None
-        if self.delegated:
-            return 0.0
-        return self._too_long(victim, wait_seconds) or float(self.preempt_grace)
+        spawn may wait for it (0: the cluster's engine preempts it). The jobs are read
+        once for all the profiles."""
+        candidates = self._candidates(light=True) if profiles else []
+        out: dict[str, float | str | None] = {}
+        for profile in profiles:
+            victim = (
+                self._victim_for(caller, profile, overcommit, FORM_VICTIMS, candidates)
+                if candidates
+                else None
+            )
+            if victim is None:
+                out[profile.name] = None
+            elif self.delegated:
+                out[profile.name] = 0.0
+            else:
+                out[profile.name] = self._too_long(victim, wait_seconds) or float(
+                    self.preempt_grace
+                )
+        return out
 
     def preempt_for_interactive(
         self,

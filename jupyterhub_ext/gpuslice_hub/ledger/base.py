@@ -86,11 +86,12 @@ class LedgerBase:
         self.preempt_hook: Callable[
             [Caller, Profile, str, float | None, bool], dict[str, Any] | str | None
         ] = lambda caller, profile, server_name, wait_seconds, overcommit: None
-        # Set with it: (caller, profile, overcommit, wait_seconds) -> what a spawn that finds
-        # none free would get by preemption (JobManager.spawn_preemption), for the spawn
-        # form; None: no job manager
+        # Set with it: (caller, profiles, overcommit, wait_seconds) -> for each profile, what
+        # a spawn that finds none free would get by preemption (JobManager.spawn_preemption),
+        # for the spawn form; None: no job manager
         self.spawn_preemption: (
-            Callable[[Caller, Profile, bool, float | None], float | str | None] | None
+            Callable[[Caller, list[Profile], bool, float | None], dict[str, float | str | None]]
+            | None
         ) = None
         # Set by the job manager when an admin split the cluster (pools.py)
         self.pools: Pools | None = None

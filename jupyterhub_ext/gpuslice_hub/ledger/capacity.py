@@ -223,17 +223,24 @@ class CapacityMixin(LedgerBase):
                 # the counts for this user, charged from their history
                 charged = self._charged_requests(s, user)
                 capacity = {**capacity, **self._charged_capacity(s, inv, charged, widest)}
+            # what a spawn that finds none free gets by preemption (after_refusal), asked
+            # once for every such profile
+            full = [
+                p
+                for p in self.profiles.values()
+                if capacity[p.name][0] == 0 and p.allowed_for(groups) and p.preempt_batch
+            ]
+            by_preemption: dict[str, float | str | None] = {}
+            if full and self.spawn_preemption is not None:
+                caller = Caller(user, groups, user)
+                by_preemption = self.spawn_preemption(caller, full, overcommit, wait_seconds)
             out = []
             for p in self.profiles.values():
                 entry = p.to_json()
                 free, total = capacity[p.name]
                 reason = None
                 allowed = p.allowed_for(groups)
-                # what a spawn that finds none free gets by preemption (after_refusal)
-                preempted: float | str | None = None
-                if free == 0 and allowed and p.preempt_batch and self.spawn_preemption:
-                    caller = Caller(user, groups, user)
-                    preempted = self.spawn_preemption(caller, p, overcommit, wait_seconds)
+                preempted = by_preemption.get(p.name)
                 from_batch = isinstance(preempted, float)
                 if not allowed:
                     reason = "not allowed for your groups"
