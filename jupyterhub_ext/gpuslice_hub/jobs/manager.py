@@ -733,10 +733,10 @@ class JobManager(LoggingConfigurable):
         """For the spawn form (the ledger's ``spawn_preemption`` hook), per profile: what a
         spawn of it that finds none free would get, by the check ``preempt_for_interactive``
         makes (on the first ``FORM_VICTIMS`` candidates: a bounded look that may miss a
-        later one, never offer what a spawn would not get). None: no job would make room;
-        a str: one would, not within the spawn's wait (why not); else the seconds the
-        spawn may wait for it (0: the cluster's engine preempts it). The jobs are read
-        once for all the profiles."""
+        later one; what it finds, a spawn made at that moment would find too). None: no
+        job would make room; a str: one would, not within the spawn's wait (why not); else
+        the seconds the spawn may wait for it (0: the cluster's engine preempts it). The
+        jobs are read once for all the profiles."""
         candidates = self._candidates(light=True) if profiles else []
         out: dict[str, float | str | None] = {}
         for profile in profiles:
