@@ -1056,11 +1056,11 @@ class UpgradeDB(Application):
         db = open_database(service.db_url)
         try:
             # never under a running service (db/owner.py): it waits for no one
-            let_go = hold_ledger(db, safe_url(service.db_url), wait=0)
+            hold = hold_ledger(db, safe_url(service.db_url), wait=0)
             try:
                 upgrade(db)
             finally:
-                let_go()
+                hold.let_go()
         finally:
             db.dispose()
         service.log.info("database %s is at the newest schema", safe_url(service.db_url))

@@ -81,7 +81,7 @@ def render_form(
         memory = "" if "memory cap" in description else _memory(p)
         available = bool(p.get("available"))
         status = f"{p.get('free', 0)} of {p.get('total', 0)} free"
-        if available and not p.get("free") and p.get("from_batch"):
+        if p.get("from_batch"):  # (only ever with none free, and available)
             status += ", one from a batch job"
         rows.append(
             {
@@ -110,7 +110,7 @@ def render_form(
 
 def _from_batch(profile: dict[str, Any]) -> str:
     """When none is free but preemptible batch jobs hold some: what a spawn then waits for."""
-    if profile.get("free") or not profile.get("from_batch") or not profile.get("available"):
+    if not profile.get("from_batch"):
         return ""
     seconds = profile.get("from_batch_seconds")
     if not seconds:  # the cluster's engine preempts the job: the server starts meanwhile

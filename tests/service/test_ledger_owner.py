@@ -26,12 +26,12 @@ OTHER = textwrap.dedent(
     from gpuslice_hub.db.owner import LedgerInUse, hold_ledger
     db = open_database(sys.argv[1])
     try:
-        let_go = hold_ledger(db, "the ledger", wait=float(sys.argv[2]))
+        hold = hold_ledger(db, "the ledger", wait=float(sys.argv[2]))
     except LedgerInUse as e:
         print("refused:", e)
     else:
         print("held")
-        let_go()
+        hold.let_go()
     db.dispose()
     """
 )
@@ -50,7 +50,7 @@ def other_process(url: str, wait: float) -> str:
 
 def test_a_second_process_waits_for_the_ledger_then_is_refused(db_url):
     db = open_database(db_url)
-    let_go = hold_ledger(db, safe_url(db_url), wait=0)
+    held = hold_ledger(db, safe_url(db_url), wait=0)
     try:
         answer = other_process(db_url, 0.5)
         assert answer.startswith("refused: another gpuslice service")
@@ -58,7 +58,7 @@ def test_a_second_process_waits_for_the_ledger_then_is_refused(db_url):
         if db_url.startswith("sqlite"):
             assert f"process {os.getpid()}" in answer  # who holds it
     finally:
-        let_go()
+        held.let_go()
     assert other_process(db_url, 0) == "held"  # let go: the next one gets it at once
     db.dispose()
 
@@ -66,11 +66,11 @@ def test_a_second_process_waits_for_the_ledger_then_is_refused(db_url):
 def test_the_same_process_cannot_hold_one_ledger_twice_either(tmp_path):
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     db = open_database(url)
-    let_go = hold_ledger(db, url, wait=0)
+    held = hold_ledger(db, url, wait=0)
     with pytest.raises(LedgerInUse):
         hold_ledger(open_database(url), url, wait=0)
-    let_go()
-    hold_ledger(open_database(url), url, wait=0)()
+    held.let_go()
+    hold_ledger(open_database(url), url, wait=0).let_go()
 
 
 def service_config(tmp_path: Path, url: str) -> Path:
@@ -89,7 +89,7 @@ def test_the_service_refuses_to_start_on_a_ledger_another_service_holds(tmp_path
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     config = service_config(tmp_path, url)
     db = open_database(url)
-    let_go = hold_ledger(db, url, wait=0)
+    held = hold_ledger(db, url, wait=0)
     start = textwrap.dedent(
         """
         import sys
@@ -108,7 +108,7 @@ def test_the_service_refuses_to_start_on_a_ledger_another_service_holds(tmp_path
             env={**os.environ, "JUPYTERHUB_API_TOKEN": "unused", "JUPYTERHUB_SERVICE_NAME": "x"},
         )
     finally:
-        let_go()
+        held.let_go()
     assert done.returncode == 1, done.stderr[-2000:]
     assert "gpuslice: another gpuslice service" in done.stderr
     assert "upgrade" not in done.stderr  # refused before the schema was looked at
@@ -118,7 +118,7 @@ def test_upgrade_db_refuses_at_once_under_a_running_service(tmp_path):
     url = f"sqlite:///{tmp_path}/ledger.sqlite"
     config = service_config(tmp_path, url)
     db = open_database(url)
-    let_go = hold_ledger(db, url, wait=0)  # as the running service holds it
+    held = hold_ledger(db, url, wait=0)  # as the running service holds it
     try:
         done = subprocess.run(
             [sys.executable, "-m", "gpuslice_hub.app", "upgrade-db", "--config", str(config)],
@@ -127,7 +127,7 @@ def test_upgrade_db_refuses_at_once_under_a_running_service(tmp_path):
             timeout=60,
         )
     finally:
-        let_go()
+        held.let_go()
     assert done.returncode == 1, done.stderr[-2000:]
     assert "gpuslice: another gpuslice service" in done.stderr
     with db.reading() as s:  # nothing was migrated

@@ -87,9 +87,6 @@ class LedgerHold:
                 self._let_go = True
                 self._release()
 
-    def __call__(self) -> None:
-        self.let_go()
-
     def _check(self) -> str | None:
         raise NotImplementedError
 
@@ -108,7 +105,7 @@ class _NoHold(LedgerHold):
 
 
 def hold_ledger(db: Database, shown_url: str, wait: float | None = None) -> LedgerHold:
-    """Take this process's hold on ``db``; calling what it returns lets it go. Raises
+    """Take this process's hold on ``db`` (``let_go`` of what it returns lets it go). Raises
     ``LedgerInUse`` when another process still holds it after ``wait`` seconds
     (``WAIT_SECONDS``). ``shown_url``: the ledger's URL as messages may show it (without a
     password)."""

@@ -693,11 +693,7 @@ class JobManager(LoggingConfigurable):
         ``limit``, ``candidates``: the spawn form's bounded look, at jobs it read once."""
         if candidates is None:
             candidates = self._candidates(light=False)
-        request = (
-            self.ledger.request_for(caller.user, profile, "interactive")
-            if overcommit
-            else profile.request()
-        )
+        request = self.ledger.request_for(caller.user, profile, "interactive", overcommit)
         return pick_victim(
             self.ledger,
             profile,

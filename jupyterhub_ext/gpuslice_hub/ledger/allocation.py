@@ -416,11 +416,14 @@ class AllocationMixin(CapacityMixin):
         self.active_cache.wrote(s).states[alloc_id] = view
         return view
 
-    def request_for(self, user: str, profile: Profile, purpose: str) -> Request:
+    def request_for(
+        self, user: str, profile: Profile, purpose: str, overcommit: bool = True
+    ) -> Request:
         """What a slice of ``profile`` for ``user``'s ``purpose`` is placed as (a share may
-        be charged less than it promises: overcommit.py); for preemption and moves, which
-        must make room for what will be placed."""
-        if not self.overcommit.settings.on:
+        be charged less than it promises: overcommit.py; not when asked with
+        ``overcommit=False``); for preemption and moves, which must make room for what
+        will be placed."""
+        if not (overcommit and self.overcommit.settings.on):
             return profile.request()
         with self.db.reading() as s:
             return self.overcommit.request_for(s, user, profile, purpose)
