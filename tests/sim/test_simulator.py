@@ -3,10 +3,12 @@ out in the comment next to it, from the workload and the documented behaviour.""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+from benchmarks.sim import engine
 from benchmarks.sim.engine import Settings, Simulation
 from benchmarks.sim.measure import summary
 from benchmarks.sim.policies import POLICIES
@@ -264,3 +266,21 @@ def test_a_run_removes_the_folder_it_made_and_keeps_one_it_was_given(tmp_path: P
     given.mkdir()
     Simulation(w, POLICIES["4"], ONE_HOST, seed=3, folder=given).run()
     assert (given / "ledger.sqlite").is_file()
+
+
+def test_a_run_makes_its_folder_in_memory_only_where_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(engine, "RAM_FOLDER", str(tmp_path))
+    monkeypatch.delenv("TMPDIR", raising=False)
+    monkeypatch.setattr(engine, "RAM_FOLDER_FREE", 1)
+    assert engine.scratch() == str(tmp_path)
+    # TMPDIR is the user's word on where temporary files go
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "elsewhere"))
+    assert engine.scratch() is None
+    monkeypatch.delenv("TMPDIR")
+    monkeypatch.setattr(engine, "RAM_FOLDER_FREE", shutil.disk_usage(tmp_path).free + (1 << 40))
+    assert engine.scratch() is None
+    monkeypatch.setattr(engine, "RAM_FOLDER", str(tmp_path / "missing"))
+    monkeypatch.setattr(engine, "RAM_FOLDER_FREE", 1)
+    assert engine.scratch() is None
