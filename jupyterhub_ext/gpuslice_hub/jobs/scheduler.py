@@ -38,7 +38,7 @@ from .refusals import KeptRefusals
 from .row_cache import RowCache
 from .runner_files import RunnerFiles
 from .runner_state import ATTEMPT_ID
-from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
+from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, advance, transition
 from .victims import pick_victim
 
 JOBS = cast(Table, JobRow.__table__)
@@ -236,26 +236,43 @@ class Scheduler:
             self._quiet[job.id] = (job, runner, self._quiet_until(job, runner, now))
             return
         self._quiet.pop(job.id, None)
+        if not (over_time and job.state in ("running", "preempting")):
+            self._record_progress(job, runner)
+            self._grace_over(job, now, deadline)
+            return
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != job.state:
                 return
             _copy_progress(row, runner)
-            if row.state == "starting" and self._this_attempt(row, runner, "running"):
-                transition(s, row, "running", f"runner started (attempt {runner.get('attempt')})")
-            timed_out = over_time and row.state in ("running", "preempting")
-            allocs: list[int] = []
-            if timed_out:
-                transition(s, row, "timed-out", f"ran past its max runtime {job.max_runtime:g}s")
-                row.run_seconds += self._attempt_seconds(job, now)
-                allocs, row.allocation_ids = list(row.allocation_ids or []), []
-        if timed_out:
-            # (a run in a burst partition, or one the ledger could not record, holds no
-            # allocation here but runs all the same)
-            self.jobs.backend.kill(job.backend_ref or {})
-            self.jobs.release(allocs, f"job {job.id} timed out")
-            return
-        self._grace_over(job, now, deadline)
+            transition(s, row, "timed-out", f"ran past its max runtime {job.max_runtime:g}s")
+            row.run_seconds += self._attempt_seconds(job, now)
+            allocs, row.allocation_ids = list(row.allocation_ids or []), []
+        # (a run in a burst partition, or one the ledger could not record, holds no
+        # allocation here but runs all the same)
+        self.jobs.backend.kill(job.backend_ref or {})
+        self.jobs.release(allocs, f"job {job.id} timed out")
+
+    def _record_progress(self, job: JobRow, runner: dict[str, Any]) -> None:
+        """Write what the runner says of its progress, and that it runs when it says so,
+        in statements (no ORM object: they are most of a pass's writes)."""
+        with self.jobs.db.writing() as s:
+            if job.state == "starting" and self._this_attempt(job, runner, "running"):
+
+                def progress(row: Any) -> dict[str, Any] | None:
+                    running = self._this_attempt(row, runner, "running")
+                    return _progress_fields(row, runner) if running else None
+
+                said = f"runner started (attempt {runner.get('attempt')})"
+                if advance(s, job, "running", said, progress):
+                    return
+            fields = _progress_fields(job, runner)
+            if fields:  # (only where it is still in the state it was seen in)
+                s.execute(
+                    update(JOBS)
+                    .where(JOBS.c.id == job.id, JOBS.c.state == job.state)
+                    .values(fields)
+                )
 
     def _quiet_until(self, job: JobRow, runner: dict[str, Any], now: datetime) -> datetime:
         """Until when ``_progress`` of this same row and claims has nothing to write: its
@@ -324,6 +341,20 @@ class Scheduler:
         (Slurm): a job put back in the queue is handed to the backend afresh."""
         code = status.exit_code
         attempt = self._attempt_seconds(job, now)
+        allocs: list[int] = []
+        if code == EXIT_COMPLETED:  # (most runs: in statements, see ``advance``)
+
+            def ending(row: Any) -> dict[str, Any]:
+                allocs[:] = row.allocation_ids or []
+                fields = _progress_fields(row, runner)
+                return {**fields, "run_seconds": row.run_seconds + attempt, "allocation_ids": []}
+
+            with self.jobs.db.writing() as s:
+                if not advance(s, job, "completed", "all cells ran", ending):
+                    return
+            self.jobs.release(allocs, f"job {job.id} stopped")
+            self.jobs.wake.set()
+            return
         with self.jobs.db.writing() as s:
             row = s.get(JobRow, job.id)
             if row is None or row.state != job.state:
@@ -331,9 +362,7 @@ class Scheduler:
             _copy_progress(row, runner)
             row.run_seconds += attempt
             allocs, row.allocation_ids = list(row.allocation_ids or []), []
-            if code == EXIT_COMPLETED:
-                transition(s, row, "completed", "all cells ran")
-            elif code == EXIT_FAILED:
+            if code == EXIT_FAILED:
                 row.error = str(runner.get("error") or "the runner exited with status 1")
                 transition(s, row, "failed", row.error)
             elif code == EXIT_PREEMPTED or row.state == "preempting" or outside:
@@ -826,19 +855,22 @@ class Scheduler:
         # Names this start: the runner writes it into its state, so a state.json left by an
         # earlier attempt (a crashed runner's "running") is never taken for this one's.
         attempt = env[ATTEMPT_ID] = secrets.token_hex(8)
+        where = ", ".join(f"{g['host']}:{_devices(g)}" for g in grants)
+
+        def placed(row: Any) -> dict[str, Any]:
+            return {
+                "allocation_ids": [g["id"] for g in grants],
+                "attempt_started_at": now,
+                "started_at": row.started_at or now,
+                "waiting_reason": None,
+                "not_before": None,
+            }
+
         with self.jobs.db.writing() as s:
-            row = s.get(JobRow, job.id)
-            if row is None or row.state != "queued":
-                row = None
-            else:
-                where = ", ".join(f"{g['host']}:{_devices(g)}" for g in grants)
-                transition(s, row, "starting", f"placed on {where}")
-                row.allocation_ids = [g["id"] for g in grants]
-                row.attempt_started_at = now
-                row.started_at = row.started_at or now
-                row.waiting_reason = None
-                row.not_before = None
-        if row is None:  # cancelled meanwhile
+            started = job.state == "queued" and advance(
+                s, job, "starting", f"placed on {where}", placed
+            )
+        if not started:  # cancelled meanwhile
             self.jobs.release([g["id"] for g in grants], f"job {job.id} no longer queued")
             return
         try:
@@ -855,14 +887,16 @@ class Scheduler:
             self.log.exception("job %s: backend %s failed to start it", job.id, job.backend)
             self._fail(job, f"the {job.backend} backend could not start the job: {e}", grants)
             return
+        if ref.get("resume"):
+            # the backend runs the same submission again (Slurm's own requeue): its runner
+            # has the attempt id it was submitted with
+            attempt = (job.backend_ref or {}).get("attempt_id", attempt)
         with self.jobs.db.writing() as s:
-            row = s.get(JobRow, job.id)
-            if row is not None:
-                if ref.get("resume"):
-                    # the backend runs the same submission again (Slurm's own requeue): its
-                    # runner has the attempt id it was submitted with
-                    attempt = (job.backend_ref or {}).get("attempt_id", attempt)
-                row.backend_ref = {**ref, "attempt_id": attempt}
+            s.execute(
+                update(JOBS)
+                .where(JOBS.c.id == job.id)
+                .values(backend_ref={**ref, "attempt_id": attempt})
+            )
 
     def _fail(self, job: Any, error: str, grants: list[dict[str, Any]]) -> None:
         with self.jobs.db.writing() as s:
