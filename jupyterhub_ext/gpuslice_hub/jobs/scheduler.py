@@ -31,6 +31,7 @@ from .accounts import Account, AccountError, job_environment
 from .backends.base import PlacedBackend, RunStatus
 from .defrag import MOVABLE_STATES, Move, MoveBudget, plan_move
 from .delegated import DelegatedPass
+from .job_writes import write_job
 from .manager import JobManager
 from .ordering import queue_order
 from .queue_cache import NEWEST_TRANSITION, QueueCache
@@ -268,11 +269,7 @@ class Scheduler:
                     return
             fields = _progress_fields(job, runner)
             if fields:  # (only where it is still in the state it was seen in)
-                s.execute(
-                    update(JOBS)
-                    .where(JOBS.c.id == job.id, JOBS.c.state == job.state)
-                    .values(fields)
-                )
+                write_job(s.connection(), job.id, fields, state=job.state)
 
     def _quiet_until(self, job: JobRow, runner: dict[str, Any], now: datetime) -> datetime:
         """Until when ``_progress`` of this same row and claims has nothing to write: its
@@ -892,11 +889,7 @@ class Scheduler:
             # has the attempt id it was submitted with
             attempt = (job.backend_ref or {}).get("attempt_id", attempt)
         with self.jobs.db.writing() as s:
-            s.execute(
-                update(JOBS)
-                .where(JOBS.c.id == job.id)
-                .values(backend_ref={**ref, "attempt_id": attempt})
-            )
+            write_job(s.connection(), job.id, {"backend_ref": {**ref, "attempt_id": attempt}})
 
     def _fail(self, job: Any, error: str, grants: list[dict[str, Any]]) -> None:
         with self.jobs.db.writing() as s:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, insert, inspect, update
+from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
 from gpuslice.vocab import ACTIVE_JOB_STATES as ACTIVE
@@ -20,10 +20,9 @@ from gpuslice.vocab import TERMINAL_JOB_STATES as TERMINAL
 
 from ..db.jobs_models import JobRow, JobTransitionRow
 from ..db.models import utcnow
+from .job_writes import record_transition, write_job
 
 __all__ = ["ACTIVE", "ALLOWED", "PRIORITY_CLASSES", "TERMINAL", "advance", "transition"]
-JOBS = cast(Table, JobRow.__table__)
-TRANSITIONS = cast(Table, JobTransitionRow.__table__)
 ALLOWED: dict[str, frozenset[str]] = {
     "queued": frozenset({"starting", "cancelled", "failed"}),
     "starting": frozenset({"running", "queued", "completed", "failed", "cancelled", "preempting"}),
@@ -106,17 +105,9 @@ def advance(
         moved = _moved(seen, state, now)
         if moved.keys() & fields.keys():
             raise ValueError(f"a transition sets {sorted(moved.keys() & fields.keys())} itself")
-        done = s.execute(
-            update(JOBS)
-            .where(JOBS.c.id == seen.id, JOBS.c.revision == seen.revision)
-            .values(**fields, **moved)
-        )
-        if done.rowcount == 1:  # type: ignore[attr-defined]
-            s.execute(
-                insert(TRANSITIONS).values(
-                    job_id=seen.id, from_state=seen.state, state=state, at=now, reason=reason[:1024]
-                )
-            )
+        conn = s.connection()
+        if write_job(conn, seen.id, {**fields, **moved}, revision=seen.revision):
+            record_transition(conn, seen.id, seen.state, state, now, reason)
             return True
     row = s.get(JobRow, seen.id)
     if row is None or row.state != seen.state:
