@@ -104,6 +104,13 @@ class Quotas:
     users: Mapping[str, Limit] = field(default_factory=dict)
     groups: Mapping[str, Limit] = field(default_factory=dict)
 
+    @property
+    def bounded(self) -> bool:
+        """Whether any limit here could refuse a request: only then does what one user
+        holds change the answer to another request."""
+        limits = [self.default_user, *self.users.values(), *self.groups.values()]
+        return any(limit is not None and not limit.unbounded for limit in limits)
+
     def check(self, user: str, groups: Iterable[str], want: Usage, held: Held) -> Charge | str:
         """The group to charge, or the reason the request is over quota."""
         by_user, by_group = held.users.get(user, Usage()), held.groups

@@ -58,10 +58,16 @@ def hosts(n: int) -> list[dict]:
     ]
 
 
-def full_cluster(folder: Path, n_hosts: int, policy: str = "best-fit") -> tuple[Ledger, Scheduler]:
+def full_cluster(
+    folder: Path, n_hosts: int, policy: str = "best-fit", quotas: dict | None = None
+) -> tuple[Ledger, Scheduler]:
     """``n_hosts`` x 8 GPUs, each held by an interactive server."""
     ledger = build_ledger(
-        f"sqlite:///{folder}/ledger.sqlite", profiles=PROFILES, hosts=hosts(n_hosts), policy=policy
+        f"sqlite:///{folder}/ledger.sqlite",
+        profiles=PROFILES,
+        quotas=quotas,
+        hosts=hosts(n_hosts),
+        policy=policy,
     )
     for i in range(n_hosts * 8):
         ledger.allocate(Caller(f"u{i}", (), f"u{i}"), "gpu-1", "", learn=False)

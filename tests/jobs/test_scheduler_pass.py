@@ -231,3 +231,37 @@ def test_a_refused_shape_is_tried_again_only_once_capacity_could_be_free(tmp_pat
     ledger.release(2, "test", "freed")
     scheduler.tick(now + timedelta(seconds=FULL_PASS_SECONDS + 4))
     assert waiting(ledger)[1][0] == "starting"
+
+
+@pytest.mark.parametrize("quota", [False, True], ids=["no-quota", "a-quota"])
+def test_an_allocation_keeps_a_capacity_refusal_unless_a_quota_bounds_anyone(tmp_path, quota):
+    """An allocation only takes capacity: a job refused for lack of it would be refused
+    again, and is not tried. Where any quota limits anyone, an allocation moves its holder's
+    standing, which is checked first: then it is tried again."""
+    from datetime import timedelta
+
+    from gpuslice_hub.db.models import utcnow
+    from gpuslice_hub.ledger import Caller
+    from tests.jobs.full_cluster import insert_queued
+
+    quotas = {"users": {"someone-else": {"max_slices": 4}}} if quota else None
+    ledger, scheduler = full_cluster(tmp_path, 1, quotas=quotas)
+    ledger.release(1, "test", "freed")  # one GPU free: room for no gpu-2
+    (job,) = insert_queued(ledger.db, tmp_path, [("r1", "gpu-2", "preemptible")])
+    calls = count_allocate_calls(ledger)
+    now = utcnow()
+    scheduler.tick(now)
+    assert calls == ["gpu-2"]
+    refused = waiting(ledger)[job]
+    assert refused[0] == "queued" and refused[1].startswith("No gpu-2 free")
+
+    ledger.allocate(Caller("zoe", (), "zoe"), "share-250", "")  # takes part of the free GPU
+    calls.clear()
+    scheduler.tick(now + timedelta(seconds=1))
+    assert calls == (["gpu-2"] if quota else [])
+    assert waiting(ledger)[job] == refused  # and the same answer either way
+
+    calls.clear()
+    ledger.release(9, "test", "freed")  # zoe's share back: capacity may be free
+    scheduler.tick(now + timedelta(seconds=2))
+    assert calls == ["gpu-2"]

@@ -7,8 +7,9 @@ job submitted, a spawn refused. Every write that could change the answer (an all
 or a release, a drain, a host added, an admin's setting or quota) records an event of
 another kind than "refused", or moves the inventory's generation, in its transaction and
 under the ledger lock (``ledger/``), so events commit in id order. A refusal for lack of
-capacity, given to one user's job of one shape, therefore stands until such an event or
-generation is seen, and the pass tells the job the reason it was given instead of trying
+capacity, given to one user's job of one shape, therefore stands until such an event (where
+no quota bounds anyone, an allocation is none: see ``UNCHANGING_UNBOUNDED``) or generation is
+seen, and the pass tells the job the reason it was given instead of trying
 again. Whatever happens, a refusal is kept for at most ``max_age``: the safety net for a
 change that wrote no event.
 """
@@ -24,20 +25,29 @@ from sqlalchemy import bindparam, select
 from ..db.models import EventRow
 from ..errors import Refused
 
-# events after which every allocation would be answered as before (a refusal writes only
-# its event)
+# events after which every allocation would be answered as before: a refusal writes only
+# its event. Nor does an allocation make room for another: it only takes capacity (a
+# release, its own event, gives it back), and a queued job's refusal names no count it
+# changes (``ledger/capacity.py``). But where quotas bound anyone, it moves its holder's and
+# groups' standing, which decides before capacity does: then it counts as a change.
 UNCHANGING = frozenset({"refused"})
+UNCHANGING_UNBOUNDED = frozenset({"refused", "allocated"})
 
-# one event between two states that may have changed an answer, if any
-_CHANGING_BETWEEN = (
-    select(EventRow.id)
-    .where(
-        EventRow.id > bindparam("after"),
-        EventRow.id <= bindparam("upto"),
-        EventRow.kind.not_in(UNCHANGING),
+
+def _changing_between(unchanging: frozenset[str]) -> Any:
+    """One event between two states that may have changed an answer, if any."""
+    return (
+        select(EventRow.id)
+        .where(
+            EventRow.id > bindparam("after"),
+            EventRow.id <= bindparam("upto"),
+            EventRow.kind.not_in(sorted(unchanging)),
+        )
+        .limit(1)
     )
-    .limit(1)
-)
+
+
+_CHANGING_BETWEEN = {k: _changing_between(k) for k in (UNCHANGING, UNCHANGING_UNBOUNDED)}
 
 
 class KeptRefusals:
@@ -48,11 +58,19 @@ class KeptRefusals:
         self._seen: tuple[int, int] | None = None
         self._since: datetime | None = None  # the check the oldest kept one followed
 
-    def check(self, conn: Any, newest_event: int | None, generation: int, now: datetime) -> None:
+    def check(
+        self,
+        conn: Any,
+        newest_event: int | None,
+        generation: int,
+        now: datetime,
+        quotas_bound: bool = True,
+    ) -> None:
         """Before a pass tries the queue, against the state it read (``newest_event``,
         ``generation``): forget every refusal that what happened since could undo, and
         all of them past ``max_age``. A write that lands after that state is seen by the
-        next pass's check."""
+        next pass's check. ``quotas_bound``: whether any quota limits anyone (then an
+        allocation may change an answer)."""
         newest = int(newest_event or 0)
         seen = self._seen
         if self._kept:
@@ -65,7 +83,10 @@ class KeptRefusals:
             ):
                 self.forget()
             elif newest > seen[0]:
-                changing = conn.execute(_CHANGING_BETWEEN, {"after": seen[0], "upto": newest})
+                unchanging = UNCHANGING if quotas_bound else UNCHANGING_UNBOUNDED
+                changing = conn.execute(
+                    _CHANGING_BETWEEN[unchanging], {"after": seen[0], "upto": newest}
+                )
                 if changing.first() is not None:
                     self.forget()
         if not self._kept:

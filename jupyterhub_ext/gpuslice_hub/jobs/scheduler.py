@@ -187,7 +187,8 @@ class Scheduler:
             )
             if marker == self._marker and not due and not stale:
                 return None
-            self.refusals.check(conn, marker[0], marker[2], now)
+            bound = self.jobs.ledger.effective_quotas(s).bounded
+            self.refusals.check(conn, marker[0], marker[2], now, quotas_bound=bound)
         # read before the pass: what it writes itself makes the next pass look again
         return marker
 
