@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import selectinload
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
@@ -70,6 +70,8 @@ class Reservation:
     expires: datetime
 
 
+# A job's whole row, without its history (JobManager.current)
+CURRENT_ROW = select(*cast(Table, JobRow.__table__).c).where(JobRow.id == bindparam("job_id"))
 # What run order reads of every listed job (the full row only for the page shown).
 RUN_ORDER_COLUMNS = (JobRow.id, JobRow.state, JobRow.priority_class, JobRow.submitted_at)
 
@@ -591,6 +593,12 @@ class JobManager(LoggingConfigurable):
         path = {"ipynb": jd.output_path, "html": jd.html_path}[kind]
         return jd.read(path.name, max_bytes)
 
+    def current(self, job_id: int) -> Any:
+        """The job's whole row as it is now, or None: a row, not an ORM object, and without
+        its history (``row`` loads that too, which the scheduler never needs)."""
+        with self.db.reading() as s:
+            return s.connection().execute(CURRENT_ROW, {"job_id": job_id}).first()
+
     def row(self, job_id: int) -> JobRow | None:
         """The job's row, its history loaded (it is read after the session closes)."""
         with self.db.reading() as s:
@@ -768,7 +776,7 @@ class JobManager(LoggingConfigurable):
         key = (caller.user, server_name)
         held = self.reservations.get(key)
         if held is not None:
-            job = self.row(held.job_id)
+            job = self.current(held.job_id)
             if job is not None and job.state == "preempting":
                 return self._pending(job, "your server will start when it has checkpointed")
         victim = self._victim_for(caller, profile, overcommit)
@@ -782,7 +790,7 @@ class JobManager(LoggingConfigurable):
         if victim.state != "preempting":
             reason = f"{profile.name} needed by the interactive server of {caller.user}"
             self.preempt(victim.id, "scheduler", reason)
-        job = self.row(victim.id)
+        job = self.current(victim.id)
         assert job is not None
         deadline = job.preempt_deadline or utcnow()
         self.reservations[key] = Reservation(job.id, profile.name, deadline + timedelta(seconds=30))
@@ -825,7 +833,7 @@ class JobManager(LoggingConfigurable):
             ),
         }
 
-    def _pending(self, job: JobRow, what: str) -> dict[str, Any]:
+    def _pending(self, job: Any, what: str) -> dict[str, Any]:
         left = ((job.preempt_deadline or utcnow()) - utcnow()).total_seconds()
         return {
             "job_id": job.id,

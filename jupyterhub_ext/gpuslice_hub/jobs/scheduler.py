@@ -46,7 +46,11 @@ JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
 FULL_PASS_SECONDS = 60.0
 NEWEST_EVENT = select(func.max(EventRow.id))
-ROW = select(JOBS).where(JOBS.c.id == bindparam("job_id"))
+WAITING_REASON = (
+    update(JOBS)
+    .where(JOBS.c.id == bindparam("job_id"), JOBS.c.state == "queued")
+    .values(waiting_reason=bindparam("reason"))
+)
 # A job no move was found for is looked at again after this long (a plan looks at every
 # host with preemptible jobs: not on every pass)
 DEFRAG_RETRY = timedelta(minutes=5)
@@ -160,12 +164,6 @@ class Scheduler:
         if len(self._quiet) > len(active):
             ids = {job.id for job in active}
             self._quiet = {i: q for i, q in self._quiet.items() if i in ids}
-
-    def _row(self, job_id: int) -> Any:
-        """A job's whole row as it is now, or None: a row, not an ORM object, and without
-        its history (``JobManager.row`` loads that too, which a pass never needs)."""
-        with self.jobs.db.reading() as s:
-            return s.connection().execute(ROW, {"job_id": job_id}).first()
 
     def _queue_may_move(self, now: datetime) -> tuple[Any, ...] | None:
         """The state to try the queue against, or None when trying it again could start or
@@ -494,19 +492,21 @@ class Scheduler:
         must queued jobs wait: while the preempted job still checkpoints, its slice is not
         free, and other jobs may take other free capacity."""
         for res in list(self.jobs.reservations.values()):
-            row = self._row(res.job_id)
+            row = self.jobs.current(res.job_id)
             if row is None or row.state not in ACTIVE:
                 return True
         return False
 
     def _expire_reservations(self, now: datetime) -> None:
+        """Forget the reservations of servers that got their slice, and those past their
+        time."""
+        if not self.jobs.reservations:
+            return
+        # (the ledger's kept active allocations: not a query of each user's allocations)
+        _hosts, _gpus, active = self.jobs.ledger.snapshot()
+        served = {(a.user, a.server_name) for a in active if a.purpose == "interactive"}
         for key, res in list(self.jobs.reservations.items()):
-            user, server = key
-            got = any(
-                a["purpose"] == "interactive" and a["server_name"] == server
-                for a in self.jobs.ledger.allocations(user=user)
-            )
-            if got or now >= res.expires:
+            if key in served or now >= res.expires:
                 self.jobs.reservations.pop(key, None)
 
     def _start_queued(self, now: datetime) -> None:
@@ -649,7 +649,7 @@ class Scheduler:
                 continue
             assert granted is not None
             self.moves.pop(job.id, None)
-            row = self._row(job.id)
+            row = self.jobs.current(job.id)
             if row is None or row.state != "queued":  # cancelled meanwhile
                 self.jobs.release([g["id"] for g in granted], f"job {job.id} no longer queued")
                 continue
@@ -719,7 +719,7 @@ class Scheduler:
             if job_id not in queued or now >= until:
                 self.moves.pop(job_id, None)
                 continue
-            rows = [self._row(i) for i in move.jobs]
+            rows = [self.jobs.current(i) for i in move.jobs]
             # done once every moved job has given back what the plan freed (one that
             # checkpointed first and started again elsewhere is done too)
             still = any(
@@ -829,16 +829,10 @@ class Scheduler:
         changed: list[dict[str, Any]] = [
             {"job_id": i, "reason": r[:1024]} for i, r in reasons.items() if had.get(i) != r[:1024]
         ]
-        table = cast(Table, JobRow.__table__)
-        stmt = (
-            update(table)
-            .where(table.c.id == bindparam("job_id"), table.c.state == "queued")
-            .values(waiting_reason=bindparam("reason"))
-        )
         for start in range(0, len(changed), WAITING_BATCH):
             # waiting reasons change no slice: no need to queue behind allocations
             with self.jobs.db.writing(lock=False) as s:
-                s.connection().execute(stmt, changed[start : start + WAITING_BATCH])
+                s.connection().execute(WAITING_REASON, changed[start : start + WAITING_BATCH])
             batch = changed[start : start + WAITING_BATCH]
             self.queue.reasons_written({c["job_id"]: c["reason"] for c in batch})
 
