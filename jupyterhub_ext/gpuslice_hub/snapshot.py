@@ -353,6 +353,17 @@ class ActiveCache:
         with self._up_to_date(s):
             return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
 
+    def state_kept(self) -> ActiveState:
+        """The views as the last look (or this process's own writes since) left them,
+        without a database read: a state the ledger was in, maybe not the newest."""
+        with hold(self._lock):
+            return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
+
+    def catch_up(self, s: Session) -> None:
+        """Bring the views up to what ``s`` reads (for ``state_kept`` after it)."""
+        with self._up_to_date(s):
+            pass
+
     def changed_between(self, a: tuple[int, int], b: tuple[int, int]) -> set[int] | None:
         """The ids of the allocations whose views changed between the states marked ``a``
         and ``b`` (either may be the older); None when that is no longer known (a full
@@ -476,6 +487,10 @@ class InventoryCache:
 
     def __init__(self) -> None:
         self._view: InventoryView | None = None
+
+    def kept(self) -> InventoryView | None:
+        """The view as the last ``get`` left it (None before the first)."""
+        return self._view
 
     def get(self, s: Session) -> InventoryView:
         generation = current_generation(s)

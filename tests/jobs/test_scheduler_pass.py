@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.ledger import Ledger
-from tests.jobs.full_cluster import PROFILES, full_cluster, queue
+from tests.jobs.full_cluster import PROFILES, full_cluster, hosts, queue
 
 
 def waiting(ledger: Ledger) -> dict[int, tuple[str, str | None]]:
@@ -18,14 +18,23 @@ def waiting(ledger: Ledger) -> dict[int, tuple[str, str | None]]:
 
 
 def count_allocate_calls(ledger: Ledger) -> list[str]:
+    """The profiles the ledger was asked to place, in order: an ``allocate``, or a try on
+    its kept state that refused (one that might be granted is followed by ``allocate``)."""
     calls: list[str] = []
-    real = ledger.allocate
+    real, kept = ledger.allocate, ledger.refusal_as_kept
 
     def counted(caller, profile, *a, **kw):
         calls.append(profile)
         return real(caller, profile, *a, **kw)
 
+    def counted_kept(caller, profile, *a, **kw):
+        refused = kept(caller, profile, *a, **kw)
+        if refused is not None:
+            calls.append(profile)
+        return refused
+
     ledger.allocate = counted  # type: ignore[method-assign]
+    ledger.refusal_as_kept = counted_kept  # type: ignore[method-assign]
     return calls
 
 
@@ -265,3 +274,43 @@ def test_an_allocation_keeps_a_capacity_refusal_unless_a_quota_bounds_anyone(tmp
     ledger.release(9, "test", "freed")  # zoe's share back: capacity may be free
     scheduler.tick(now + timedelta(seconds=2))
     assert calls == ["gpu-2"]
+
+
+def test_a_try_on_the_kept_state_says_what_an_allocation_would_and_sees_other_writers(tmp_path):
+    """A pass tries a one-slice job against the ledger as it last saw it, brought up to
+    date when the pass began: no transaction where it finds no room, the reason an
+    allocation gives, and a slice another process gave back is seen by the next pass."""
+    from datetime import timedelta
+
+    from gpuslice_hub.db.models import utcnow
+    from gpuslice_hub.errors import Refused
+    from gpuslice_hub.ledger import Caller
+    from tests.service.conftest import build_ledger
+
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    # another process on the same ledger (its own caches): built before the passes, so
+    # that what it writes later is a release and nothing else
+    other = build_ledger(f"sqlite:///{tmp_path}/ledger.sqlite", profiles=PROFILES, hosts=hosts(1))
+    queue(ledger, tmp_path, 12, "preemptible")
+    asked: list[str] = []
+    real = ledger.allocate
+
+    def allocate(caller, profile, *a, **kw):  # type: ignore[no-untyped-def]
+        asked.append(profile)
+        return real(caller, profile, *a, **kw)
+
+    ledger.allocate = allocate  # type: ignore[method-assign]
+    now = utcnow()
+    scheduler.tick(now)
+    assert asked == []  # every try refused on the kept state
+    jobs = waiting(ledger)
+    for job_id, profile in ((2, "gpu-1"), (3, "gpu-2"), (4, "share-250")):
+        with pytest.raises(Refused) as refused:
+            ledger.try_allocate(Caller(f"r{job_id - 1}", (), "scheduler"), profile, "x", "batch")
+        assert jobs[job_id] == ("queued", refused.value.message)
+
+    other.release(1, "test", "freed by another process")
+    scheduler.tick(now + timedelta(seconds=1))
+    assert waiting(ledger)[1][0] == "starting"
+    assert asked and asked[0] == "share-250"
+    other.db.dispose()

@@ -678,14 +678,12 @@ class JobManager(LoggingConfigurable):
         self.wake.set()
         return self.get(job_id) or {}
 
-    def _candidates(self, light: bool) -> list[Any]:
-        """The preemptible jobs that hold (or are giving back) slices. ``light``: rows of
-        the columns choosing a victim reads, not ORM objects (the spawn form asks at every
-        look, and a backfilled cluster runs thousands of them)."""
+    def _candidates(self) -> list[Any]:
+        """The preemptible jobs that hold (or are giving back) slices: rows of the columns
+        choosing a victim reads, not ORM objects (the spawn form asks at every look, and a
+        backfilled cluster runs thousands of them)."""
         preemptible = (JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible")
         with self.db.reading() as s:
-            if not light:
-                return list(s.scalars(select(JobRow).where(*preemptible)))
             return list(s.connection().execute(select(*VICTIM_COLUMNS).where(*preemptible)))
 
     def _victim_for(
@@ -700,7 +698,7 @@ class JobManager(LoggingConfigurable):
         (``pick_victim``), or None. ``overcommit``: as the spawn is placed (False: in full);
         ``limit``, ``candidates``: the spawn form's bounded look, at jobs it read once."""
         if candidates is None:
-            candidates = self._candidates(light=False)
+            candidates = self._candidates()
         request = self.ledger.request_for(caller.user, profile, "interactive", overcommit)
         return pick_victim(
             self.ledger,
@@ -741,7 +739,7 @@ class JobManager(LoggingConfigurable):
         job would make room; a str: one would, not within the spawn's wait (why not); else
         the seconds the spawn may wait for it (0: the cluster's engine preempts it). The
         jobs are read once for all the profiles."""
-        candidates = self._candidates(light=True) if profiles else []
+        candidates = self._candidates() if profiles else []
         out: dict[str, float | str | None] = {}
         for profile in profiles:
             victim = (
@@ -783,7 +781,8 @@ class JobManager(LoggingConfigurable):
         if victim is None:
             return None
         if self.delegated:
-            return self._engine_preempts(victim, caller, profile)
+            row = self.current(victim.id)  # (the victim is a row of VICTIM_COLUMNS only)
+            return None if row is None else self._engine_preempts(row, caller, profile)
         why = self._too_long(victim, wait_seconds)
         if why is not None:
             return why
@@ -796,9 +795,7 @@ class JobManager(LoggingConfigurable):
         self.reservations[key] = Reservation(job.id, profile.name, deadline + timedelta(seconds=30))
         return self._pending(job, "your server will start when it has checkpointed")
 
-    def _engine_preempts(
-        self, job: JobRow, caller: Caller, profile: Profile
-    ) -> dict[str, Any] | None:
+    def _engine_preempts(self, job: Any, caller: Caller, profile: Profile) -> dict[str, Any] | None:
         """The engine schedules: the job's slice goes to the interactive server now, and the
         engine preempts the job when the server needs the GPU (Slurm's
         ``PreemptMode=REQUEUE``: the server's partition or QOS must be allowed to preempt the

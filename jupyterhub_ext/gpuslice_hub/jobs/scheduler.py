@@ -519,10 +519,22 @@ class Scheduler:
         meanwhile is seen by the next pass. Reasons are written at the end, in batches, only
         where they changed.
         """
+        ledger = self.jobs.ledger
+        # A refusal is kept where nothing but an event or a generation changes its answer
+        # and its message: not where overcommit places a share by its holder's usage
+        # history (read again every few minutes, with no event), nor where the message
+        # counts what is free in reserved pools. There, too, a job is first tried against
+        # the ledger as this pass saw it (``refusal_as_kept``): most tries find no room, and
+        # a change since makes the next pass try again.
+        keep_refusals = not ledger.overcommit.settings.on and (
+            ledger.pools is None or not ledger.pools.reserved
+        )
         with self.jobs.db.reading() as s:
             # the columns a decision needs, read again only for the jobs that changed
             # (QueueCache); the row is read in full for the few that start
             queued = self.queue.read(s)
+            if keep_refusals:
+                ledger.catch_up(s)
         due = [j for j in queued if (j.not_before or now) <= now]
         later = [j.not_before for j in queued if j.not_before is not None and j.not_before > now]
         reasons: dict[int, str] = {}
@@ -559,14 +571,6 @@ class Scheduler:
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
         ordered = queue_order(ready, now, self.jobs.aging_seconds)
-        ledger = self.jobs.ledger
-        # A refusal is kept where nothing but an event or a generation changes its answer
-        # and its message: not where overcommit places a share by its holder's usage
-        # history (read again every few minutes, with no event), nor where the message
-        # counts what is free in reserved pools.
-        keep_refusals = not ledger.overcommit.settings.on and (
-            ledger.pools is None or not ledger.pools.reserved
-        )
         # The plan's order: the job whose room is made takes it first, then the jobs moved
         # for it go where the plan found room for them, then the rest (stable sort).
         if moving:  # (a sort of the whole queue again: only while a move is under way)
@@ -625,7 +629,9 @@ class Scheduler:
                     if first:
                         self.jobs.ledger.observe(job.profile)
                 else:
-                    granted, refusal = self._allocate(job, first, access, borrow, only, avoid)
+                    granted, refusal = self._allocate(
+                        job, first, access, borrow, only, avoid, as_kept=keep_refusals
+                    )
                     if refusal is not None:
                         capacity = refusal.code == "no_capacity"
                         refused[shape if capacity else mine] = refusal
@@ -664,8 +670,21 @@ class Scheduler:
         borrow: bool = False,
         only: frozenset[str] | None = None,
         avoid: frozenset[str] = frozenset(),
+        as_kept: bool = False,
     ) -> tuple[list[dict[str, Any]], None] | tuple[None, Refused]:
+        """The job's slices, or why not. ``as_kept``: a one-slice job is first tried
+        against the ledger's kept state (``refusal_as_kept``), which the pass brought up to
+        date when it began."""
         caller = Caller(job.user, tuple(job.groups or ()), "scheduler")
+        priority = 100 * PRIORITY_CLASSES[job.priority_class]
+        if as_kept and job.slices == 1:
+            refused = self.jobs.ledger.refusal_as_kept(
+                caller, job.profile, "batch", priority, borrow, only, avoid
+            )
+            if refused is not None:
+                if learn:
+                    self.jobs.ledger.observe(job.profile)
+                return None, refused
         if job.slices > 1:
             # Cheap check first: allocating and releasing part of a wide job every pass
             # would fill the audit trail.
@@ -684,7 +703,7 @@ class Scheduler:
                     job.profile,
                     f"job-{job.id}",
                     purpose="batch",
-                    priority=100 * PRIORITY_CLASSES[job.priority_class],
+                    priority=priority,
                     preemptible=job.priority_class == "preemptible",
                     quiet=True,
                     # a wide job's slices are one request

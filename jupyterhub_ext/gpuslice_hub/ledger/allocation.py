@@ -20,13 +20,15 @@ from ..db.models import (
 )
 from ..errors import Pending, Refused
 from ..placement import Placement, Refusal, Request, place_in
+from ..placement.state import ClusterState
 from ..pools import Access
 from ..profiles import Profile
-from ..quotas import Charge
+from ..quotas import Charge, Quotas
 from ..serialize import allocation_json
 from ..snapshot import (
     AllocationView,
     ClaimView,
+    InventoryView,
     load_active,
     load_allocation,
 )
@@ -148,11 +150,7 @@ class AllocationMixin(CapacityMixin):
             raise Refused("unknown_profile", f"unknown profile {profile_name!r}")
         if purpose not in PURPOSES:
             raise Refused("bad_request", f"purpose must be one of {list(PURPOSES)}")
-        access = self.access(purpose, caller.groups, priority, may_borrow)
-        if access is not None and only is not None:
-            access = access.within(only)
-            if access is None:
-                raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
+        access = self._access_within(profile, purpose, caller, priority, may_borrow, only)
         return self._allocate(
             caller,
             profile,
@@ -165,6 +163,24 @@ class AllocationMixin(CapacityMixin):
             avoid=avoid,
             overcommit=overcommit,
         )
+
+    def _access_within(
+        self,
+        profile: Profile,
+        purpose: str,
+        caller: Caller,
+        priority: int,
+        may_borrow: bool,
+        only: frozenset[str] | None,
+    ) -> Access | None:
+        """The pools a request may use (``access``), of them ``only`` these; refused when
+        that leaves none."""
+        access = self.access(purpose, caller.groups, priority, may_borrow)
+        if access is not None and only is not None:
+            access = access.within(only)
+            if access is None:
+                raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
+        return access
 
     def after_refusal(
         self,
@@ -255,39 +271,11 @@ class AllocationMixin(CapacityMixin):
                         )
                 inv = self.inventory_cache.get(s)
                 active = self.active_cache.state(s)
-                charge = self.effective_quotas(s).check(
-                    caller.user, caller.groups, quota_usage(profile, inv), self.active_cache.held()
-                )
-                if not isinstance(charge, Charge):
-                    if enforce_quota:
-                        raise Refused("over_quota", charge)
-                    charge = Charge(None)  # counted against the user, beyond their quota
+                charge = self._charge(self.effective_quotas(s), inv, caller, profile, enforce_quota)
                 with self.cluster_cache.use(inv, active) as state, hold(self._policy_lock):
-                    result: Placement | Refusal = Refusal("there are no hosts")
-                    tries = access.tries if access is not None else (None,)
-                    for i, allowed in enumerate(tries):
-                        if state is None:
-                            break
-                        usable = self._within(state, allowed, inv.generation, keep=True)
-                        # one request, however many pools it is tried in
-                        result = place_in(
-                            request,
-                            usable,
-                            self.policy,
-                            learn=learn and not i,
-                            host=host,
-                            avoid=avoid,
-                        )
-                        if isinstance(result, Placement):
-                            break
-                    if not isinstance(result, Placement):
-                        if host is not None:
-                            raise Refused(
-                                "no_capacity", f"no free {profile.name} on {host} in the ledger"
-                            )
-                        raise self._no_capacity(
-                            inv, caller, profile, state, access, purpose == "interactive"
-                        )
+                    result = self._place(
+                        inv, state, caller, profile, request, access, purpose, learn, host, avoid
+                    )
                 row = self._write_allocation(
                     s,
                     caller,
@@ -305,6 +293,121 @@ class AllocationMixin(CapacityMixin):
         except IntegrityError as e:  # pragma: no cover - the lock makes this unreachable
             log.error("ledger constraint refused an allocation: %s", e)
             raise Refused("conflict", "the slice was taken concurrently; retry") from e
+
+    def _charge(
+        self,
+        quotas: Quotas,
+        inv: InventoryView,
+        caller: Caller,
+        profile: Profile,
+        enforce_quota: bool = True,
+    ) -> Charge:
+        """What one more slice of ``profile`` charges ``caller`` (``over_quota`` refused),
+        against what the active allocations hold as the cache's last look left them (the
+        caller brought it up to date)."""
+        charge = quotas.check(
+            caller.user, caller.groups, quota_usage(profile, inv), self.active_cache.held()
+        )
+        if isinstance(charge, Charge):
+            return charge
+        if enforce_quota:
+            raise Refused("over_quota", charge)
+        return Charge(None)  # counted against the user, beyond their quota
+
+    def _place(
+        self,
+        inv: InventoryView,
+        state: ClusterState | None,
+        caller: Caller,
+        profile: Profile,
+        request: Request,
+        access: Access | None,
+        purpose: str,
+        learn: bool,
+        host: str | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Placement:
+        """Where ``request`` goes on ``state`` (the placement arrays, held under the policy
+        lock), in the pools of ``access`` in their order; else the ``Refused`` an
+        allocation raises."""
+        result: Placement | Refusal = Refusal("there are no hosts")
+        tries = access.tries if access is not None else (None,)
+        for i, allowed in enumerate(tries):
+            if state is None:
+                break
+            usable = self._within(state, allowed, inv.generation, keep=True)
+            # one request, however many pools it is tried in
+            result = place_in(
+                request, usable, self.policy, learn=learn and not i, host=host, avoid=avoid
+            )
+            if isinstance(result, Placement):
+                return result
+        if host is not None:
+            raise Refused("no_capacity", f"no free {profile.name} on {host} in the ledger")
+        raise self._no_capacity(inv, caller, profile, state, access, purpose == "interactive")
+
+    def catch_up(self, s: Session) -> None:
+        """Bring the kept inventory, quotas and active allocations up to what ``s`` reads:
+        ``refusal_as_kept`` answers from them."""
+        self.effective_quotas(s)  # (reads the inventory's generation too)
+        self.active_cache.catch_up(s)
+
+    def refusal_as_kept(
+        self,
+        caller: Caller,
+        profile_name: str,
+        purpose: str = "batch",
+        priority: int = 0,
+        may_borrow: bool = False,
+        only: frozenset[str] | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Refused | None:
+        """The refusal an allocation (``try_allocate``) of ``profile_name`` would meet on the
+        ledger as this process last saw it (its last look, and its own writes since),
+        without a transaction or a database read; None where it might be granted, or the
+        kept state cannot tell (then ask ``allocate``).
+
+        A state seen earlier, not the one an allocation would see: any change since moves
+        the ledger's newest event or generation, so a caller that asks again after each
+        such change (the scheduler's pass, whose marker holds both) misses nothing. Its
+        queued jobs are tried a few times a pass, each a write transaction that almost
+        always finds no room. Not for servers (a server's held slice is not kept) nor where
+        overcommit places a share by its holder's history (read from the database). The
+        policy learns nothing here (``observe`` counts the request)."""
+        profile = self.profiles.get(profile_name)
+        inv = self.inventory_cache.kept()
+        quotas = self._quota_cache
+        if (
+            profile is None
+            or purpose != "batch"
+            or self.overcommit.settings.on
+            or inv is None
+            or quotas is None
+            or quotas[0] != inv.generation
+        ):
+            return None
+        try:
+            access = self._access_within(profile, purpose, caller, priority, may_borrow, only)
+            if not profile.allowed_for(caller.groups):
+                raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
+            self._charge(quotas[1], inv, caller, profile)
+            active = self.active_cache.state_kept()
+            with self.cluster_cache.use(inv, active) as state, hold(self._policy_lock):
+                self._place(
+                    inv,
+                    state,
+                    caller,
+                    profile,
+                    profile.request(),
+                    access,
+                    purpose,
+                    False,
+                    None,
+                    avoid,
+                )
+        except Refused as refused:
+            return refused
+        return None
 
     def record_placed(
         self,
