@@ -359,9 +359,11 @@ class ActiveCache:
         with hold(self._lock):
             return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
 
-    def catch_up(self, s: Session) -> None:
-        """Bring the views up to what ``s`` reads (for ``state_kept`` after it)."""
-        with self._up_to_date(s):
+    def catch_up(self, s: Session, marker: int | None = None) -> None:
+        """Bring the views up to what ``s`` reads (for ``state_kept`` after it).
+        ``marker``: the newest event id, read in ``s`` before (a write since then is seen
+        by the next look, as with any marker read first)."""
+        with self._up_to_date(s, marker):
             pass
 
     def changed_between(self, a: tuple[int, int], b: tuple[int, int]) -> set[int] | None:
@@ -389,9 +391,11 @@ class ActiveCache:
             return self._held.snapshot()
 
     @contextlib.contextmanager
-    def _up_to_date(self, s: Session) -> Iterator[None]:
-        """Holding the lock, with the views caught up with what ``s`` can read."""
-        marker = int(s.connection().execute(_NEWEST_EVENT).scalar() or 0)
+    def _up_to_date(self, s: Session, marker: int | None = None) -> Iterator[None]:
+        """Holding the lock, with the views caught up with what ``s`` can read (up to
+        ``marker``, the newest event id, when the caller read it)."""
+        if marker is None:
+            marker = int(s.connection().execute(_NEWEST_EVENT).scalar() or 0)
         with hold(self._lock):
             # A reader whose transaction began before the newest write asks for an older
             # state: it gets the newer one (never older than what it could read).

@@ -172,11 +172,11 @@ def test_a_pass_that_failed_is_tried_again_at_once(tmp_path):
     real = scheduler._start_queued
     calls: list[int] = []
 
-    def once_broken(now):  # type: ignore[no-untyped-def]
+    def once_broken(now, queued):  # type: ignore[no-untyped-def]
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("database is locked")
-        real(now)
+        real(now, queued)
 
     scheduler._start_queued = once_broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):

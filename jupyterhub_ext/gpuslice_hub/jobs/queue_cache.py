@@ -104,11 +104,13 @@ class QueueCache:
         self._applied: set[tuple[int, int]] = set()
         self._passes = 0  # since the last full read
 
-    def read(self, s: Session) -> list[QueuedJob]:
-        """The queued jobs, as of this transaction."""
+    def read(self, s: Session, newest: int | None = None) -> list[QueuedJob]:
+        """The queued jobs, as of this transaction. ``newest``: the newest transition id,
+        when the caller read it in this transaction."""
         conn = s.connection()
         self._passes += 1
-        newest_now = conn.execute(NEWEST_TRANSITION).scalar() or 0
+        newest_now = newest if newest is not None else conn.execute(NEWEST_TRANSITION).scalar()
+        newest_now = newest_now or 0
         # Ids that went back (SQLite reuses the highest ids once someone deleted
         # them): what is new can no longer be told by id, read everything.
         went_back = self._newest is not None and newest_now < self._newest

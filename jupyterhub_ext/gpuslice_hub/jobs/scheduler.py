@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from prometheus_client import Histogram
 from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy.orm import Session
 
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
@@ -151,9 +152,12 @@ class Scheduler:
         self._return_borrowed(active, now)
         self._expire_reservations(now)
         if not self._freed_for_a_server():
-            marker = self._queue_may_move(now)
-            if marker is not None:
-                self._start_queued(now)
+            with self.jobs.db.reading() as s:
+                marker = self._queue_may_move(s, now)
+                # the queue in the same transaction, read only when it may move
+                queued = None if marker is None else self._read_queue(s, marker)
+            if marker is not None and queued is not None:
+                self._start_queued(now, queued)
                 # only once the pass went through: one that failed is tried again
                 self._marker, self._full_at = marker, now
 
@@ -165,30 +169,49 @@ class Scheduler:
             ids = {job.id for job in active}
             self._quiet = {i: q for i, q in self._quiet.items() if i in ids}
 
-    def _queue_may_move(self, now: datetime) -> tuple[Any, ...] | None:
+    def _queue_may_move(self, s: Session, now: datetime) -> tuple[Any, ...] | None:
         """The state to try the queue against, or None when trying it again could start or
         preempt nothing. It can only after a change (a slice given back or taken, an admin's
         setting, a job submitted, finished or requeued: each writes an event or a job
         transition), when a backoff ends, and it is tried at least every
         ``FULL_PASS_SECONDS``. A pass over a queue nothing changed for decides what the last
         one did, at the cost of reading and ordering the whole queue."""
-        with self.jobs.db.reading() as s:
-            conn = s.connection()
-            marker = (
-                conn.execute(NEWEST_EVENT).scalar(),
-                conn.execute(NEWEST_TRANSITION).scalar(),
-                current_generation(s),
-            )
-            due = self._next_due is not None and now >= self._next_due
-            stale = (
-                self._full_at is None or (now - self._full_at).total_seconds() >= FULL_PASS_SECONDS
-            )
-            if marker == self._marker and not due and not stale:
-                return None
-            bound = self.jobs.ledger.effective_quotas(s).bounded
-            self.refusals.check(conn, marker[0], marker[2], now, quotas_bound=bound)
+        conn = s.connection()
+        marker = (
+            conn.execute(NEWEST_EVENT).scalar(),
+            conn.execute(NEWEST_TRANSITION).scalar(),
+            current_generation(s),
+        )
+        due = self._next_due is not None and now >= self._next_due
+        stale = self._full_at is None or (now - self._full_at).total_seconds() >= FULL_PASS_SECONDS
+        if marker == self._marker and not due and not stale:
+            return None
+        bound = self.jobs.ledger.effective_quotas(s).bounded
+        self.refusals.check(conn, marker[0], marker[2], now, quotas_bound=bound)
         # read before the pass: what it writes itself makes the next pass look again
         return marker
+
+    def _keeps_refusals(self) -> bool:
+        """A refusal is kept where nothing but an event or a generation changes its answer
+        and its message: not where overcommit places a share by its holder's usage history
+        (read again every few minutes, with no event), nor where the message counts what is
+        free in reserved pools. There, too, a job is first tried against the ledger as the
+        pass saw it (``refusal_as_kept``): most tries find no room, and a change since makes
+        the next pass try again."""
+        ledger = self.jobs.ledger
+        return not ledger.overcommit.settings.on and (
+            ledger.pools is None or not ledger.pools.reserved
+        )
+
+    def _read_queue(self, s: Session, marker: tuple[Any, ...]) -> list[Any]:
+        """The queued jobs, in ``s`` (the transaction ``marker`` was read in): the columns
+        a decision needs, read again only for the jobs that changed (QueueCache); the row
+        is read in full for the few that start. With them, the ledger's kept state brought
+        up to date for the pass's tries (``refusal_as_kept``)."""
+        queued = self.queue.read(s, newest=marker[1])
+        if self._keeps_refusals():
+            self.jobs.ledger.catch_up(s, newest_event=marker[0])
+        return queued
 
     # -- running jobs ---------------------------------------------------------------------
 
@@ -509,7 +532,7 @@ class Scheduler:
             if key in served or now >= res.expires:
                 self.jobs.reservations.pop(key, None)
 
-    def _start_queued(self, now: datetime) -> None:
+    def _start_queued(self, now: datetime, queued: list[Any]) -> None:
         """Start what fits, in queue order.
 
         A pass costs in proportion to the shapes that are blocked, not to the queue: the pass
@@ -519,22 +542,7 @@ class Scheduler:
         meanwhile is seen by the next pass. Reasons are written at the end, in batches, only
         where they changed.
         """
-        ledger = self.jobs.ledger
-        # A refusal is kept where nothing but an event or a generation changes its answer
-        # and its message: not where overcommit places a share by its holder's usage
-        # history (read again every few minutes, with no event), nor where the message
-        # counts what is free in reserved pools. There, too, a job is first tried against
-        # the ledger as this pass saw it (``refusal_as_kept``): most tries find no room, and
-        # a change since makes the next pass try again.
-        keep_refusals = not ledger.overcommit.settings.on and (
-            ledger.pools is None or not ledger.pools.reserved
-        )
-        with self.jobs.db.reading() as s:
-            # the columns a decision needs, read again only for the jobs that changed
-            # (QueueCache); the row is read in full for the few that start
-            queued = self.queue.read(s)
-            if keep_refusals:
-                ledger.catch_up(s)
+        keep_refusals = self._keeps_refusals()
         due = [j for j in queued if (j.not_before or now) <= now]
         later = [j.not_before for j in queued if j.not_before is not None and j.not_before > now]
         reasons: dict[int, str] = {}

@@ -346,11 +346,12 @@ class AllocationMixin(CapacityMixin):
             raise Refused("no_capacity", f"no free {profile.name} on {host} in the ledger")
         raise self._no_capacity(inv, caller, profile, state, access, purpose == "interactive")
 
-    def catch_up(self, s: Session) -> None:
+    def catch_up(self, s: Session, newest_event: int | None = None) -> None:
         """Bring the kept inventory, quotas and active allocations up to what ``s`` reads:
-        ``refusal_as_kept`` answers from them."""
+        ``refusal_as_kept`` answers from them. ``newest_event``: the newest event id,
+        already read in ``s``."""
         self.effective_quotas(s)  # (reads the inventory's generation too)
-        self.active_cache.catch_up(s)
+        self.active_cache.catch_up(s, newest_event)
 
     def refusal_as_kept(
         self,
