@@ -37,8 +37,11 @@ def write_job(conn: Any, job_id: int, values: dict[str, Any], **was: Any) -> boo
     return bool(done.rowcount == 1)
 
 
-def record_transition(conn: Any, job_id: int, old: str, state: str, at: Any, reason: str) -> None:
-    """The history's line for a move of ``job_id`` from ``old`` to ``state``."""
+def record_transition(
+    conn: Any, job_id: int, old: str | None, state: str, at: Any, reason: str
+) -> None:
+    """The history's line for a move of ``job_id`` from ``old`` (None: submitted) to
+    ``state``."""
     conn.execute(
         RECORD_TRANSITION,
         {"job_id": job_id, "from_state": old, "state": state, "at": at, "reason": reason[:1024]},

@@ -13,7 +13,10 @@ def output_path(job: JobRow) -> str:
     return f"gpu-jobs/{job.name}-{job.id}"
 
 
-def job_json(job: JobRow, log_tail: str = "") -> dict[str, Any]:
+def job_json(job: Any, log_tail: str = "", transitions: list[Any] | None = None) -> dict[str, Any]:
+    """``job``: its ORM object or row; ``transitions``: its history, where ``job`` is a row
+    (objects with ``JobTransitionRow``'s attributes)."""
+    history = job.transitions if transitions is None else transitions
     return {
         "id": job.id,
         "name": job.name,
@@ -49,6 +52,6 @@ def job_json(job: JobRow, log_tail: str = "") -> dict[str, Any]:
         "log_tail": log_tail,
         "transitions": [
             {"state": t.state, "from": t.from_state, "at": iso(t.at), "reason": t.reason}
-            for t in job.transitions
+            for t in history
         ],
     }
