@@ -453,6 +453,8 @@ class Scheduler:
     def _close_windows(self, active: list[JobRow], now: datetime) -> None:
         """Checkpoint and requeue the running jobs whose time window closed (a job whose
         window is no longer configured runs at any time)."""
+        if not self.jobs.windows:  # (no window configured: nothing to look at, each pass)
+            return
         for job in active:
             window = self.jobs.windows.get(job.time_window) if job.time_window else None
             if window is None or job.state not in ("starting", "running") or window.is_open(now):
