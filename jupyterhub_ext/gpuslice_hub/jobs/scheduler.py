@@ -33,7 +33,7 @@ from .backends.base import PlacedBackend, RunStatus
 from .defrag import MOVABLE_STATES, Move, MoveBudget, plan_move
 from .delegated import DelegatedPass
 from .job_writes import write_job
-from .manager import JobManager
+from .manager import CURRENT_ROW, JobManager
 from .ordering import queue_order
 from .queue_cache import NEWEST_TRANSITION, QueueCache
 from .refusals import KeptRefusals
@@ -665,11 +665,7 @@ class Scheduler:
                 continue
             assert granted is not None
             self.moves.pop(job.id, None)
-            row = self.jobs.current(job.id)
-            if row is None or row.state != "queued":  # cancelled meanwhile
-                self.jobs.release([g["id"] for g in granted], f"job {job.id} no longer queued")
-                continue
-            self._start(row, granted, now)
+            self._start(job, granted, now)
         self._waiting({j.id: j.waiting_reason for j in due}, reasons)
 
     def _allocate(
@@ -865,17 +861,14 @@ class Scheduler:
             batch = changed[start : start + WAITING_BATCH]
             self.queue.reasons_written({c["job_id"]: c["reason"] for c in batch})
 
-    def _start(self, job: Any, grants: list[dict[str, Any]], now: datetime) -> None:
-        """Start ``job`` (its row as ``_row`` reads it) on ``grants``."""
+    def _start(self, queued: Any, grants: list[dict[str, Any]], now: datetime) -> None:
+        """Start the job the queue read as ``queued`` on ``grants``: its whole row is read
+        in the transaction that moves it (a job cancelled meanwhile gives them back)."""
         try:
-            account = self.jobs.account(job.user)
+            account = self.jobs.account(queued.user)
         except AccountError as e:
-            self._fail(job, str(e), grants)
+            self._fail(queued, str(e), grants)
             return
-        env = self._env(job, grants, account)
-        # Names this start: the runner writes it into its state, so a state.json left by an
-        # earlier attempt (a crashed runner's "running") is never taken for this one's.
-        attempt = env[ATTEMPT_ID] = secrets.token_hex(8)
         where = ", ".join(f"{g['host']}:{_devices(g)}" for g in grants)
 
         def placed(row: Any) -> dict[str, Any]:
@@ -888,12 +881,20 @@ class Scheduler:
             }
 
         with self.jobs.db.writing() as s:
-            started = job.state == "queued" and advance(
-                s, job, "starting", f"placed on {where}", placed
+            job = s.connection().execute(CURRENT_ROW, {"job_id": queued.id}).first()
+            started = (
+                job is not None
+                and job.state == "queued"
+                and advance(s, job, "starting", f"placed on {where}", placed)
             )
         if not started:  # cancelled meanwhile
-            self.jobs.release([g["id"] for g in grants], f"job {job.id} no longer queued")
+            self.jobs.release([g["id"] for g in grants], f"job {queued.id} no longer queued")
             return
+        assert job is not None
+        env = self._env(job, grants, account)
+        # Names this start: the runner writes it into its state, so a state.json left by an
+        # earlier attempt (a crashed runner's "running") is never taken for this one's.
+        attempt = env[ATTEMPT_ID] = secrets.token_hex(8)
         try:
             ref = cast(PlacedBackend, self.jobs.backend).start(
                 job.id,
