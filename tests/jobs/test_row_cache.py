@@ -118,3 +118,25 @@ def test_every_row_is_read_again_now_and_then_whatever_its_revision(tmp_path: Pa
     for _ in range(row_cache.FULL_READ_PASSES - 1):
         assert cached(db, queued)[0].not_before is None  # not seen: its revision did not move
     assert cached(db, queued)[0].not_before is not None and queued.reread == 3
+
+
+def test_a_read_that_finds_the_same_keys_returns_the_same_rows(tmp_path: Path):
+    """The common pass: nothing among the active jobs changed (told by one comparison of
+    their keys); then one write, and the next read sees it."""
+    ledger, _ = full_cluster(tmp_path, 1)
+    db = ledger.db
+    ids = insert_queued(db, tmp_path, [("ann", "gpu-1", "preemptible")] * 5)
+    with db.writing() as s:
+        for job_id in ids:
+            s.get(JobRow, job_id).state = "running"
+    active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
+    first = cached(db, active)
+    assert not active.unchanged and active.reread == 5
+    again = cached(db, active)
+    assert active.unchanged and again == first
+    assert all(a is b for a, b in zip(again, first, strict=True))
+    with db.writing() as s:
+        s.get(JobRow, ids[2]).cells_done = 9
+    after = cached(db, active)
+    assert not active.unchanged and active.reread == 1
+    assert after == full_read(db, JOBS.c.state.in_(ACTIVE)) and after[2].cells_done == 9

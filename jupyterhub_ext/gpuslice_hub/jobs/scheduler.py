@@ -129,7 +129,8 @@ class Scheduler:
                 "the %s backend could not be asked about its runs", self.jobs.backend.name
             )
             statuses = []
-        self.keep_watching(active)
+        if not self.active.unchanged:  # (the same rows as the last pass: nothing to forget)
+            self.keep_watching(active)
         quiet = self._quiet
         for job, status in zip(active, statuses, strict=False):
             if status.files_unchanged and status.alive:
