@@ -351,13 +351,17 @@ class ActiveCache:
     def state(self, s: Session) -> ActiveState:
         """The views by id, and the mark of this state, brought up to date in ``s``."""
         with self._up_to_date(s):
-            return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
+            return self._as_state()
 
     def state_kept(self) -> ActiveState:
         """The views as the last look (or this process's own writes since) left them,
         without a database read: a state the ledger was in, maybe not the newest."""
         with hold(self._lock):
-            return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
+            return self._as_state()
+
+    def _as_state(self) -> ActiveState:
+        """The views now, as a state (the lock held)."""
+        return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
 
     def catch_up(self, s: Session, marker: int | None = None) -> None:
         """Bring the views up to what ``s`` reads (for ``state_kept`` after it).

@@ -157,7 +157,7 @@ class Scheduler:
                 marker = self._queue_may_move(s, now)
                 # the queue in the same transaction, read only when it may move
                 queued = None if marker is None else self._read_queue(s, marker)
-            if marker is not None and queued is not None:
+            if marker is not None and queued is not None:  # (None exactly when marker is)
                 self._start_queued(now, queued)
                 # only once the pass went through: one that failed is tried again
                 self._marker, self._full_at = marker, now

@@ -241,8 +241,8 @@ class AllocationMixin(CapacityMixin):
         avoid: frozenset[str] = frozenset(),
         overcommit: bool = True,
     ) -> tuple[dict[str, Any], bool]:
-        if not profile.allowed_for(caller.groups) and enforce_quota:
-            raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
+        if enforce_quota:
+            _allowed(profile, caller)
         try:
             with self.db.writing() as s:
                 # a share of a holder whose history leaves room is placed as less than it
@@ -389,8 +389,7 @@ class AllocationMixin(CapacityMixin):
             return None
         try:
             access = self._access_within(profile, purpose, caller, priority, may_borrow, only)
-            if not profile.allowed_for(caller.groups):
-                raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
+            _allowed(profile, caller)
             self._charge(quotas[1], inv, caller, profile)
             active = self.active_cache.state_kept()
             with self.cluster_cache.use(inv, active) as state, hold(self._policy_lock):
@@ -672,3 +671,9 @@ class AllocationMixin(CapacityMixin):
             and (view.user, view.server_name) not in existing
             and now - view.created_at >= grace
         ]
+
+
+def _allowed(profile: Profile, caller: Caller) -> None:
+    """Refused ``forbidden_profile`` where the caller's groups may not use ``profile``."""
+    if not profile.allowed_for(caller.groups):
+        raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
