@@ -115,6 +115,7 @@ class Database:
         )
         self._commits = 0  # (counted holding the writer)
         self._checkpoint_due = False
+        self._due_at = 0  # the commit that found a checkpoint due
         self._closed = False
         self._checkpointer: ThreadPoolExecutor | None = None
         self._checkpointer_lock = threading.Lock()
@@ -145,8 +146,10 @@ class Database:
                             select(LedgerLock).where(LedgerLock.id == 1).with_for_update()
                         )
                     yield session
-                checkpoint = self.is_sqlite and self._committed()
-            if checkpoint:
+                checkpoint = self._committed() if self.is_sqlite else None
+                if checkpoint == "now":
+                    self._checkpoint_starved()
+            if checkpoint == "soon":
                 self._checkpoint_soon()
             # committed: what the transaction asked to learn of it (never on a rollback).
             # The write stands whatever a callback does: its failure is logged, not raised
@@ -157,13 +160,33 @@ class Database:
                 except Exception:
                     log.exception("a callback after a committed ledger write failed")
 
-    def _committed(self) -> bool:
-        """Count a commit (the writer held); True when a checkpoint is due and none is."""
+    def _committed(self) -> str | None:
+        """Count a commit (the writer held). "soon" when a checkpoint is due and none is;
+        "now" when the one due has waited ``CHECKPOINT_EVERY`` commits for the writer."""
         self._commits += 1
-        if self._commits % CHECKPOINT_EVERY or self._checkpoint_due or self._closed:
-            return False
+        if self._closed:
+            return None
+        if self._checkpoint_due:
+            # A lock is not a queue: writers in threads that write back to back can take the
+            # writer again and again before the checkpoint's thread gets it, and the log
+            # then grows without bound (6 MB in a test on a loaded machine). So the writer
+            # that finds it waiting this long makes it, holding the writer already; never
+            # a short write on the loop, which gives the writer back at once anyway.
+            if self._commits - self._due_at < CHECKPOINT_EVERY or in_short_write():
+                return None
+            self._due_at = self._commits
+            return "now"
+        if self._commits % CHECKPOINT_EVERY:
+            return None
         self._checkpoint_due = True
-        return True
+        self._due_at = self._commits
+        return "soon"
+
+    def _checkpoint_starved(self) -> None:
+        try:
+            self._checkpoint_now()
+        except Exception:
+            log.exception("checkpointing the ledger's write-ahead log failed")
 
     def _checkpoint_soon(self) -> None:
         """Copy the WAL back into the database file in a thread of its own."""
