@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event, select
 from sqlalchemy.exc import OperationalError
@@ -25,6 +25,7 @@ from .loopguard import WouldWait, in_short_write
 from .models import LedgerLock
 
 log = logging.getLogger(__name__)
+_LOCK_ROW = select(LedgerLock).where(LedgerLock.id == 1).with_for_update()
 
 # SQLite: the write-ahead log is copied back into the database file after this many
 # commits (SQLite's own default, 1 000 pages, is about 50 allocations and releases).
@@ -77,8 +78,8 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
         try:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         except OperationalError as e:
-            # (SQLAlchemy's Connection is left believing it is beginning; the Session that
-            # raised through here discards the connection, the only caller that can)
+            # (SQLAlchemy's Connection is left believing it is beginning: ``_begin``
+            # discards it)
             if short and getattr(e.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
                 raise WouldWait("another process is writing the ledger") from e
             raise
@@ -93,6 +94,32 @@ def _set_busy_timeout(conn: Connection, ms: int) -> None:
         conn.info[BUSY_TIMEOUT_KEY] = ms
 
 
+class _Joined(Session):
+    """A session over a transaction ``Database`` began on a connection of its own, and
+    commits or rolls back itself. ``connection()`` is that connection as it is: asked for it
+    through the session's transaction bookkeeping, a short write spent about a third of its
+    time there (docs/benchmarks.md). ORM work goes through that bookkeeping as ever."""
+
+    def connection(
+        self,
+        bind_arguments: Any = None,
+        execution_options: Any = None,
+    ) -> Connection:
+        if bind_arguments is None and execution_options is None:
+            return cast(Connection, self.bind)
+        return super().connection(bind_arguments, execution_options)
+
+
+def _begin(conn: Connection) -> None:
+    try:
+        conn.begin()
+    except BaseException:
+        # (a BEGIN that failed, SQLite busy: the Connection is left believing it is
+        # beginning; it is no use to anyone after, so it is discarded)
+        conn.invalidate()
+        raise
+
+
 @dataclass
 class Database:
     url: str
@@ -102,8 +129,8 @@ class Database:
     def __post_init__(self) -> None:
         # Made once: each sessionmaker() call builds a Session subclass and its event
         # dispatch, which cost more than the queries of a whole allocation.
-        self._read_sessions = sessionmaker(self.read_engine, expire_on_commit=False)
-        self._write_sessions = sessionmaker(self.write_engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(class_=_Joined, expire_on_commit=False)
+        self._write_sessions = sessionmaker(class_=_Joined, expire_on_commit=False)
         # SQLite's one writer, within this process: a thread that wants to write waits here
         # and goes as soon as the writer before it is done, where SQLite's busy handler
         # polls with sleeps of up to 100 ms between tries.
@@ -126,8 +153,15 @@ class Database:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Session]:
-        with self._read_sessions() as session:
-            yield session
+        """A read transaction (on SQLite a snapshot, for as long as it lasts)."""
+        with self.read_engine.connect() as conn:
+            _begin(conn)
+            session = self._read_sessions(bind=conn)
+            try:
+                yield session
+            finally:
+                session.close()
+            # (the connection's close rolls the read back)
 
     @contextlib.contextmanager
     def writing(self, lock: bool = True) -> Iterator[Session]:
@@ -138,27 +172,36 @@ class Database:
         be safe on its own (an upsert, an update of one row). SQLite has one writer at a
         time whatever is asked.
         """
-        with self._write_sessions() as session:
-            with self._guard:
-                with session.begin():
-                    if lock and not self.is_sqlite:
-                        session.execute(
-                            select(LedgerLock).where(LedgerLock.id == 1).with_for_update()
-                        )
-                    yield session
-                checkpoint = self._committed() if self.is_sqlite else None
-                if checkpoint == "now":
-                    self._checkpoint_starved()
-            if checkpoint == "soon":
-                self._checkpoint_soon()
-            # committed: what the transaction asked to learn of it (never on a rollback).
-            # The write stands whatever a callback does: its failure is logged, not raised
-            # to a caller who would take the committed write for a failed one.
-            for fn in session.info.pop(AFTER_COMMIT, ()):
-                try:
-                    fn()
-                except Exception:
-                    log.exception("a callback after a committed ledger write failed")
+        # The transaction is the connection's, the session joins it (``_Joined``): a
+        # session's own transaction cost about twice what SQLite spends on a short write.
+        # (the connection taken once the writer is: none waits for it holding one)
+        with self._guard, self.write_engine.connect() as conn:
+            _begin(conn)
+            session = self._write_sessions(bind=conn)
+            try:
+                if lock and not self.is_sqlite:
+                    conn.execute(_LOCK_ROW)
+                yield session
+                session.flush()  # (what the ORM holds goes in before the commit)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            finally:
+                session.close()
+            checkpoint = self._committed() if self.is_sqlite else None
+            if checkpoint == "now":
+                self._checkpoint_starved()
+        if checkpoint == "soon":
+            self._checkpoint_soon()
+        # committed: what the transaction asked to learn of it (never on a rollback).
+        # The write stands whatever a callback does: its failure is logged, not raised
+        # to a caller who would take the committed write for a failed one.
+        for fn in session.info.pop(AFTER_COMMIT, ()):
+            try:
+                fn()
+            except Exception:
+                log.exception("a callback after a committed ledger write failed")
 
     def _committed(self) -> str | None:
         """Count a commit (the writer held). "soon" when a checkpoint is due and none is;
