@@ -254,8 +254,11 @@ class _HeldIndex:
     also drops the rounding a float sum gathers."""
 
     def __init__(self) -> None:
-        self.users: dict[str, tuple[int, Usage]] = {}
-        self.groups: dict[str, tuple[int, Usage]] = {}
+        self.users: dict[str, Usage] = {}
+        self.groups: dict[str, Usage] = {}
+        # holdings behind each total (a snapshot copies the totals alone, in one C call:
+        # an allocation's quota check takes one, with hundreds of users holding slices)
+        self._counts: dict[tuple[bool, str], int] = {}
 
     def add(self, view: AllocationView) -> None:
         self._change(view, 1)
@@ -266,23 +269,25 @@ class _HeldIndex:
     def _change(self, view: AllocationView, sign: int) -> None:
         if view.purpose == "external":
             return  # held by the engine outside gpuslice: counts against nobody
-        for totals, key in ((self.users, view.user), (self.groups, view.charged_group)):
+        for group, totals, key in (
+            (False, self.users, view.user),
+            (True, self.groups, view.charged_group),
+        ):
             if key is None:
                 continue
-            count, used = totals.get(key, (0, Usage()))
-            if count + sign <= 0:
+            count = self._counts.get((group, key), 0) + sign
+            if count <= 0:
                 totals.pop(key, None)
+                self._counts.pop((group, key), None)
                 continue
-            totals[key] = (
-                count + sign,
-                Usage(used.slices + sign * view.quota_weight, used.milli + sign * view.gpu_milli),
+            self._counts[group, key] = count
+            used = totals.get(key, Usage())
+            totals[key] = Usage(
+                used.slices + sign * view.quota_weight, used.milli + sign * view.gpu_milli
             )
 
     def snapshot(self) -> Held:
-        return Held(
-            {k: u for k, (_, u) in self.users.items()},
-            {k: u for k, (_, u) in self.groups.items()},
-        )
+        return Held(dict(self.users), dict(self.groups))
 
 
 _OWN_WRITES = "gpuslice.own_writes"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event, select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .loopguard import WouldWait, in_short_write
@@ -67,7 +67,7 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # type: ignore[no-untyped-def]
         if not immediate:
-            conn.exec_driver_sql("BEGIN")
+            _driver_exec(conn, "BEGIN")
             return
         # This process's writers queue on ``Database.writer``; SQLite's busy handler is
         # only ever waited on for another process (an admin's sqlite3 shell in a write
@@ -76,7 +76,7 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
         short = in_short_write()
         _set_busy_timeout(conn, 0 if short else BUSY_TIMEOUT_MS)
         try:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            _driver_exec(conn, "BEGIN IMMEDIATE")
         except OperationalError as e:
             # (SQLAlchemy's Connection is left believing it is beginning: ``_begin``
             # discards it)
@@ -90,8 +90,18 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
 def _set_busy_timeout(conn: Connection, ms: int) -> None:
     """The connection's busy timeout, set only when it changes (kept in the pool's record)."""
     if conn.info.get(BUSY_TIMEOUT_KEY) != ms:
-        conn.exec_driver_sql(f"PRAGMA busy_timeout={int(ms)}")
+        _driver_exec(conn, f"PRAGMA busy_timeout={int(ms)}")
         conn.info[BUSY_TIMEOUT_KEY] = ms
+
+
+def _driver_exec(conn: Connection, sql: str) -> None:
+    """``sql`` (no parameters, no rows) on the driver's own connection. A transaction's BEGIN,
+    through SQLAlchemy's execution, cost about what SQLite spends on a short write; its
+    errors are SQLAlchemy's all the same."""
+    try:
+        conn.connection.driver_connection.execute(sql).close()  # type: ignore[union-attr]
+    except sqlite3.Error as e:
+        raise DBAPIError.instance(sql, None, e, sqlite3.Error) from e
 
 
 class _Joined(Session):
@@ -141,6 +151,7 @@ class Database:
             self.writer if self.is_sqlite else contextlib.nullcontext()
         )
         self._commits = 0  # (counted holding the writer)
+        self._kept: Connection | None = None  # SQLite: the writes' connection (held by the writer)
         self._checkpoint_due = False
         self._due_at = 0  # the commit that found a checkpoint due
         self._closed = False
@@ -175,7 +186,7 @@ class Database:
         # The transaction is the connection's, the session joins it (``_Joined``): a
         # session's own transaction cost about twice what SQLite spends on a short write.
         # (the connection taken once the writer is: none waits for it holding one)
-        with self._guard, self.write_engine.connect() as conn:
+        with self._guard, self._write_connection() as conn:
             _begin(conn)
             session = self._write_sessions(bind=conn)
             try:
@@ -202,6 +213,30 @@ class Database:
                 fn()
             except Exception:
                 log.exception("a callback after a committed ledger write failed")
+
+    @contextlib.contextmanager
+    def _write_connection(self) -> Iterator[Connection]:
+        """A connection for one write transaction. SQLite's writes take turns on the writer
+        (held by the caller), so they share one connection, kept open: taking one from the
+        pool and giving it back cost about a quarter of a short write. One left unusable is
+        closed and the next write opens another."""
+        if not self.is_sqlite:
+            with self.write_engine.connect() as conn:
+                yield conn
+            return
+        kept = self._kept
+        if kept is None or kept.closed or kept.invalidated:
+            kept = self._kept = self.write_engine.connect()
+        try:
+            yield kept
+        except BaseException:
+            # a refusal raised through the transaction rolled it back, and the connection
+            # serves on; one whose rollback failed, or that was invalidated, does not
+            if kept.invalidated or kept.in_transaction():
+                self._kept = None
+                with contextlib.suppress(Exception):
+                    kept.close()
+            raise
 
     def _committed(self) -> str | None:
         """Count a commit (the writer held). "soon" when a checkpoint is due and none is;
@@ -260,7 +295,8 @@ class Database:
             self._checkpoint_due = False
 
     def _checkpoint_now(self) -> None:
-        # a connection of the writers' pool: none is out while the writer is held
+        # a connection of the writers' pool (the writes' own is in no transaction while the
+        # writer is held)
         raw = self.write_engine.raw_connection()
         try:
             cur = raw.cursor()
@@ -275,6 +311,10 @@ class Database:
             self._closed = True
             if self._checkpointer is not None:
                 self._checkpointer.shutdown(wait=True)
+        with self._guard:
+            if self._kept is not None:
+                self._kept.close()
+                self._kept = None
         self.read_engine.dispose()
         if self.write_engine is not self.read_engine:
             self.write_engine.dispose()

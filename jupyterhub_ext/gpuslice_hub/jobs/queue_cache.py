@@ -124,15 +124,21 @@ class QueueCache:
             self._passes = 1
             return list(self.jobs.values())
         window = self._newest - LOOKBACK
-        seen: list[Any] = list(conn.execute(TRANSITIONS_AFTER, {"after": self._newest}))
+        new = [
+            (tid, job_id)
+            for tid, job_id in conn.execute(TRANSITIONS_AFTER, {"after": self._newest})
+        ]
         # The look-back: as many transitions within it as were applied means none came late
         # (a count, not the rows: those are what was applied). Otherwise it is read again.
         within = conn.execute(COUNT_BETWEEN, {"after": window, "upto": self._newest}).scalar()
+        everything: list[tuple[int, int]] | None = None
         if within == len(self._applied):
-            seen += self._applied
+            fresh = new  # (all after the newest applied)
         else:
-            seen = list(conn.execute(TRANSITIONS_AFTER, {"after": window}))
-        changed = {job_id for tid, job_id in seen if (tid, job_id) not in self._applied}
+            after = conn.execute(TRANSITIONS_AFTER, {"after": window})
+            everything = [(tid, job_id) for tid, job_id in after]
+            fresh = [t for t in everything if t not in self._applied]
+        changed = {job_id for _, job_id in fresh}
         if changed:
             ids = sorted(changed)
             # in chunks: a database takes a bounded number of parameters per statement
@@ -148,9 +154,11 @@ class QueueCache:
                     self.jobs.pop(r.id, None)
             for gone in changed - found:  # deleted (history pruning)
                 self.jobs.pop(gone, None)
-        newest = max((tid for tid, _ in seen), default=self._newest)
-        self._newest = newest
-        self._applied = {(tid, job_id) for tid, job_id in seen if tid > newest - LOOKBACK}
+        if everything is not None or new:  # (else what was applied stands as it is)
+            seen = everything if everything is not None else [*self._applied, *new]
+            newest = max((tid for tid, _ in seen), default=self._newest)
+            self._newest = newest
+            self._applied = {(tid, job_id) for tid, job_id in seen if tid > newest - LOOKBACK}
         return list(self.jobs.values())
 
     def _remember(self, s: Session, newest: int) -> None:
