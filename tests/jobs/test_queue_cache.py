@@ -10,7 +10,13 @@ from sqlalchemy import delete, insert, select, update
 
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.models import utcnow
-from gpuslice_hub.jobs.queue_cache import FULL_READ_PASSES, QUEUED_COLUMNS, QueueCache
+from gpuslice_hub.jobs import queue_cache
+from gpuslice_hub.jobs.queue_cache import (
+    FULL_READ_PASSES,
+    LOOKBACK,
+    QUEUED_COLUMNS,
+    QueueCache,
+)
 from tests.jobs.full_cluster import full_cluster, insert_queued
 
 
@@ -72,6 +78,44 @@ def test_a_transition_committed_out_of_id_order_is_not_missed(tmp_path: Path):
                 )
             )
         assert set(cached(cache, db)) == {a}
+    finally:
+        ledger.db.dispose()
+
+
+def test_a_late_transition_is_seen_after_the_look_back_moved_on(tmp_path: Path, monkeypatch):
+    # the look-back set is pruned once it spans two LOOKBACKs of ids, not at each pass:
+    # a late transition just within one LOOKBACK of the newest is still seen after that
+    # (by the look-back alone: no full read comes between)
+    monkeypatch.setattr(queue_cache, "FULL_READ_PASSES", 10**9)
+    ledger, scheduler = full_cluster(tmp_path, 1)
+    db = scheduler.jobs.db
+    try:
+        now = utcnow()
+        (a,) = insert_queued(db, tmp_path, [("a", "gpu-1", "normal")])
+        cache = QueueCache()
+        assert set(cached(cache, db)) == {a}
+        with db.reading() as s:
+            newest = s.scalar(select(JobTransitionRow.id).order_by(JobTransitionRow.id.desc()))
+        newest = newest or 0
+        gap = newest + 3 * LOOKBACK  # ids up to here are taken, one at a time, by other jobs
+        for tid in range(newest + 1, gap + 1):
+            if tid == gap - LOOKBACK + 1:
+                continue  # a's, committed late
+            with db.writing() as s:
+                s.execute(
+                    insert(JobTransitionRow).values(
+                        id=tid, job_id=a, state="queued", at=now, reason="x"
+                    )
+                )
+            assert set(cached(cache, db)) == {a}
+        with db.writing() as s:
+            s.execute(update(JobRow).where(JobRow.id == a).values(state="cancelled"))
+            s.execute(
+                insert(JobTransitionRow).values(
+                    id=gap - LOOKBACK + 1, job_id=a, state="cancelled", at=now, reason="y"
+                )
+            )
+        assert set(cached(cache, db)) == set()
     finally:
         ledger.db.dispose()
 

@@ -9,7 +9,7 @@ seen.
 
 Transition ids are taken when a row is inserted and become visible when its transaction
 commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
-looks back ``LOOKBACK`` ids for transitions it has not applied (it counts them, and reads
+looks back at least ``LOOKBACK`` ids for transitions it has not applied (it counts them, and reads
 them only when the count differs from those it applied; every transition is written under
 the ledger lock, so ids commit in order today: this is a safety net). Counting is enough
 because ids only grow: history pruning keeps the newest transition's job (SQLite would hand
@@ -99,9 +99,11 @@ class QueueCache:
     def __init__(self) -> None:
         self.jobs: dict[int, QueuedJob] = {}
         self._newest: int | None = None  # the newest transition id read
-        # (transition id, job id) within the look-back, applied: as many as the database
-        # has there means none came late
+        # (transition id, job id) within the look-back (after ``_low``, up to ``_newest``:
+        # between one and two LOOKBACKs), applied: as many as the database has there means
+        # none came late
         self._applied: set[tuple[int, int]] = set()
+        self._low = 0
         self._passes = 0  # since the last full read
 
     def read(self, s: Session, newest: int | None = None) -> list[QueuedJob]:
@@ -123,7 +125,7 @@ class QueueCache:
             self.jobs = {r.id: QueuedJob.of(r) for r in rows}
             self._passes = 1
             return list(self.jobs.values())
-        window = self._newest - LOOKBACK
+        window = self._low
         new = [
             (tid, job_id)
             for tid, job_id in conn.execute(TRANSITIONS_AFTER, {"after": self._newest})
@@ -154,16 +156,20 @@ class QueueCache:
                     self.jobs.pop(r.id, None)
             for gone in changed - found:  # deleted (history pruning)
                 self.jobs.pop(gone, None)
-        if everything is not None or new:  # (else what was applied stands as it is)
-            seen = everything if everything is not None else [*self._applied, *new]
-            newest = max((tid for tid, _ in seen), default=self._newest)
-            self._newest = newest
-            self._applied = {(tid, job_id) for tid, job_id in seen if tid > newest - LOOKBACK}
+        if everything is not None:
+            self._applied = set(everything)
+            self._newest = max((tid for tid, _ in everything), default=self._newest)
+        elif new:  # (else what was applied stands as it is)
+            self._applied.update(new)
+            self._newest = max(tid for tid, _ in new)
+        if self._newest - self._low > 2 * LOOKBACK:  # (not at each new transition: a look at each)
+            self._low = self._newest - LOOKBACK
+            self._applied = {t for t in self._applied if t[0] > self._low}
         return list(self.jobs.values())
 
     def _remember(self, s: Session, newest: int) -> None:
-        self._newest = newest
-        rows = s.connection().execute(TRANSITIONS_AFTER, {"after": newest - LOOKBACK})
+        self._newest, self._low = newest, newest - LOOKBACK
+        rows = s.connection().execute(TRANSITIONS_AFTER, {"after": self._low})
         self._applied = {(tid, job_id) for tid, job_id in rows}
 
     def reasons_written(self, reasons: dict[int, str]) -> None:

@@ -43,35 +43,49 @@ class RowCache:
         self._keys_seen: list[Any] | None = None
         self.reread = 0  # rows read again by the last read (what tests check)
         self.unchanged = False  # the last read returned the rows of the one before
+        self.left = False  # a row the read before returned is not among the last read's
+        self._keyset: set[Any] = set()
+        self._missing: set[int] = set()  # ids of the last read's keys whose row was not found
         self._passes = 0
 
     def read(self, conn: Any) -> list[Any]:
         """The rows, in id order; what changed since the last read is read again."""
         self._passes += 1
         if self._passes > FULL_READ_PASSES:
-            self._rows, self._passes, self._keys_seen = {}, 1, None
+            self._forget()
         keys = self._key_pairs(conn)
         if keys == self._keys_seen:
-            self.reread, self.unchanged = 0, True
+            self.reread, self.unchanged, self.left = 0, True, False
             return list(self._rows.values())
-        self._keys_seen, self.unchanged = keys, False
-        stale = [i for i, rev in keys if (i not in self._rows or self._rows[i].revision != rev)]
+        ids, keyset = dict(keys), set(keys)  # (id order kept; built in C, not row by row)
+        if self._keys_seen is None:
+            stale = list(ids)
+        else:
+            # new or moved: a set difference, no look at each row; with those whose row
+            # was not found last time (they left the selection between the two statements)
+            stale = [i for i, _ in keyset.difference(self._keyset)]
+            stale += [i for i in self._missing if i in ids]
+        self._keys_seen, self._keyset, self.unchanged = keys, keyset, False
         fresh: dict[int, Any] = {}
         for at in range(0, len(stale), CHUNK):
             for row in conn.execute(self._some, {"ids": stale[at : at + CHUNK]}):
                 fresh[row.id] = row
-        reread = set(stale)  # (a set: a first read of 10 000 rows checks each against it)
-        kept: dict[int, Any] = {}
-        for job_id, _ in keys:
-            # read again, or kept as it was; one that changed and left the selection: gone
-            row = fresh.get(job_id)
-            if row is None and job_id not in reread:
-                row = self._rows.get(job_id)
-            if row is not None:
-                kept[job_id] = row
+        # read again, or kept as it was; one that changed and left the selection: gone
+        gone = self._missing = set(stale).difference(fresh)
+        rows = self._rows
+        try:
+            kept = {i: fresh[i] if i in fresh else rows[i] for i in ids if i not in gone}
+        except KeyError:  # (never expected: a row not kept nor read; read them all again)
+            self._forget()
+            return self.read(conn)
+        self.left = self._passes == 1 or not rows.keys() <= kept.keys()  # (1: all read)
         self._rows = kept
         self.reread = len(fresh)
         return list(kept.values())
+
+    def _forget(self) -> None:
+        self._rows, self._passes, self._keys_seen = {}, 1, None
+        self._keyset, self._missing = set(), set()
 
     def _key_pairs(self, conn: Any) -> list[tuple[int, int]]:
         """(id, revision) of the rows ``where`` selects, in id order, in ``conn``'s

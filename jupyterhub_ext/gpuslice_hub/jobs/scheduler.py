@@ -85,6 +85,7 @@ class Scheduler:
         self.refusals = KeptRefusals(FULL_PASS_SECONDS)
         # the active jobs' rows, kept between passes (row_cache.py)
         self.active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
+        self._refs: list[dict[str, Any]] | None = None  # their backend refs, as last read
         # defragmentation (defrag.py): the moves under way, by the waiting job they make
         # room for, with when each gives up; when a plan was last looked for, per job
         self.moves: dict[int, tuple[Move, datetime]] = {}
@@ -121,15 +122,17 @@ class Scheduler:
             # a pass), read again only where they changed: the pass only reads them; its
             # writes get the row again.
             active = cast(list[JobRow], self.active.read(s.connection()))
+        if not self.active.unchanged or self._refs is None:
+            self._refs = [job.backend_ref or {} for job in active]
         try:
             # one question to the backend for all of them (Slurm: one squeue, not a fork each)
-            statuses = self.jobs.backend.poll_many([job.backend_ref or {} for job in active])
+            statuses = self.jobs.backend.poll_many(self._refs)
         except Exception:
             self.log.exception(
                 "the %s backend could not be asked about its runs", self.jobs.backend.name
             )
             statuses = []
-        if not self.active.unchanged:  # (the same rows as the last pass: nothing to forget)
+        if self.active.left:  # (no job left the rows since the last pass: nothing to forget)
             self.keep_watching(active)
         quiet = self._quiet
         for job, status in zip(active, statuses, strict=False):
