@@ -9,8 +9,8 @@ seen.
 
 Transition ids are taken when a row is inserted and become visible when its transaction
 commits, so on PostgreSQL a lower id can appear after a higher one was read: each pass
-looks back at least ``LOOKBACK`` ids for transitions it has not applied (it counts them, and reads
-them only when the count differs from those it applied; every transition is written under
+looks back at least ``LOOKBACK`` ids for transitions it has not applied (it counts them, and
+reads them only when the count differs from those it applied; every transition is written under
 the ledger lock, so ids commit in order today: this is a safety net). Counting is enough
 because ids only grow: history pruning keeps the newest transition's job (SQLite would hand
 deleted highest ids out again). The whole queue is read again when ids went back anyway

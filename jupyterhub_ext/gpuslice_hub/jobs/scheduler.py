@@ -132,7 +132,7 @@ class Scheduler:
                 "the %s backend could not be asked about its runs", self.jobs.backend.name
             )
             statuses = []
-        if self.active.left:  # (no job left the rows since the last pass: nothing to forget)
+        if self.active.left:  # (only then is there anything to forget)
             self.keep_watching(active)
         quiet = self._quiet
         for job, status in zip(active, statuses, strict=False):
