@@ -77,7 +77,7 @@ def test_generated_requests_never_get_a_5xx_or_an_undocumented_answer(fuzzed_hub
             "20261201",
             # One: Python 3.11.7's ast.parse (hypothesis describes its strategies with it)
             # is not safe in two threads at once ("AST constructor recursion depth
-            # mismatch", a SystemError CI met), and the run is CPU-bound anyway.
+            # mismatch", a SystemError CI met); with one it took the same 37 s here.
             "--workers",
             "1",
             "--generation-database",

