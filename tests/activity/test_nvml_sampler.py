@@ -1,5 +1,8 @@
+import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -317,3 +320,25 @@ def test_visible_devices_from_environment():
     assert visible_devices({}) is None
     assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "MIG-a, 1"}) == ["MIG-a", "1"]
+
+
+def test_the_fake_behaves_as_the_real_driver_was_recorded_to(procs):
+    """benchmarks/gpu_check.py recorded the real driver on an H200 (the JSON in
+    benchmarks/results): asked for samples newer than now, per-process utilization raises
+    NotFound; its timestamps are microseconds since the epoch. The fake must do the same,
+    or the sampler's tests would pass against a driver that does not exist."""
+    recorded = json.loads(
+        (Path(__file__).parents[2] / "benchmarks/results/gpu_check_h200.json").read_text()
+    )
+    assert recorded["driver"]["process_util_future"].startswith("NVMLError_NotFound")
+    assert -60 < recorded["last_sample_ts_minus_now_us_s"] <= 0
+    assert all(c["ok"] for c in recorded["checks"])
+
+    nvml = FakeNVML({"devices": [gpu([{"pid": 200, "sm_util": 5}])]})
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    now_us = time.time() * 1e6
+    (sample,) = nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    assert abs(sample.timeStamp - now_us) < 60e6
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetProcessUtilization(handle, int(now_us + 60e6))
