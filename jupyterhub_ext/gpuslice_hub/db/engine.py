@@ -46,9 +46,13 @@ def after_commit(session: Session, fn: Callable[[], None]) -> None:
     session.info.setdefault(AFTER_COMMIT, []).append(fn)
 
 
-def _sqlite_engine(url: str, immediate: bool) -> Engine:
+def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
+    # A pool event, not the engine's: a listener for any of a connection's own events (its
+    # "begin", say) has every statement on the engine's connections dispatch each of them,
+    # which cost more than SQLite spent on the short ones (docs/benchmarks.md). So the
+    # transaction's BEGIN is sent by ``Database`` (``_begin``), not from a listener.
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
         # Take over transaction control from pysqlite, so BEGIN is ours to issue.
@@ -64,27 +68,26 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
         cur.close()
         _record.info[BUSY_TIMEOUT_KEY] = BUSY_TIMEOUT_MS
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn):  # type: ignore[no-untyped-def]
-        if not immediate:
-            _driver_exec(conn, "BEGIN")
-            return
-        # This process's writers queue on ``Database.writer``; SQLite's busy handler is
-        # only ever waited on for another process (an admin's sqlite3 shell in a write
-        # transaction, say). Not on the event loop: a short write there gives way to a
-        # thread (db/short_writes.py), which waits.
-        short = in_short_write()
-        _set_busy_timeout(conn, 0 if short else BUSY_TIMEOUT_MS)
-        try:
-            _driver_exec(conn, "BEGIN IMMEDIATE")
-        except OperationalError as e:
-            # (SQLAlchemy's Connection is left believing it is beginning: ``_begin``
-            # discards it)
-            if short and getattr(e.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
-                raise WouldWait("another process is writing the ledger") from e
-            raise
-
     return engine
+
+
+def _sqlite_begin_read(conn: Connection) -> None:
+    _driver_exec(conn, "BEGIN")
+
+
+def _sqlite_begin_write(conn: Connection) -> None:
+    # This process's writers queue on ``Database.writer``; SQLite's busy handler is only
+    # ever waited on for another process (an admin's sqlite3 shell in a write transaction,
+    # say). Not on the event loop: a short write there gives way to a thread
+    # (db/short_writes.py), which waits.
+    short = in_short_write()
+    _set_busy_timeout(conn, 0 if short else BUSY_TIMEOUT_MS)
+    try:
+        _driver_exec(conn, "BEGIN IMMEDIATE")
+    except OperationalError as e:
+        if short and getattr(e.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:
+            raise WouldWait("another process is writing the ledger") from e
+        raise
 
 
 def _set_busy_timeout(conn: Connection, ms: int) -> None:
@@ -120,12 +123,17 @@ class _Joined(Session):
         return super().connection(bind_arguments, execution_options)
 
 
-def _begin(conn: Connection) -> None:
+def _begin(conn: Connection, send: Callable[[Connection], None] | None) -> None:
+    """Begin ``conn``'s transaction; ``send`` issues SQLite's BEGIN on the driver (SQLite's
+    dialect leaves it to the driver, whose own transaction handling ``_on_connect`` turned
+    off)."""
     try:
         conn.begin()
+        if send is not None:
+            send(conn)
     except BaseException:
-        # (a BEGIN that failed, SQLite busy: the Connection is left believing it is
-        # beginning; it is no use to anyone after, so it is discarded)
+        # (a BEGIN that failed, SQLite busy: the Connection believes it is in a transaction
+        # the database never began; it is no use to anyone after, so it is discarded)
         conn.invalidate()
         raise
 
@@ -162,11 +170,16 @@ class Database:
     def is_sqlite(self) -> bool:
         return self.url.startswith("sqlite")
 
+    def begin(self, conn: Connection) -> None:
+        """Begin a read transaction on ``conn``, a connection of ``read_engine``: on SQLite
+        a snapshot, for as long as it lasts."""
+        _begin(conn, _sqlite_begin_read if self.is_sqlite else None)
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[Session]:
         """A read transaction (on SQLite a snapshot, for as long as it lasts)."""
         with self.read_engine.connect() as conn:
-            _begin(conn)
+            self.begin(conn)
             session = self._read_sessions(bind=conn)
             try:
                 yield session
@@ -187,7 +200,7 @@ class Database:
         # session's own transaction cost about twice what SQLite spends on a short write.
         # (the connection taken once the writer is: none waits for it holding one)
         with self._guard, self._write_connection() as conn:
-            _begin(conn)
+            _begin(conn, _sqlite_begin_write if self.is_sqlite else None)
             session = self._write_sessions(bind=conn)
             try:
                 if lock and not self.is_sqlite:
@@ -322,7 +335,7 @@ class Database:
 
 def open_database(url: str) -> Database:
     if url.startswith("sqlite"):
-        return Database(url, _sqlite_engine(url, False), _sqlite_engine(url, True))
+        return Database(url, _sqlite_engine(url), _sqlite_engine(url))
     if url.startswith("postgresql://"):
         # Prefer psycopg 3, the driver we install and test with.
         url = "postgresql+psycopg://" + url[len("postgresql://") :]

@@ -40,9 +40,11 @@ def current_revision(db: Database) -> str | None:
 
 def upgrade(db: Database) -> None:
     cfg = alembic_config(db)
-    with db.read_engine.begin() as conn:
+    with db.read_engine.connect() as conn:
+        db.begin(conn)  # (on SQLite a migration is one transaction too)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+        conn.commit()
 
 
 def ensure_schema(db: Database, upgrade_command: str) -> None:
