@@ -13,6 +13,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 )
 
+# Every statement the ledger runs on SQLite's cursor (gpuslice_hub/db/lean.py) is checked
+# against SQLAlchemy's own execution: the same SQL and parameters, the same rows.
+os.environ["GPUSLICE_LEAN_CHECK"] = "1"
+
 pytest_plugins = [
     "tests.harness.postgres",
     "tests.harness.hub",

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
 
 from .db.engine import after_commit
+from .db.lean import Lean
 from .db.loopguard import WouldWait, hold, not_on_loop
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
 from .quotas import Held, Usage
@@ -132,8 +133,8 @@ def bump_generation(s: Session) -> None:
 
 # Statements of the allocation hot path, built once: building a statement (coercing its
 # clauses, computing its cache key) cost about as much as running it on SQLite.
-_GENERATION = select(LedgerLock.generation).where(LedgerLock.id == 1)
-_NEWEST_EVENT = select(func.max(EventRow.id))
+_GENERATION = Lean(select(LedgerLock.generation).where(LedgerLock.id == 1))
+NEWEST_EVENT = Lean(select(func.max(EventRow.id)))
 _NAMED_SINCE = (
     select(EventRow.allocation_id)
     .where(
@@ -167,7 +168,7 @@ def current_generation(s: Session) -> int:
     reload at the next look, never an older view under a newer number."""
     generation = s.info.get(_GENERATION_READ)
     if generation is None:
-        generation = int(s.connection().execute(_GENERATION).scalar() or 0)
+        generation = int(_GENERATION.execute(s.connection()).scalar() or 0)
         s.info[_GENERATION_READ] = generation
     return int(generation)
 
@@ -404,7 +405,7 @@ class ActiveCache:
         """Holding the lock, with the views caught up with what ``s`` can read (up to
         ``marker``, the newest event id, when the caller read it)."""
         if marker is None:
-            marker = int(s.connection().execute(_NEWEST_EVENT).scalar() or 0)
+            marker = int(NEWEST_EVENT.execute(s.connection()).scalar() or 0)
         with hold(self._lock):
             # A reader whose transaction began before the newest write asks for an older
             # state: it gets the newer one (never older than what it could read).

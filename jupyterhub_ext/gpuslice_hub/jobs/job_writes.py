@@ -9,22 +9,22 @@ import functools
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, insert, update
-from sqlalchemy.sql.dml import Update
 
 from ..db.jobs_models import JobRow, JobTransitionRow
+from ..db.lean import Lean
 
 JOBS = cast(Table, JobRow.__table__)
 TRANSITIONS = cast(Table, JobTransitionRow.__table__)
-RECORD_TRANSITION = insert(TRANSITIONS)
+RECORD_TRANSITION = Lean(insert(TRANSITIONS))
 
 
 @functools.cache
-def _update(columns: frozenset[str], guards: tuple[str, ...]) -> Update:
+def _update(columns: frozenset[str], guards: tuple[str, ...]) -> Lean:
     where = [JOBS.c.id == bindparam("job_id")]
     where += [JOBS.c[g] == bindparam(f"was_{g}") for g in guards]
     # (bound parameters may not take a column's own name in an UPDATE: "new_" names them)
     values = {c: bindparam(f"new_{c}", type_=JOBS.c[c].type) for c in sorted(columns)}
-    return update(JOBS).where(*where).values(values)
+    return Lean(update(JOBS).where(*where).values(values))
 
 
 def write_job(conn: Any, job_id: int, values: dict[str, Any], **was: Any) -> bool:
@@ -33,7 +33,7 @@ def write_job(conn: Any, job_id: int, values: dict[str, Any], **was: Any) -> boo
     written."""
     params = {"job_id": job_id, **{f"new_{c}": v for c, v in values.items()}}
     params.update({f"was_{g}": v for g, v in was.items()})
-    done = conn.execute(_update(frozenset(values), tuple(sorted(was))), params)
+    done = _update(frozenset(values), tuple(sorted(was))).execute(conn, params)
     return bool(done.rowcount == 1)
 
 
@@ -42,7 +42,7 @@ def record_transition(
 ) -> None:
     """The history's line for a move of ``job_id`` from ``old`` (None: submitted) to
     ``state``."""
-    conn.execute(
-        RECORD_TRANSITION,
+    RECORD_TRANSITION.execute(
+        conn,
         {"job_id": job_id, "from_state": old, "state": state, "at": at, "reason": reason[:1024]},
     )

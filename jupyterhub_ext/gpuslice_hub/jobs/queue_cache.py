@@ -29,6 +29,7 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from ..db.jobs_models import JobRow, JobTransitionRow
+from ..db.lean import Lean
 from .ordering import micros
 
 QUEUED_COLUMNS = (
@@ -46,14 +47,16 @@ QUEUED_COLUMNS = (
 LOOKBACK = 200
 FULL_READ_PASSES = 100
 CHUNK = 500  # job ids per statement (old SQLite takes at most 999 parameters)
-NEWEST_TRANSITION = select(func.max(JobTransitionRow.id))
+NEWEST_TRANSITION = Lean(select(func.max(JobTransitionRow.id)))
 # Built once: building a statement costs about what running it does on SQLite.
 ALL_QUEUED = select(*QUEUED_COLUMNS).where(JobRow.state == "queued")
 SOME = select(*QUEUED_COLUMNS, JobRow.state).where(JobRow.id.in_(bindparam("ids", expanding=True)))
-TRANSITIONS_AFTER = select(JobTransitionRow.id, JobTransitionRow.job_id).where(
-    JobTransitionRow.id > bindparam("after")
+TRANSITIONS_AFTER = Lean(
+    select(JobTransitionRow.id, JobTransitionRow.job_id).where(
+        JobTransitionRow.id > bindparam("after")
+    )
 )
-COUNT_BETWEEN = (
+COUNT_BETWEEN = Lean(
     select(func.count())
     .select_from(JobTransitionRow)
     .where(JobTransitionRow.id > bindparam("after"), JobTransitionRow.id <= bindparam("upto"))
@@ -111,7 +114,7 @@ class QueueCache:
         when the caller read it in this transaction."""
         conn = s.connection()
         self._passes += 1
-        newest_now = newest if newest is not None else conn.execute(NEWEST_TRANSITION).scalar()
+        newest_now = newest if newest is not None else NEWEST_TRANSITION.execute(conn).scalar()
         newest_now = newest_now or 0
         # Ids that went back (SQLite reuses the highest ids once someone deleted
         # them): what is new can no longer be told by id, read everything.
@@ -119,7 +122,7 @@ class QueueCache:
         if self._newest is None or self._passes > FULL_READ_PASSES or went_back:
             # what was applied is read before the rows: a transition committed in between
             # is not in it, and the next pass reads its job again
-            newest = conn.execute(NEWEST_TRANSITION).scalar() or 0
+            newest = NEWEST_TRANSITION.execute(conn).scalar() or 0
             self._remember(s, newest)
             rows = conn.execute(ALL_QUEUED)
             self.jobs = {r.id: QueuedJob.of(r) for r in rows}
@@ -128,16 +131,16 @@ class QueueCache:
         window = self._low
         new = [
             (tid, job_id)
-            for tid, job_id in conn.execute(TRANSITIONS_AFTER, {"after": self._newest})
+            for tid, job_id in TRANSITIONS_AFTER.execute(conn, {"after": self._newest}).rows
         ]
         # The look-back: as many transitions within it as were applied means none came late
         # (a count, not the rows: those are what was applied). Otherwise it is read again.
-        within = conn.execute(COUNT_BETWEEN, {"after": window, "upto": self._newest}).scalar()
+        within = COUNT_BETWEEN.execute(conn, {"after": window, "upto": self._newest}).scalar()
         everything: list[tuple[int, int]] | None = None
         if within == len(self._applied):
             fresh = new  # (all after the newest applied)
         else:
-            after = conn.execute(TRANSITIONS_AFTER, {"after": window})
+            after = TRANSITIONS_AFTER.execute(conn, {"after": window}).rows
             everything = [(tid, job_id) for tid, job_id in after]
             fresh = [t for t in everything if t not in self._applied]
         changed = {job_id for _, job_id in fresh}
@@ -169,7 +172,7 @@ class QueueCache:
 
     def _remember(self, s: Session, newest: int) -> None:
         self._newest, self._low = newest, newest - LOOKBACK
-        rows = s.connection().execute(TRANSITIONS_AFTER, {"after": self._low})
+        rows = TRANSITIONS_AFTER.execute(s.connection(), {"after": self._low}).rows
         self._applied = {(tid, job_id) for tid, job_id in rows}
 
     def reasons_written(self, reasons: dict[int, str]) -> None:

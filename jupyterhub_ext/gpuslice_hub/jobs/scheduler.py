@@ -16,18 +16,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from prometheus_client import Histogram
-from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 
 from .. import clock
 from ..db.jobs_models import JobRow
-from ..db.models import EventRow, utcnow
+from ..db.models import utcnow
 from ..errors import Refused
 from ..ledger import Caller
 from ..pools import Access
-from ..snapshot import current_generation
+from ..snapshot import NEWEST_EVENT, current_generation
 from .accounts import Account, AccountError, job_environment
 from .backends.base import PlacedBackend, RunStatus
 from .defrag import MOVABLE_STATES, Move, MoveBudget, plan_move
@@ -46,7 +46,6 @@ from .victims import pick_victim
 JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
 FULL_PASS_SECONDS = 60.0
-NEWEST_EVENT = select(func.max(EventRow.id))
 WAITING_REASON = (
     update(JOBS)
     .where(JOBS.c.id == bindparam("job_id"), JOBS.c.state == "queued")
@@ -182,8 +181,8 @@ class Scheduler:
         one did, at the cost of reading and ordering the whole queue."""
         conn = s.connection()
         marker = (
-            conn.execute(NEWEST_EVENT).scalar(),
-            conn.execute(NEWEST_TRANSITION).scalar(),
+            NEWEST_EVENT.execute(conn).scalar(),
+            NEWEST_TRANSITION.execute(conn).scalar(),
             current_generation(s),
         )
         due = self._next_due is not None and now >= self._next_due

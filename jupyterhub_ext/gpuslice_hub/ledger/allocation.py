@@ -14,6 +14,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ..db.lean import Lean
 from ..db.loopguard import hold
 from ..db.models import (
     utcnow,
@@ -53,7 +54,7 @@ _SERVERS_SLICE = select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
     ALLOCATIONS.c.user == bindparam("b_user"),
     ALLOCATIONS.c.server_name == bindparam("b_server"),
 )
-_INSERT_ALLOCATION = insert(ALLOCATIONS).returning(ALLOCATIONS.c.id)
+_INSERT_ALLOCATION = Lean(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id))
 # one statement for all of an allocation's claims, their ids in the order given
 _INSERT_CLAIMS = insert(CLAIMS).returning(CLAIMS.c.id, sort_by_parameter_order=True)
 _RELEASE = (
@@ -481,7 +482,7 @@ class AllocationMixin(CapacityMixin):
         }
         # Core statements on the session's connection: the ORM layer adds nothing here.
         conn = s.connection()
-        alloc_id = conn.execute(_INSERT_ALLOCATION, values).scalar_one()
+        alloc_id = _INSERT_ALLOCATION.execute(conn, values).scalar_one()
         claims: list[dict[str, Any]] = [
             {
                 "allocation_id": alloc_id,

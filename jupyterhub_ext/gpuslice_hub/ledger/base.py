@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from ..clusterview import ClusterCache
 from ..db.admin_models import QuotaOverrideRow
 from ..db.engine import Database
+from ..db.lean import Lean
 from ..db.models import (
     AllocationRow,
     ClaimRow,
@@ -46,7 +47,7 @@ EVENTS = cast(Table, EventRow.__table__)
 
 PURPOSES = ("interactive", "batch")
 # built once (see snapshot.py): every allocation and release writes an event
-_INSERT_EVENT = insert(EVENTS).returning(EVENTS.c.id)
+_INSERT_EVENT = Lean(insert(EVENTS).returning(EVENTS.c.id))
 # Events of a stop the service asked for, and how a release that follows one reads.
 RECLAIM_KINDS = {
     "idle-culled": "idle-culled",
@@ -182,7 +183,7 @@ class LedgerBase:
             "reason": reason,
             "detail": detail or {},
         }
-        event_id = int(s.connection().execute(_INSERT_EVENT, values).scalar_one())
+        event_id = int(_INSERT_EVENT.execute(s.connection(), values).scalar_one())
         self.active_cache.wrote(s).events.append((event_id, allocation_id))
         return event_id
 

@@ -1,0 +1,198 @@
+"""The ledger's most frequent statements, run on SQLite's own cursor.
+
+SQLAlchemy's execution of a statement already compiled and cached (an execution context,
+parameter processing, a result object with its rows) costs about ten times what SQLite
+spends on the short statements the scheduler's pass and the allocation path run
+thousands of times an hour (docs/benchmarks.md). ``Lean`` compiles a Core statement once
+per dialect with SQLAlchemy and keeps what its execution would do: the SQL, the order of
+its parameters, the type processing of each parameter and of each column of the result.
+On SQLite it then runs the statement on the driver's cursor, in the connection's
+transaction; on any other database, and for a statement whose execution needs more than
+that (Python-side column defaults, parameters expanded at execution), it is an ordinary
+``conn.execute``.
+
+The test suite checks every lean execution against SQLAlchemy's own
+(``GPUSLICE_LEAN_CHECK``, set by tests/conftest.py): the same SQL and parameters sent to
+the driver, the same rows back.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Executable, Select
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError, NoResultFound
+
+CHECK_ENV = "GPUSLICE_LEAN_CHECK"
+
+_Processor = Callable[[Any], Any] | None
+
+
+class _Plan:
+    __slots__ = ("binds", "columns", "compiled", "defaults", "names", "sql")
+
+    def __init__(self, stmt: Any, dialect: Dialect, keys: tuple[str, ...]) -> None:
+        # as SQLAlchemy compiles it for a call naming ``keys`` (an INSERT without values
+        # inserts the columns named, an UPDATE sets them too)
+        compiled = self.compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
+        if compiled.insert_prefetch or compiled.update_prefetch:
+            raise _NotLean("Python-side column defaults")
+        if any(b.expanding for b in compiled.binds.values()):
+            raise _NotLean("parameters expanded at execution")
+        if not dialect.positional or compiled.positiontup is None:
+            raise _NotLean("named parameters")
+        self.sql: str = compiled.string
+        self.names: tuple[str, ...] = tuple(compiled.positiontup)
+        # the statement's own values (``state == "queued"``), what a call does not name
+        self.defaults: dict[str, Any] = compiled.construct_params(_check=False)
+        processors = compiled._bind_processors
+        self.binds: tuple[_Processor, ...] = tuple(processors.get(n) for n in self.names)
+        self.columns: tuple[_Processor, ...] | None = None
+        if compiled._result_columns:
+            procs = tuple(
+                c.type._cached_result_processor(dialect, None) for c in compiled._result_columns
+            )
+            self.columns = procs if any(p is not None for p in procs) else ()
+
+    def args(self, params: Mapping[str, Any] | None) -> tuple[Any, ...]:
+        values = self.defaults if not params else {**self.defaults, **params}
+        return tuple(
+            v if p is None or v is None else p(v)
+            for p, v in zip(self.binds, (values[n] for n in self.names), strict=True)
+        )
+
+
+class _NotLean(Exception):
+    pass
+
+
+_Plans = dict[frozenset[str], _Plan | None]
+
+
+class LeanResult:
+    """What the callers of a lean statement read of its result."""
+
+    __slots__ = ("rowcount", "rows")
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
+        self.rows, self.rowcount = rows, rowcount
+
+    def all(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def scalar(self) -> Any:
+        return self.rows[0][0] if self.rows else None
+
+    def scalar_one(self) -> Any:
+        if len(self.rows) != 1:
+            raise NoResultFound(f"expected one row, got {len(self.rows)}")
+        return self.rows[0][0]
+
+    def scalars(self) -> list[Any]:
+        return [r[0] for r in self.rows]
+
+
+class Lean:
+    """``stmt``, to be run with :meth:`execute` (a Core statement built once)."""
+
+    __slots__ = ("_by_dialect", "_last", "stmt")
+
+    def __init__(self, stmt: Executable) -> None:
+        self.stmt = stmt
+        # per dialect (each engine has its own: the ledger's reads and writes alternate
+        # between two), per set of parameter names a call gives: None where not lean
+        self._by_dialect: weakref.WeakKeyDictionary[Dialect, _Plans] = weakref.WeakKeyDictionary()
+        # the last dialect's, as one value: threads read it without a lock
+        self._last: tuple[Dialect | None, _Plans] = (None, {})
+
+    @property
+    def _plans(self) -> _Plans:
+        """(tests) The plans of the last dialect used."""
+        return self._last[1]
+
+    def execute(self, conn: Connection, params: Mapping[str, Any] | None = None) -> LeanResult:
+        dialect = conn.dialect
+        last, plans = self._last
+        if dialect is not last:
+            plans = self._by_dialect.setdefault(dialect, {})
+            self._last = (dialect, plans)
+        keys = frozenset(params) if params else frozenset()
+        try:
+            plan = plans[keys]
+        except KeyError:
+            plan = plans[keys] = self._plan(dialect, keys)
+        if plan is None:
+            return _through_sqlalchemy(conn, self.stmt, params)
+        args = plan.args(params)
+        if _CHECK:
+            _check(conn, self.stmt, params, plan, args)
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(plan.sql, args)
+            rows = cursor.fetchall() if plan.columns is not None else []
+            rowcount = cursor.rowcount
+        except sqlite3.Error as e:
+            # SQLAlchemy's errors, as its own execution raises them (IntegrityError, ...)
+            raise DBAPIError.instance(plan.sql, args, e, sqlite3.Error) from e
+        finally:
+            cursor.close()
+        if plan.columns:
+            rows = [_processed(row, plan.columns) for row in rows]
+        if _CHECK and isinstance(self.stmt, Select):
+            expected = _through_sqlalchemy(conn, self.stmt, params).rows
+            if rows != expected:
+                raise AssertionError(f"lean rows differ from SQLAlchemy's: {rows} != {expected}")
+        return LeanResult(rows, rowcount)
+
+    def _plan(self, dialect: Dialect, keys: frozenset[str]) -> _Plan | None:
+        if dialect.name != "sqlite":
+            return None
+        try:
+            return _Plan(self.stmt, dialect, tuple(sorted(keys)))
+        except _NotLean:
+            return None
+
+
+def _processed(row: Sequence[Any], procs: tuple[_Processor, ...]) -> tuple[Any, ...]:
+    return tuple(v if p is None or v is None else p(v) for p, v in zip(procs, row, strict=True))
+
+
+def _through_sqlalchemy(
+    conn: Connection, stmt: Executable, params: Mapping[str, Any] | None
+) -> LeanResult:
+    result = conn.execute(stmt, dict(params) if params else None)
+    rows = [tuple(r) for r in result] if result.returns_rows else []
+    return LeanResult(rows, result.rowcount)
+
+
+_CHECK = os.environ.get(CHECK_ENV) == "1"
+
+
+def _check(
+    conn: Connection,
+    stmt: Any,
+    params: Mapping[str, Any] | None,
+    plan: _Plan,
+    args: tuple[Any, ...],
+) -> None:
+    """What SQLAlchemy would send the driver for ``stmt`` is what the plan sends (its
+    execution context, built without executing anything)."""
+    ctx = conn.dialect.execution_ctx_cls._init_compiled(  # type: ignore[attr-defined]
+        conn.dialect,
+        conn,
+        conn.connection,
+        conn._execution_options,
+        plan.compiled,
+        [dict(params) if params else {}],
+        stmt,
+        None,
+    )
+    sent = (ctx.statement, tuple(ctx.parameters[0]))
+    if sent != (plan.sql, args):
+        lean = (plan.sql, args)
+        raise AssertionError(f"lean execution differs from SQLAlchemy's: {lean} != {sent}")
