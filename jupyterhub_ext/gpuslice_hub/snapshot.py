@@ -135,7 +135,7 @@ def bump_generation(s: Session) -> None:
 # clauses, computing its cache key) cost about as much as running it on SQLite.
 _GENERATION = Lean(select(LedgerLock.generation).where(LedgerLock.id == 1))
 NEWEST_EVENT = Lean(select(func.max(EventRow.id)))
-_NAMED_SINCE = (
+_NAMED_SINCE = Lean(
     select(EventRow.allocation_id)
     .where(
         EventRow.id > bindparam("since"),
@@ -484,9 +484,9 @@ class ActiveCache:
         else:
             named: list[int] = [
                 int(alloc_id)
-                for alloc_id in s.connection()
-                .execute(_NAMED_SINCE, {"since": since, "marker": marker})
-                .scalars()
+                for alloc_id in _NAMED_SINCE.execute(
+                    s.connection(), {"since": since, "marker": marker}
+                ).scalars()
                 if alloc_id is not None
             ]
             fresh = load_allocations(s, named)

@@ -57,12 +57,12 @@ _SERVERS_SLICE = select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
 _INSERT_ALLOCATION = Lean(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id))
 # one statement for all of an allocation's claims, their ids in the order given
 _INSERT_CLAIMS = insert(CLAIMS).returning(CLAIMS.c.id, sort_by_parameter_order=True)
-_RELEASE = (
+_RELEASE = Lean(
     update(ALLOCATIONS)
     .where(ALLOCATIONS.c.id == bindparam("b_id"))
     .values(active=False, released_at=bindparam("b_at"), release_reason=bindparam("b_reason"))
 )
-_RELEASE_CLAIMS = (
+_RELEASE_CLAIMS = Lean(
     update(CLAIMS).where(CLAIMS.c.allocation_id == bindparam("b_id")).values(active=False)
 )
 
@@ -620,8 +620,8 @@ class AllocationMixin(CapacityMixin):
     def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:
         now = utcnow()
         conn = s.connection()
-        conn.execute(_RELEASE, {"b_id": view.id, "b_at": now, "b_reason": reason[:255]})
-        conn.execute(_RELEASE_CLAIMS, {"b_id": view.id})
+        _RELEASE.execute(conn, {"b_id": view.id, "b_at": now, "b_reason": reason[:255]})
+        _RELEASE_CLAIMS.execute(conn, {"b_id": view.id})
         view.active, view.released_at, view.release_reason = False, now, reason[:255]
         for c in view.claims:
             c.active = False
