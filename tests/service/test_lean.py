@@ -124,3 +124,30 @@ def test_statements_it_cannot_run_go_through_sqlalchemy(tmp_path: Path):
         row = s.get(EventRow, got)
         assert row is not None and row.ts is not None and row.detail == EVENT["detail"]
     ledger.db.dispose()
+
+
+def test_in_lists_and_rows_read_by_column_name(db_url: str):
+    ledger = build_ledger(db_url)
+    stmt = Lean(
+        select(EventRow.id, EventRow.kind, EventRow.detail)
+        .where(EventRow.id.in_(bindparam("ids", expanding=True)), EventRow.kind != "x")
+        .order_by(EventRow.id),
+        named=True,
+    )
+    with ledger.db.writing() as s:
+        ids = [
+            _INSERT_EVENT.execute(s.connection(), {**EVENT, "kind": f"k{i}"}).scalar_one()
+            for i in range(4)
+        ]
+    with ledger.db.reading() as s:
+        conn = s.connection()
+        for some in ([ids[2]], ids[:3], ids):
+            rows = stmt.execute(conn, {"ids": some}).rows
+            assert [(r.id, r.kind, r.detail) for r in rows] == [
+                (i, f"k{ids.index(i)}", EVENT["detail"]) for i in some
+            ]
+        assert stmt.execute(conn, {"ids": []}).rows == []  # (SQLAlchemy's own empty IN)
+    if db_url.startswith("sqlite"):
+        (plan,) = stmt._plans.values()
+        assert plan is not None and sorted(plan._sqls) == [(1,), (3,), (4,)]
+    ledger.db.dispose()

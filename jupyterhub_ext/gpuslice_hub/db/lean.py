@@ -18,6 +18,7 @@ the driver, the same rows back.
 
 from __future__ import annotations
 
+import collections
 import os
 import sqlite3
 import weakref
@@ -34,16 +35,25 @@ _Processor = Callable[[Any], Any] | None
 
 
 class _Plan:
-    __slots__ = ("binds", "columns", "compiled", "defaults", "names", "sql")
+    __slots__ = (
+        "_sqls",
+        "_template",
+        "binds",
+        "columns",
+        "compiled",
+        "defaults",
+        "expanding",
+        "names",
+        "row",
+        "sql",
+    )
 
-    def __init__(self, stmt: Any, dialect: Dialect, keys: tuple[str, ...]) -> None:
+    def __init__(self, stmt: Any, dialect: Dialect, keys: tuple[str, ...], named: bool) -> None:
         # as SQLAlchemy compiles it for a call naming ``keys`` (an INSERT without values
         # inserts the columns named, an UPDATE sets them too)
         compiled = self.compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
         if compiled.insert_prefetch or compiled.update_prefetch:
             raise _NotLean("Python-side column defaults")
-        if any(b.expanding for b in compiled.binds.values()):
-            raise _NotLean("parameters expanded at execution")
         if not dialect.positional or compiled.positiontup is None:
             raise _NotLean("named parameters")
         self.sql: str = compiled.string
@@ -51,20 +61,58 @@ class _Plan:
         # the statement's own values (``state == "queued"``), what a call does not name
         self.defaults: dict[str, Any] = compiled.construct_params(_check=False)
         processors = compiled._bind_processors
+        # (an expanding parameter's processor is its elements')
         self.binds: tuple[_Processor, ...] = tuple(processors.get(n) for n in self.names)
+        # ``IN`` lists: one placeholder per element, the SQL made once per list length
+        self.expanding = frozenset(n for n in self.names if compiled.binds[n].expanding)
+        self._template = self.sql
+        self._sqls: dict[tuple[int, ...], str] = {}
         self.columns: tuple[_Processor, ...] | None = None
+        self.row: Any = None
         if compiled._result_columns:
             procs = tuple(
                 c.type._cached_result_processor(dialect, None) for c in compiled._result_columns
             )
             self.columns = procs if any(p is not None for p in procs) else ()
+            if named:
+                fields = [c.keyname for c in compiled._result_columns]
+                self.row = collections.namedtuple("Row", fields, rename=True)  # type: ignore[misc]
+                if list(self.row._fields) != fields:
+                    raise _NotLean(f"columns without a name to read them by: {fields}")
 
-    def args(self, params: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    def render(self, params: Mapping[str, Any] | None) -> tuple[str, tuple[Any, ...]] | None:
+        """The SQL and its arguments for a call with ``params``; None where SQLAlchemy
+        renders it otherwise (an empty ``IN`` list)."""
         values = self.defaults if not params else {**self.defaults, **params}
-        return tuple(
-            v if p is None or v is None else p(v)
-            for p, v in zip(self.binds, (values[n] for n in self.names), strict=True)
-        )
+        if not self.expanding:
+            return self.sql, tuple(
+                v if p is None or v is None else p(v)
+                for p, v in zip(self.binds, (values[n] for n in self.names), strict=True)
+            )
+        args: list[Any] = []
+        lengths = []
+        for name, p in zip(self.names, self.binds, strict=True):
+            v = values[name]
+            if name in self.expanding:
+                if not v:
+                    return None
+                lengths.append(len(v))
+                args.extend(v if p is None else [x if x is None else p(x) for x in v])
+            else:
+                args.append(v if p is None or v is None else p(v))
+        return self._expanded(tuple(lengths)), tuple(args)
+
+    def _expanded(self, lengths: tuple[int, ...]) -> str:
+        sql = self._sqls.get(lengths)
+        if sql is None:
+            sql = self._template
+            names = [n for n in self.names if n in self.expanding]
+            for name, n in zip(names, lengths, strict=True):
+                sql = sql.replace(f"__[POSTCOMPILE_{name}]", ", ".join("?" * n), 1)
+            if len(self._sqls) > 256:  # (a bound: chunks of any length up to the caller's)
+                self._sqls.clear()
+            self._sqls[lengths] = sql
+        return sql
 
 
 class _NotLean(Exception):
@@ -79,10 +127,10 @@ class LeanResult:
 
     __slots__ = ("rowcount", "rows")
 
-    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
         self.rows, self.rowcount = rows, rowcount
 
-    def all(self) -> list[tuple[Any, ...]]:
+    def all(self) -> list[Any]:
         return self.rows
 
     def scalar(self) -> Any:
@@ -98,12 +146,13 @@ class LeanResult:
 
 
 class Lean:
-    """``stmt``, to be run with :meth:`execute` (a Core statement built once)."""
+    """``stmt``, to be run with :meth:`execute` (a Core statement built once).
+    ``named``: its rows are read by column name (``row.id``), not only by position."""
 
-    __slots__ = ("_by_dialect", "_last", "stmt")
+    __slots__ = ("_by_dialect", "_last", "named", "stmt")
 
-    def __init__(self, stmt: Executable) -> None:
-        self.stmt = stmt
+    def __init__(self, stmt: Executable, named: bool = False) -> None:
+        self.stmt, self.named = stmt, named
         # per dialect (each engine has its own: the ledger's reads and writes alternate
         # between two), per set of parameter names a call gives: None where not lean
         self._by_dialect: weakref.WeakKeyDictionary[Dialect, _Plans] = weakref.WeakKeyDictionary()
@@ -126,23 +175,27 @@ class Lean:
             plan = plans[keys]
         except KeyError:
             plan = plans[keys] = self._plan(dialect, keys)
-        if plan is None:
+        rendered = None if plan is None else plan.render(params)
+        if plan is None or rendered is None:
             return _through_sqlalchemy(conn, self.stmt, params)
-        args = plan.args(params)
+        sql, args = rendered
         if _CHECK:
-            _check(conn, self.stmt, params, plan, args)
+            _check(conn, self.stmt, params, plan, sql, args)
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.execute(plan.sql, args)
+            cursor.execute(sql, args)
             rows = cursor.fetchall() if plan.columns is not None else []
             rowcount = cursor.rowcount
         except sqlite3.Error as e:
             # SQLAlchemy's errors, as its own execution raises them (IntegrityError, ...)
-            raise DBAPIError.instance(plan.sql, args, e, sqlite3.Error) from e
+            raise DBAPIError.instance(sql, args, e, sqlite3.Error) from e
         finally:
             cursor.close()
         if plan.columns:
             rows = [_processed(row, plan.columns) for row in rows]
+        if plan.row is not None:
+            make = plan.row._make
+            rows = [make(row) for row in rows]
         if _CHECK and isinstance(self.stmt, Select):
             expected = _through_sqlalchemy(conn, self.stmt, params).rows
             if rows != expected:
@@ -153,7 +206,7 @@ class Lean:
         if dialect.name != "sqlite":
             return None
         try:
-            return _Plan(self.stmt, dialect, tuple(sorted(keys)))
+            return _Plan(self.stmt, dialect, tuple(sorted(keys)), self.named)
         except _NotLean:
             return None
 
@@ -166,7 +219,8 @@ def _through_sqlalchemy(
     conn: Connection, stmt: Executable, params: Mapping[str, Any] | None
 ) -> LeanResult:
     result = conn.execute(stmt, dict(params) if params else None)
-    rows = [tuple(r) for r in result] if result.returns_rows else []
+    # (SQLAlchemy's rows: tuples that are also read by column name)
+    rows = list(result) if result.returns_rows else []
     return LeanResult(rows, result.rowcount)
 
 
@@ -178,6 +232,7 @@ def _check(
     stmt: Any,
     params: Mapping[str, Any] | None,
     plan: _Plan,
+    sql: str,
     args: tuple[Any, ...],
 ) -> None:
     """What SQLAlchemy would send the driver for ``stmt`` is what the plan sends (its
@@ -193,6 +248,6 @@ def _check(
         None,
     )
     sent = (ctx.statement, tuple(ctx.parameters[0]))
-    if sent != (plan.sql, args):
-        lean = (plan.sql, args)
+    if sent != (sql, args):
+        lean = (sql, args)
         raise AssertionError(f"lean execution differs from SQLAlchemy's: {lean} != {sent}")

@@ -49,8 +49,11 @@ FULL_READ_PASSES = 100
 CHUNK = 500  # job ids per statement (old SQLite takes at most 999 parameters)
 NEWEST_TRANSITION = Lean(select(func.max(JobTransitionRow.id)))
 # Built once: building a statement costs about what running it does on SQLite.
-ALL_QUEUED = select(*QUEUED_COLUMNS).where(JobRow.state == "queued")
-SOME = select(*QUEUED_COLUMNS, JobRow.state).where(JobRow.id.in_(bindparam("ids", expanding=True)))
+ALL_QUEUED = Lean(select(*QUEUED_COLUMNS).where(JobRow.state == "queued"), named=True)
+SOME = Lean(
+    select(*QUEUED_COLUMNS, JobRow.state).where(JobRow.id.in_(bindparam("ids", expanding=True))),
+    named=True,
+)
 TRANSITIONS_AFTER = Lean(
     select(JobTransitionRow.id, JobTransitionRow.job_id).where(
         JobTransitionRow.id > bindparam("after")
@@ -124,7 +127,7 @@ class QueueCache:
             # is not in it, and the next pass reads its job again
             newest = NEWEST_TRANSITION.execute(conn).scalar() or 0
             self._remember(s, newest)
-            rows = conn.execute(ALL_QUEUED)
+            rows = ALL_QUEUED.execute(conn).rows
             self.jobs = {r.id: QueuedJob.of(r) for r in rows}
             self._passes = 1
             return list(self.jobs.values())
@@ -149,7 +152,7 @@ class QueueCache:
             # in chunks: a database takes a bounded number of parameters per statement
             changed_rows: list[Any] = []
             for at in range(0, len(ids), CHUNK):
-                changed_rows += conn.execute(SOME, {"ids": ids[at : at + CHUNK]})
+                changed_rows += SOME.execute(conn, {"ids": ids[at : at + CHUNK]}).rows
             found = set()
             for r in changed_rows:
                 found.add(r.id)

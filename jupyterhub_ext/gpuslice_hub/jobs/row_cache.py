@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, select
 
 from ..db.jobs_models import JobRow
+from ..db.lean import Lean
 
 CHUNK = 500  # ids per statement (old SQLite takes at most 999 parameters)
 # Every this many reads, every row is read again whatever its revision: a write that did
@@ -32,7 +33,10 @@ class RowCache:
         # built once (building a statement costs about what running it does on SQLite); the
         # selection again: a row that left it between the two statements (another
         # transaction on PostgreSQL) is not taken
-        self._some = select(*columns).where(JobRow.id.in_(bindparam("ids", expanding=True)), where)
+        self._some = Lean(
+            select(*columns).where(JobRow.id.in_(bindparam("ids", expanding=True)), where),
+            named=True,
+        )
         # the keys' statement as the database's own SQL (its one parameter-free statement),
         # run on the driver's cursor: the most frequent query of the service, a pass a
         # second, where SQLAlchemy's execution and row objects cost more than SQLite does
@@ -68,7 +72,7 @@ class RowCache:
         self._keys_seen, self._keyset, self.unchanged = keys, keyset, False
         fresh: dict[int, Any] = {}
         for at in range(0, len(stale), CHUNK):
-            for row in conn.execute(self._some, {"ids": stale[at : at + CHUNK]}):
+            for row in self._some.execute(conn, {"ids": stale[at : at + CHUNK]}).rows:
                 fresh[row.id] = row
         # read again, or kept as it was; one that changed and left the selection: gone
         gone = self._missing = set(stale).difference(fresh)
