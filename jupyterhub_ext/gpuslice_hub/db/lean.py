@@ -4,16 +4,16 @@ SQLAlchemy's execution of a statement already compiled and cached (an execution 
 parameter processing, a result object with its rows) costs about ten times what SQLite
 spends on the short statements the scheduler's pass and the allocation path run
 thousands of times an hour (docs/benchmarks.md). ``Lean`` compiles a Core statement once
-per dialect with SQLAlchemy and keeps what its execution would do: the SQL, the order of
-its parameters, the type processing of each parameter and of each column of the result.
-On SQLite it then runs the statement on the driver's cursor, in the connection's
-transaction; on any other database, and for a statement whose execution needs more than
-that (Python-side column defaults, parameters expanded at execution), it is an ordinary
-``conn.execute``.
+per dialect with SQLAlchemy and keeps what its execution would do: the SQL (for an
+``IN`` list, one per list length), the order of its parameters, the type processing of
+each parameter and of each column of the result. On SQLite it then runs the statement on
+the driver's cursor, in the connection's transaction, and raises SQLAlchemy's exceptions;
+on any other database, and for a call that needs more than that (a Python-side column
+default, an empty ``IN`` list), it is an ordinary ``conn.execute``.
 
-The test suite checks every lean execution against SQLAlchemy's own
-(``GPUSLICE_LEAN_CHECK``, set by tests/conftest.py): the same SQL and parameters sent to
-the driver, the same rows back.
+With ``GPUSLICE_LEAN_CHECK=1`` in its environment a process checks every lean execution
+against SQLAlchemy's own: the same SQL and parameters sent to the driver, the same rows
+back. The test suite runs so (tests/conftest.py; the test hub sets it for the service).
 """
 
 from __future__ import annotations
