@@ -24,8 +24,8 @@ What it does, in one run of about a minute:
    counted for anyone; the job runner's attributor (``count_same_user=False``) counts
    none of them as the job's.
 3. **Driver facts** the fake imitates: ``nvmlDeviceGetProcessUtilization`` with no new
-   samples, its timestamps' unit, GPM support and a full-GPU GPM utilization read through
-   the same structure ``_gpm_util`` uses for MIG instances.
+   samples, its timestamps' unit, GPM support, and the whole GPU's GPM utilization read by the
+   function the MIG path reads an instance's with (``gpm_graphics_util``).
 4. **Cost** of one real sampling tick (median, p95).
 
 It never changes a GPU setting (MIG mode included). Needs ``torch`` with CUDA for the
@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.activity import ActivitySampler, Attributor, IdleTracker, NvmlActivitySource
+from gpuslice.activity.nvml_source import gpm_graphics_util
 from gpuslice.activity.samples import SourceTick
 from gpuslice.gpu.nvml_discovery import as_str, default_nvml_module, discover_nvml
 
@@ -206,23 +207,14 @@ def driver_facts(c: Checks, report: dict[str, Any]) -> None:
 
 
 def gpm_full_gpu(nvml: Any, handle: Any, seconds: float) -> float | None:
-    """Full-GPU GPM utilization over *seconds*, read through the same metric structure
-    the MIG path uses (``_gpm_util``), so its field names are checked on real pynvml."""
+    """Full-GPU GPM utilization over *seconds*, read by the MIG path's own function
+    (``gpm_graphics_util``), so its use of pynvml's structures runs on the real driver."""
     s1, s2 = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
     try:
         nvml.nvmlGpmSampleGet(handle, s1)
         time.sleep(seconds)
         nvml.nvmlGpmSampleGet(handle, s2)
-        mg = nvml.c_nvmlGpmMetricsGet_t()
-        mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = 1
-        mg.sample1 = s1
-        mg.sample2 = s2
-        mg.metrics[0].metricId = nvml.NVML_GPM_METRIC_GRAPHICS_UTIL
-        nvml.nvmlGpmMetricsGet(mg)
-        if mg.metrics[0].nvmlReturn != 0:
-            return None
-        return float(mg.metrics[0].value)
+        return gpm_graphics_util(nvml, s1, s2)
     finally:
         nvml.nvmlGpmSampleFree(s1)
         nvml.nvmlGpmSampleFree(s2)
@@ -476,7 +468,7 @@ def check_attribution(c: Checks, report: dict[str, Any]) -> None:
 
 
 def check_gpm(c: Checks, report: dict[str, Any]) -> None:
-    """GPM on the whole GPU with a load running, through the MIG path's metric structure."""
+    """GPM on the whole GPU with a load running, read by the MIG path's own function."""
     nvml = default_nvml_module()
     nvml.nvmlInit()
     tmp = Path(tempfile.mkdtemp(prefix="gpuslice-gpm-"))
@@ -495,7 +487,7 @@ def check_gpm(c: Checks, report: dict[str, Any]) -> None:
         busy_util = gpm_full_gpu(nvml, h, 2.0)
         report["gpm"] = {"idle": idle_util, "busy": busy_util}
         c.check(
-            "gpm: graphics util read with the MIG path's structure",
+            "gpm: graphics util read by the MIG path's function",
             busy_util is not None,
             report["gpm"],
         )

@@ -130,9 +130,6 @@ class LeanResult:
     def __init__(self, rows: list[Any], rowcount: int) -> None:
         self.rows, self.rowcount = rows, rowcount
 
-    def all(self) -> list[Any]:
-        return self.rows
-
     def scalar(self) -> Any:
         return self.rows[0][0] if self.rows else None
 

@@ -40,6 +40,7 @@ class RowCache:
         # the keys' statement as the database's own SQL (its one parameter-free statement),
         # run on the driver's cursor: the most frequent query of the service, a pass a
         # second, where SQLAlchemy's execution and row objects cost more than SQLite does
+        # (not a ``Lean``: with no parameter it runs so on PostgreSQL too)
         self._keys_sql: tuple[Any, str] | None = None
         self._rows: dict[int, Any] = {}
         # the keys the last read found: the same again (most passes) means the same rows,

@@ -300,17 +300,22 @@ class NvmlActivitySource:
         if prev is None:
             return None
         try:
-            mg = nvml.c_nvmlGpmMetricsGet_t()
-            mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            mg.numMetrics = 1
-            mg.sample1 = prev
-            mg.sample2 = sample
-            # "Percentage of time any compute/graphics app was active": the instance-level
-            # counterpart of utilization.gpu, which is what idleness is about.
-            mg.metrics[0].metricId = nvml.NVML_GPM_METRIC_GRAPHICS_UTIL
-            nvml.nvmlGpmMetricsGet(mg)
-            if mg.metrics[0].nvmlReturn != 0:
-                return None
-            return float(mg.metrics[0].value)
+            return gpm_graphics_util(nvml, prev, sample)
         finally:
             nvml.nvmlGpmSampleFree(prev)
+
+
+def gpm_graphics_util(nvml: Any, before: Any, after: Any) -> float | None:
+    """GPM's "percentage of time any compute/graphics app was active" between two samples:
+    the instance-level counterpart of utilization.gpu, which is what idleness is about.
+    None when NVML has no figure for it."""
+    mg = nvml.c_nvmlGpmMetricsGet_t()
+    mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
+    mg.numMetrics = 1
+    mg.sample1 = before
+    mg.sample2 = after
+    mg.metrics[0].metricId = nvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    nvml.nvmlGpmMetricsGet(mg)
+    if mg.metrics[0].nvmlReturn != 0:
+        return None
+    return float(mg.metrics[0].value)
