@@ -10,6 +10,7 @@ seconds later (within the grace period) with the work since its last checkpoint 
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,11 @@ class SimBackend:
         # the job ids whose run has not exited yet: a month's runs are tens of thousands,
         # and each pass's settle looks only at these
         self.unsettled: set[int] = set()
+        # (when it exits, job id, run) of each run not exited, and of each earlier exit
+        # time a stop moved forward (left in, skipped when popped): a pass settles the
+        # runs due without looking at the hundreds still going
+        self._exits: list[tuple[float, int, int, Run]] = []
+        self._pushed = 0
         # job ids whose folder it wrote since the scheduler last asked after them: the
         # others' folders are as the pass last read them (RunStatus.files_unchanged)
         self.written: set[int] = set()
@@ -98,6 +104,7 @@ class SimBackend:
         run = Run(job, env[ATTEMPT_ID], now, saved, now + (job.work - saved), job_dir)
         self.runs[job_id] = run
         self.unsettled.add(job_id)
+        self._exit_at(job_id, run)
         self.written.add(job_id)
         _write_state(
             job_dir, status="running", attempt_id=run.attempt, last_checkpoint_at=self.epoch + now
@@ -141,16 +148,26 @@ class SimBackend:
         if run is None or run.settled or (run.stopping and code is not None):
             return
         run.stopping, run.code = True, code
-        run.ends = min(run.ends, now + delay)
+        if now + delay < run.ends:
+            run.ends = now + delay
+            self._exit_at(job_id, run)
         self.on_change(run.ends)
 
     def settle(self, now: float) -> None:
         """Every run that has exited by ``now``: write what the runner writes on its way
         out (the next pass reads it), and account its work."""
-        for job_id in sorted(self.unsettled):  # (in job id order: deterministic)
-            run = self.runs[job_id]
-            if run.ends <= now:
-                self._settle(job_id, run)
+        due: dict[int, Run] = {}
+        exits = self._exits
+        while exits and exits[0][0] <= now:
+            ends, job_id, _, run = heapq.heappop(exits)
+            if not run.settled and run.ends == ends and self.runs.get(job_id) is run:
+                due[job_id] = run
+        for job_id in sorted(due):  # (in job id order: deterministic)
+            self._settle(job_id, due[job_id])
+
+    def _exit_at(self, job_id: int, run: Run) -> None:
+        self._pushed += 1
+        heapq.heappush(self._exits, (run.ends, job_id, self._pushed, run))
 
     def _settle(self, job_id: int, run: Run) -> None:
         run.settled = True

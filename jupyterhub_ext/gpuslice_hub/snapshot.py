@@ -24,7 +24,7 @@ from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
 
 from .db.engine import after_commit
-from .db.lean import Lean
+from .db.lean import Lean, LeanResult
 from .db.loopguard import WouldWait, hold, not_on_loop
 from .db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, LedgerLock, MigRow
 from .quotas import Held, Usage
@@ -144,8 +144,8 @@ _NAMED_SINCE = Lean(
     )
     .distinct()
 )
-_ALLOCATION = select(AllocationRow.__table__).where(AllocationRow.id == bindparam("id"))
-_ITS_CLAIMS = (
+_ALLOCATION = Lean(select(AllocationRow.__table__).where(AllocationRow.id == bindparam("id")))
+_ITS_CLAIMS = Lean(
     select(ClaimRow.__table__)
     .where(ClaimRow.allocation_id == bindparam("id"))
     .order_by(ClaimRow.id)
@@ -200,7 +200,7 @@ def load_inventory(s: Session, generation: int) -> InventoryView:
     return InventoryView(generation, hosts, gpus, {g.uuid: g for g in gpus})
 
 
-def _views(cls: type[_V], result: Result[Any]) -> list[_V]:
+def _views(cls: type[_V], result: Result[Any] | LeanResult) -> list[_V]:
     """One ``cls`` per row, by column name. (``Row._asdict`` builds the row's key map
     again for every row: a third of a full read of 4 400 allocations went there.)"""
     keys = tuple(result.keys())
@@ -225,11 +225,11 @@ def load_active(s: Session) -> list[AllocationView]:
 
 def load_allocation(s: Session, alloc_id: int) -> AllocationView | None:
     conn = s.connection()
-    found = _views(AllocationView, conn.execute(_ALLOCATION, {"id": alloc_id}))
+    found = _views(AllocationView, _ALLOCATION.execute(conn, {"id": alloc_id}))
     if not found:
         return None
     view = found[0]
-    view.claims = _views(ClaimView, conn.execute(_ITS_CLAIMS, {"id": alloc_id}))
+    view.claims = _views(ClaimView, _ITS_CLAIMS.execute(conn, {"id": alloc_id}))
     return view
 
 

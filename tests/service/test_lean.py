@@ -11,18 +11,35 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import (
+    JSON,
+    Column,
+    Integer,
+    MetaData,
+    Table,
+    bindparam,
+    create_engine,
+    insert,
+    select,
+)
 from sqlalchemy.exc import IntegrityError
 
+from gpuslice_hub import snapshot as snapshot_module
 from gpuslice_hub.db import lean as lean_module
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
 from gpuslice_hub.db.lean import Lean
 from gpuslice_hub.db.models import EventRow
+from gpuslice_hub.jobs import manager as manager_module
 from gpuslice_hub.jobs.job_writes import RECORD_TRANSITION, _update
+from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.queue_cache import COUNT_BETWEEN, NEWEST_TRANSITION, TRANSITIONS_AFTER
+from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.ledger import Caller
+from gpuslice_hub.ledger import allocation as allocation_module
 from gpuslice_hub.ledger.base import _INSERT_EVENT
 from gpuslice_hub.snapshot import _GENERATION, NEWEST_EVENT
-from tests.jobs.full_cluster import insert_queued
+from tests.jobs.full_cluster import PROFILES, IdleBackend, hosts, insert_queued
+from tests.jobs.notebooks import notebook
 from tests.service.conftest import build_ledger
 
 EVENT = {
@@ -118,20 +135,46 @@ def test_a_lean_execution_that_differs_from_sqlalchemys_is_caught(tmp_path: Path
     ledger.db.dispose()
 
 
-def test_statements_it_cannot_run_go_through_sqlalchemy(tmp_path: Path):
-    # an INSERT that leaves a column to its Python-side default is SQLAlchemy's to run
-    # (it computes the default); the row is the same (PostgreSQL: every test on db_url)
+def test_an_insert_computes_the_python_side_defaults_sqlalchemy_would(tmp_path: Path):
+    # a constant and a function of nothing (``utcnow``, ``list``) are computed by the lean
+    # path, for each execution; the rows are those SQLAlchemy's own execution writes
     ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
     with_default = Lean(insert(EventRow.__table__).returning(EventRow.__table__.c.id))
     values = {k: v for k, v in EVENT.items() if k != "ts"}
+    before = datetime.now(UTC)
     with ledger.db.writing() as s:
-        got = with_default.execute(s.connection(), values).scalar_one()
+        got = [with_default.execute(s.connection(), values).scalar_one() for _ in range(2)]
     (plan,) = with_default._plans.values()
-    assert plan is None  # ``ts`` has a Python-side default
+    assert plan is not None and [k for k, _ in plan.calls] == ["ts"]
     with ledger.db.reading() as s:
-        row = s.get(EventRow, got)
-        assert row is not None and row.ts is not None and row.detail == EVENT["detail"]
+        rows = [s.get(EventRow, i) for i in got]
+        assert all(r is not None and r.detail == EVENT["detail"] for r in rows)
+        stamps = [r.ts for r in rows if r is not None]
+        assert before <= stamps[0] <= stamps[1] <= datetime.now(UTC)
     ledger.db.dispose()
+
+
+def test_a_default_that_reads_its_context_goes_through_sqlalchemy():
+    engine = create_engine("sqlite://")
+    table = Table(
+        "t",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("a", Integer, default=7),
+        Column("b", JSON, default=list),
+        Column("c", Integer, default=lambda ctx: ctx.get_current_parameters()["a"] + 1),
+    )
+    table.metadata.create_all(engine)
+    lean, plain = Lean(insert(table).returning(table.c.id)), Lean(insert(table))
+    with engine.begin() as conn:
+        lean.execute(conn, {"a": 1})  # ``c`` needs its context: SQLAlchemy's
+        plain.execute(conn, {"a": 2, "c": 5})  # ``b`` is ``list()``: lean
+        rows = conn.execute(select(table.c.a, table.c.b, table.c.c).order_by(table.c.id))
+        assert [tuple(r) for r in rows] == [(1, [], 2), (2, [], 5)]
+    assert list(lean._plans.values()) == [None]
+    (plan,) = plain._plans.values()
+    assert plan is not None and [k for k, _ in plan.calls] == ["b"]
+    engine.dispose()
 
 
 def test_in_lists_and_rows_read_by_column_name(db_url: str):
@@ -158,4 +201,34 @@ def test_in_lists_and_rows_read_by_column_name(db_url: str):
     if db_url.startswith("sqlite"):
         (plan,) = stmt._plans.values()
         assert plan is not None and sorted(plan._sqls) == [(1,), (3,), (4,)]
+    ledger.db.dispose()
+
+
+def test_a_submission_a_start_and_a_spawn_take_the_lean_path(tmp_path: Path):
+    """The statements of a job's submission and start, and of a server's spawn and
+    release, run on SQLite's cursor (the check compares each with SQLAlchemy's)."""
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=hosts(1))
+    jobs = JobManager(ledger, ledger.db, IdleBackend(), tmp_path / "jobs")  # type: ignore[arg-type]
+    jobs.run_jobs_as_service_user = True
+    body = {"notebook": notebook(["1"], False), "profile": "gpu-1"}
+    job_id = int(jobs.submit(Caller("ann", ("lab",), "ann"), body)["id"])
+    Scheduler(jobs).tick()
+    started = jobs.current(job_id)
+    assert started.state == "starting" and started.revision > 0 and started.slices == 1
+    ann = Caller("bob", (), "hub")
+    first, created = ledger.allocate(ann, "share-250", "s1")
+    again, created_again = ledger.allocate(ann, "share-250", "s1")  # the server's own slice
+    assert created and not created_again and again["id"] == first["id"]
+    ledger.release(first["id"], "bob", "server stopped")
+    for stmt in (
+        manager_module.CURRENT_ROW,
+        manager_module._UNFINISHED,
+        manager_module._INSERT_JOB,
+        allocation_module._SERVERS_SLICE,
+        allocation_module._INSERT_CLAIM,
+        snapshot_module._ALLOCATION,
+        snapshot_module._ITS_CLAIMS,
+    ):
+        plans = list(stmt._plans.values())
+        assert plans and None not in plans, stmt.stmt
     ledger.db.dispose()

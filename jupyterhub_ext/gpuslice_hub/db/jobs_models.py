@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, literal_column
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    literal_column,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .models import Base, UTCDateTime, utcnow
@@ -12,11 +22,14 @@ from .models import Base, UTCDateTime, utcnow
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # the state with each row's id and revision: the (id, revision) pairs of the active
+    # jobs, which the scheduler asks for every pass (row_cache.py), come from the index alone
+    __table_args__ = (Index("ix_jobs_state_id_revision", "state", "id", "revision"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(100))
     user: Mapped[str] = mapped_column(String(255), index=True)
     groups: Mapped[list[str]] = mapped_column(JSON, default=list)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[str] = mapped_column(String(16))
     profile: Mapped[str] = mapped_column(String(255))
     slices: Mapped[int] = mapped_column(Integer, default=1)
     priority_class: Mapped[str] = mapped_column(String(16))

@@ -8,8 +8,9 @@ per dialect with SQLAlchemy and keeps what its execution would do: the SQL (for 
 ``IN`` list, one per list length), the order of its parameters, the type processing of
 each parameter and of each column of the result. On SQLite it then runs the statement on
 the driver's cursor, in the connection's transaction, and raises SQLAlchemy's exceptions;
-on any other database, and for a call that needs more than that (a Python-side column
-default, an empty ``IN`` list), it is an ordinary ``conn.execute``.
+on any other database, and for a call that needs more than that (an UPDATE's Python-side
+column default, a default that reads its execution context, an empty ``IN`` list), it is
+an ordinary ``conn.execute``.
 
 With ``GPUSLICE_LEAN_CHECK=1`` in its environment a process checks every lean execution
 against SQLAlchemy's own: the same SQL and parameters sent to the driver, the same rows
@@ -22,7 +23,7 @@ import collections
 import os
 import sqlite3
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Executable, Select
@@ -39,10 +40,12 @@ class _Plan:
         "_sqls",
         "_template",
         "binds",
+        "calls",
         "columns",
         "compiled",
         "defaults",
         "expanding",
+        "keys",
         "names",
         "row",
         "sql",
@@ -52,23 +55,40 @@ class _Plan:
         # as SQLAlchemy compiles it for a call naming ``keys`` (an INSERT without values
         # inserts the columns named, an UPDATE sets them too)
         compiled = self.compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
-        if compiled.insert_prefetch or compiled.update_prefetch:
-            raise _NotLean("Python-side column defaults")
+        if compiled.update_prefetch:
+            raise _NotLean("Python-side column defaults of an UPDATE")
         if not dialect.positional or compiled.positiontup is None:
             raise _NotLean("named parameters")
         self.sql: str = compiled.string
         self.names: tuple[str, ...] = tuple(compiled.positiontup)
         # the statement's own values (``state == "queued"``), what a call does not name
         self.defaults: dict[str, Any] = compiled.construct_params(_check=False)
+        # an INSERT's Python-side defaults of the columns a call does not name: a constant
+        # is one more of the statement's own values; a function of nothing (``list``) is
+        # called for each execution, as SQLAlchemy does
+        self.calls: tuple[tuple[str, Callable[[], Any]], ...] = ()
+        for column in compiled.insert_prefetch:
+            key = compiled._within_exec_param_key_getter(column)
+            default = column.default
+            if default is not None and default.is_scalar:
+                self.defaults[key] = default.arg
+            elif default is not None and default.is_callable and default.arg is not default._fn:
+                # (SQLAlchemy wraps a function that takes no context, and only that one)
+                self.calls += ((key, default._fn),)
+            else:
+                raise _NotLean(f"a column default lean cannot compute: {column}")
         processors = compiled._bind_processors
         # (an expanding parameter's processor is its elements')
         self.binds: tuple[_Processor, ...] = tuple(processors.get(n) for n in self.names)
         # ``IN`` lists: one placeholder per element, the SQL made once per list length
         self.expanding = frozenset(n for n in self.names if compiled.binds[n].expanding)
+        if self.calls and self.expanding:
+            raise _NotLean("column defaults with an IN list")
         self._template = self.sql
         self._sqls: dict[tuple[int, ...], str] = {}
         self.columns: tuple[_Processor, ...] | None = None
         self.row: Any = None
+        self.keys = tuple(c.keyname for c in compiled._result_columns)
         if compiled._result_columns:
             procs = tuple(
                 c.type._cached_result_processor(dialect, None) for c in compiled._result_columns
@@ -84,6 +104,8 @@ class _Plan:
         """The SQL and its arguments for a call with ``params``; None where SQLAlchemy
         renders it otherwise (an empty ``IN`` list)."""
         values = self.defaults if not params else {**self.defaults, **params}
+        if self.calls:
+            values = {**values, **{key: call() for key, call in self.calls}}
         if not self.expanding:
             return self.sql, tuple(
                 v if p is None or v is None else p(v)
@@ -125,10 +147,25 @@ _Plans = dict[frozenset[str], _Plan | None]
 class LeanResult:
     """What the callers of a lean statement read of its result."""
 
-    __slots__ = ("rowcount", "rows")
+    __slots__ = ("_keys", "rowcount", "rows")
 
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
-        self.rows, self.rowcount = rows, rowcount
+    def __init__(self, rows: list[Any], rowcount: int, keys: tuple[str, ...] = ()) -> None:
+        self.rows, self.rowcount, self._keys = rows, rowcount, keys
+
+    def keys(self) -> tuple[str, ...]:
+        """The names of the result's columns, in order."""
+        return self._keys
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rows)
+
+    def first(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def one(self) -> Any:
+        if len(self.rows) != 1:
+            raise NoResultFound(f"expected one row, got {len(self.rows)}")
+        return self.rows[0]
 
     def scalar(self) -> Any:
         return self.rows[0][0] if self.rows else None
@@ -197,7 +234,7 @@ class Lean:
             expected = _through_sqlalchemy(conn, self.stmt, params).rows
             if rows != expected:
                 raise AssertionError(f"lean rows differ from SQLAlchemy's: {rows} != {expected}")
-        return LeanResult(rows, rowcount)
+        return LeanResult(rows, rowcount, plan.keys)
 
     def _plan(self, dialect: Dialect, keys: frozenset[str]) -> _Plan | None:
         if dialect.name != "sqlite":
@@ -217,8 +254,9 @@ def _through_sqlalchemy(
 ) -> LeanResult:
     result = conn.execute(stmt, dict(params) if params else None)
     # (SQLAlchemy's rows: tuples that are also read by column name)
-    rows = list(result) if result.returns_rows else []
-    return LeanResult(rows, result.rowcount)
+    if not result.returns_rows:
+        return LeanResult([], result.rowcount)
+    return LeanResult(list(result), result.rowcount, tuple(result.keys()))
 
 
 _CHECK = os.environ.get(CHECK_ENV) == "1"
@@ -245,6 +283,15 @@ def _check(
         None,
     )
     sent = (ctx.statement, tuple(ctx.parameters[0]))
+    if plan.calls:
+        # a default's function was called for each (``utcnow``: another instant); the
+        # check is that the same function gave the value sent in the same place
+        called = {key for key, _ in plan.calls}
+        computed = [i for i, name in enumerate(plan.names) if name in called]
+        args = tuple(sent[1][i] if i in computed else a for i, a in enumerate(args))
+        for i in computed:
+            if type(args[i]) is not type(sent[1][i]):
+                raise AssertionError(f"lean default {plan.names[i]} differs: {args[i]!r}")
     if sent != (sql, args):
         lean = (sql, args)
         raise AssertionError(f"lean execution differs from SQLAlchemy's: {lean} != {sent}")

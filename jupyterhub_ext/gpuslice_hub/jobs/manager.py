@@ -26,6 +26,7 @@ from gpuslice.run.params import parameter_warnings
 
 from ..db.engine import Database
 from ..db.jobs_models import JobRow
+from ..db.lean import Lean
 from ..db.models import utcnow
 from ..errors import ConfigError, Refused
 from ..ledger import Caller, Ledger
@@ -73,14 +74,16 @@ class Reservation:
 
 
 # A job's whole row, without its history (JobManager.current)
-CURRENT_ROW = select(*cast(Table, JobRow.__table__).c).where(JobRow.id == bindparam("job_id"))
+CURRENT_ROW = Lean(
+    select(*cast(Table, JobRow.__table__).c).where(JobRow.id == bindparam("job_id")), named=True
+)
 # A submission's statements (see job_writes.py)
-_UNFINISHED = (
+_UNFINISHED = Lean(
     select(func.count())
     .select_from(JobRow)
     .where(JobRow.user == bindparam("user"), JobRow.state.not_in(TERMINAL))
 )
-_INSERT_JOB = insert(cast(Table, JobRow.__table__)).returning(JobRow.id)
+_INSERT_JOB = Lean(insert(cast(Table, JobRow.__table__)).returning(JobRow.id))
 # What run order reads of every listed job (the full row only for the page shown).
 RUN_ORDER_COLUMNS = (JobRow.id, JobRow.state, JobRow.priority_class, JobRow.submitted_at)
 
@@ -375,14 +378,14 @@ class JobManager(LoggingConfigurable):
             # in statements built once, not an ORM object flushed twice: a busy site's
             # JupyterLabs submit thousands a day
             conn = s.connection()
-            unfinished = conn.execute(_UNFINISHED, {"user": caller.user}).scalar_one()
+            unfinished = _UNFINISHED.execute(conn, {"user": caller.user}).scalar_one()
             if unfinished >= self.max_jobs_per_user:
                 raise Refused(
                     "too_many_jobs", f"{caller.user} already has {unfinished} unfinished jobs"
                 )
             now = utcnow()
-            job_id = conn.execute(
-                _INSERT_JOB,
+            job_id = _INSERT_JOB.execute(
+                conn,
                 {
                     "user": caller.user,
                     "groups": sorted(caller.groups),
@@ -411,7 +414,7 @@ class JobManager(LoggingConfigurable):
                 account,
             )
             write_job(conn, job_id, {"job_dir": str(job_dir)})
-            row = conn.execute(CURRENT_ROW, {"job_id": job_id}).one()
+            row = CURRENT_ROW.execute(conn, {"job_id": job_id}).one()
             first = SimpleNamespace(state="queued", from_state=None, at=now, reason=reason)
             out = job_json(row, transitions=[first])
         self.wake.set()
@@ -608,7 +611,7 @@ class JobManager(LoggingConfigurable):
         """The job's whole row as it is now, or None: a row, not an ORM object, and without
         its history (``row`` loads that too, which the scheduler never needs)."""
         with self.db.reading() as s:
-            return s.connection().execute(CURRENT_ROW, {"job_id": job_id}).first()
+            return CURRENT_ROW.execute(s.connection(), {"job_id": job_id}).first()
 
     def row(self, job_id: int) -> JobRow | None:
         """The job's row, its history loaded (it is read after the session closes)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select
 
+from ..db.lean import Lean
 from ..db.models import EventRow
 from ..errors import Refused
 
@@ -34,9 +35,9 @@ UNCHANGING = frozenset({"refused"})
 UNCHANGING_UNBOUNDED = frozenset({"refused", "allocated"})
 
 
-def _changing_between(unchanging: frozenset[str]) -> Any:
+def _changing_between(unchanging: frozenset[str]) -> Lean:
     """One event between two states that may have changed an answer, if any."""
-    return (
+    return Lean(
         select(EventRow.id)
         .where(
             EventRow.id > bindparam("after"),
@@ -84,8 +85,8 @@ class KeptRefusals:
                 self.forget()
             elif newest > seen[0]:
                 unchanging = UNCHANGING if quotas_bound else UNCHANGING_UNBOUNDED
-                changing = conn.execute(
-                    _CHANGING_BETWEEN[unchanging], {"after": seen[0], "upto": newest}
+                changing = _CHANGING_BETWEEN[unchanging].execute(
+                    conn, {"after": seen[0], "upto": newest}
                 )
                 if changing.first() is not None:
                     self.forget()

@@ -884,7 +884,7 @@ class Scheduler:
             }
 
         with self.jobs.db.writing() as s:
-            job = s.connection().execute(CURRENT_ROW, {"job_id": queued.id}).first()
+            job = CURRENT_ROW.execute(s.connection(), {"job_id": queued.id}).first()
             started = (
                 job is not None
                 and job.state == "queued"

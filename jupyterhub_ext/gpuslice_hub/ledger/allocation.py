@@ -48,15 +48,20 @@ from .capacity import CapacityMixin
 from .holders import HOLDERS, engine_of
 
 # Statements of every spawn and release, built once (see snapshot.py).
-_SERVERS_SLICE = select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
-    ALLOCATIONS.c.active,
-    ALLOCATIONS.c.purpose == "interactive",
-    ALLOCATIONS.c.user == bindparam("b_user"),
-    ALLOCATIONS.c.server_name == bindparam("b_server"),
+_SERVERS_SLICE = Lean(
+    select(ALLOCATIONS.c.id, ALLOCATIONS.c.profile).where(
+        ALLOCATIONS.c.active,
+        ALLOCATIONS.c.purpose == "interactive",
+        ALLOCATIONS.c.user == bindparam("b_user"),
+        ALLOCATIONS.c.server_name == bindparam("b_server"),
+    ),
+    named=True,
 )
 _INSERT_ALLOCATION = Lean(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id))
-# one statement for all of an allocation's claims, their ids in the order given
+# one statement for all of an allocation's claims, their ids in the order given; most
+# allocations have one claim (a share, a MIG instance, one GPU): one row's statement
 _INSERT_CLAIMS = insert(CLAIMS).returning(CLAIMS.c.id, sort_by_parameter_order=True)
+_INSERT_CLAIM = Lean(insert(CLAIMS).returning(CLAIMS.c.id))
 _RELEASE = Lean(
     update(ALLOCATIONS)
     .where(ALLOCATIONS.c.id == bindparam("b_id"))
@@ -68,7 +73,7 @@ _RELEASE_CLAIMS = Lean(
 
 
 # the newest reclaim the service asked for of an allocation (``_why_stopped``)
-_RECLAIM_REQUEST = (
+_RECLAIM_REQUEST = Lean(
     select(EVENTS.c.kind, EVENTS.c.reason)
     .where(EVENTS.c.allocation_id == bindparam("b_id"), EVENTS.c.kind.in_(RECLAIM_KINDS))
     .order_by(EVENTS.c.id.desc())
@@ -254,11 +259,9 @@ class AllocationMixin(CapacityMixin):
                     else profile.request()
                 )
                 if purpose == "interactive":
-                    held = (
-                        s.connection()
-                        .execute(_SERVERS_SLICE, {"b_user": caller.user, "b_server": server_name})
-                        .first()
-                    )
+                    held = _SERVERS_SLICE.execute(
+                        s.connection(), {"b_user": caller.user, "b_server": server_name}
+                    ).first()
                     if held is not None:
                         if held.profile == profile.name:
                             view = load_allocation(s, held.id)
@@ -505,7 +508,10 @@ class AllocationMixin(CapacityMixin):
             claims[0]["charged_memory_mib"] = claims[0]["memory_mib"]
             claims[0]["milli"] = profile.gpu_milli
             claims[0]["memory_mib"] = profile.gpu_memory_mib
-        claim_ids = conn.execute(_INSERT_CLAIMS, claims).scalars().all()
+        if len(claims) == 1:
+            claim_ids = _INSERT_CLAIM.execute(conn, claims[0]).scalars()
+        else:
+            claim_ids = list(conn.execute(_INSERT_CLAIMS, claims).scalars())
         detail: dict[str, Any] = {
             "host": placement.host,
             "server_name": server_name,
@@ -611,7 +617,7 @@ class AllocationMixin(CapacityMixin):
         """A server the service asked the hub to stop (idle cull, the owner's release, a
         silent server) is released by its spawner as "server stopped": the release keeps the
         real reason, from the service's own record of the request."""
-        row = s.connection().execute(_RECLAIM_REQUEST, {"b_id": alloc_id}).first()
+        row = _RECLAIM_REQUEST.execute(s.connection(), {"b_id": alloc_id}).first()
         if row is None:
             return None
         kind, reason = row
