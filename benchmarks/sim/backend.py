@@ -112,6 +112,11 @@ class SimBackend:
         self.on_change(run.ends)
         return {"sim": job_id}
 
+    def changed_jobs(self) -> set[int]:
+        """The jobs whose run it started, ended or wrote the folder of since the scheduler
+        last asked after them: of every other run it answers what it answered then."""
+        return self.written
+
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         return self.poll_many([ref])[0]
 

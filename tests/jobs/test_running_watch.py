@@ -157,6 +157,52 @@ def test_a_vouched_job_nothing_changed_for_is_skipped_until_its_max_runtime(runn
     assert scheduler.jobs.get(job_id)["state"] == "timed-out"
 
 
+def test_a_backend_that_names_changed_runs_is_asked_only_about_those(running):
+    """(jobs/watchlist.py) With a backend that names the runs that changed, a job the last
+    look found nothing to write for is neither asked about nor looked at, until the backend
+    names it or its max runtime runs out."""
+    scheduler, backend, job_id, folder, t0, _counts = running
+    backend.unchanged = True
+    named: set[int] = set()
+    asked: list[int] = []
+    watched: list[int] = []
+    poll_many, watch = backend.poll_many, scheduler._watch
+    backend.changed_jobs = lambda: named  # type: ignore[attr-defined]
+
+    def counted_poll(refs: Any) -> Any:
+        asked.append(len(refs))
+        return poll_many(refs)
+
+    def counted_watch(job: Any, now: Any, status: RunStatus) -> None:
+        watched.append(job.id)
+        watch(job, now, status)
+
+    backend.poll_many = counted_poll  # type: ignore[method-assign]
+    scheduler._watch = counted_watch  # type: ignore[method-assign]
+    scheduler.tick(t0 + timedelta(seconds=2))  # after a look at all: the memo is made
+    scheduler.tick(t0 + timedelta(seconds=3))  # the job looked at last pass, skipped
+    assert watched == [job_id]
+    for i in range(4, 10):
+        scheduler.tick(t0 + timedelta(seconds=i))
+    assert asked[-6:] == [0] * 6 and watched == [job_id]
+    # the backend names it (its runner wrote): asked about and looked at, the change copied
+    backend.unchanged = False
+    folder.write_state(status="running", attempt_id=backend.attempts[job_id], cells_done=3)
+    named.add(job_id)
+    scheduler.tick(t0 + timedelta(seconds=10))
+    assert asked[-1] == 1 and watched[-1] == job_id
+    assert scheduler.jobs.get(job_id)["cells_done"] == 3
+    named.clear()
+    backend.unchanged = True
+    for i in range(11, 20):
+        scheduler.tick(t0 + timedelta(seconds=i))
+    assert asked[-1] == 0
+    looks = len(watched)
+    scheduler.tick(t0 + timedelta(seconds=3602))  # its max runtime ran out: looked at
+    assert len(watched) == looks + 1
+    assert scheduler.jobs.get(job_id)["state"] == "timed-out"
+
+
 def test_the_same_claims_are_answered_while_the_files_stay_the_same(tmp_path: Path):
     jd = JobDir(tmp_path / "job")
     jd.root.mkdir()

@@ -49,6 +49,9 @@ class RowCache:
         self.reread = 0  # rows read again by the last read (what tests check)
         self.unchanged = False  # the last read returned the rows of the one before
         self.left = False  # a row the read before returned is not among the last read's
+        # ids whose row the last read returned as a new object (new, or read again): every
+        # other row it returned is the very object the read before returned
+        self.fresh: frozenset[int] = frozenset()
         self._keyset: set[Any] = set()
         self._missing: set[int] = set()  # ids of the last read's keys whose row was not found
         self._passes = 0
@@ -61,6 +64,7 @@ class RowCache:
         keys = self._key_pairs(conn)
         if keys == self._keys_seen:
             self.reread, self.unchanged, self.left = 0, True, False
+            self.fresh = frozenset()
             return list(self._rows.values())
         ids, keyset = dict(keys), set(keys)  # (id order kept; built in C, not row by row)
         if self._keys_seen is None:
@@ -86,6 +90,7 @@ class RowCache:
         self.left = self._passes == 1 or not rows.keys() <= kept.keys()  # (1: all read)
         self._rows = kept
         self.reread = len(fresh)
+        self.fresh = frozenset(fresh)
         return list(kept.values())
 
     def _forget(self) -> None:

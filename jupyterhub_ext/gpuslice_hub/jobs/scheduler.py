@@ -42,6 +42,7 @@ from .runner_files import RunnerFiles
 from .runner_state import ATTEMPT_ID
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, advance, transition
 from .victims import pick_victim
+from .watchlist import WatchList
 
 JOBS = cast(Table, JobRow.__table__)
 # The queue is tried again at least this often when nothing changed (_queue_may_move)
@@ -85,6 +86,8 @@ class Scheduler:
         # the active jobs' rows, kept between passes (row_cache.py)
         self.active = RowCache(tuple(JOBS.c), JOBS.c.state.in_(ACTIVE))
         self._refs: list[dict[str, Any]] | None = None  # their backend refs, as last read
+        # which of them a pass looks at, where the backend names the runs that changed
+        self.watchlist = WatchList()
         # defragmentation (defrag.py): the moves under way, by the waiting job they make
         # room for, with when each gives up; when a plan was last looked for, per job
         self.moves: dict[int, tuple[Move, datetime]] = {}
@@ -121,20 +124,30 @@ class Scheduler:
             # a pass), read again only where they changed: the pass only reads them; its
             # writes get the row again.
             active = cast(list[JobRow], self.active.read(s.connection()))
-        if not self.active.unchanged or self._refs is None:
-            self._refs = [job.backend_ref or {} for job in active]
+        changed_jobs = getattr(self.jobs.backend, "changed_jobs", None)
+        changed = changed_jobs() if changed_jobs is not None else None
+        some = self.watchlist.to_look_at(active, self.active.fresh, changed, now)
+        if some is not None:
+            seen, refs = some, [job.backend_ref or {} for job in some]
+            if not self.active.unchanged:
+                self._refs = None  # (built again by the next pass that asks about all)
+        else:
+            if not self.active.unchanged or self._refs is None:
+                self._refs = [job.backend_ref or {} for job in active]
+            seen, refs = active, self._refs
         try:
             # one question to the backend for all of them (Slurm: one squeue, not a fork each)
-            statuses = self.jobs.backend.poll_many(self._refs)
+            statuses = self.jobs.backend.poll_many(refs)
         except Exception:
             self.log.exception(
                 "the %s backend could not be asked about its runs", self.jobs.backend.name
             )
-            statuses = []
+            statuses = None
         if self.active.left:  # (only then is there anything to forget)
             self.keep_watching(active)
         quiet = self._quiet
-        for job, status in zip(active, statuses, strict=False):
+        looked: set[int] = set()
+        for job, status in zip(seen, statuses or (), strict=False):
             if status.files_unchanged and status.alive:
                 q = quiet.get(job.id)
                 if (
@@ -146,11 +159,14 @@ class Scheduler:
                     # Its folder unwritten (the backend vouches), the same row, before any
                     # time-bound check: what the last look found (nothing to write) holds.
                     continue
+            looked.add(job.id)
             try:
                 self._watch(job, now, status)
             except Exception:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
+        if statuses is not None:  # (a pass whose backend did not answer looked at none)
+            self.watchlist.looked(seen, looked, quiet, now, every=some is None)
         self._close_windows(active, now)
         self._return_borrowed(active, now)
         self._expire_reservations(now)

@@ -51,6 +51,12 @@ class Backend(Protocol):
     def kill(self, ref: dict[str, Any]) -> None:
         """Stop the run now (after the grace period, on cancel, on timeout)."""
 
+    # A backend may also have ``changed_jobs() -> Collection[int]``: the ids of the jobs
+    # whose run ``poll_many`` might no longer answer alive with ``files_unchanged`` since
+    # it was last asked about them (a run started, ended or wrote its folder). Only a
+    # backend that writes the folders itself can tell (the simulator's); with it a pass
+    # asks about, and looks at, only the jobs that might need it (watchlist.py).
+
 
 class PlacedBackend(Backend, Protocol):
     """A backend that runs a job where the ledger placed it (local, Kubernetes)."""
