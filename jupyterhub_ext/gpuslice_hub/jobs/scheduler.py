@@ -165,7 +165,9 @@ class Scheduler:
             except Exception:
                 # one job's trouble (its folder, its backend) never stops the others' pass
                 self.log.exception("job %s: watching it failed; will retry", job.id)
-        if statuses is not None:  # (a pass whose backend did not answer looked at none)
+        # (kept only where the backend names the runs that changed; a pass whose backend
+        # did not answer looked at none, and leaves the next one to look at all)
+        if changed is not None and statuses is not None:
             self.watchlist.looked(seen, looked, quiet, now, every=some is None)
         self._close_windows(active, now)
         self._return_borrowed(active, now)
