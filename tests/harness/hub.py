@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 import requests
 
 from .engines import need
+from .ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,21 +48,6 @@ SIM_PROFILES = [
     {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
     {"name": "gpu-1", "kind": "gpu", "count": 1},
 ]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: all sockets stay bound until every port is picked, so the
-    kernel cannot hand the same port out twice (closing one and binding the next can)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def chp_path() -> str | None:

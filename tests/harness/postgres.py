@@ -17,7 +17,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.engines import need
+from tests.harness.ports import free_ports
 
 START_TIMEOUT = 60.0
 SERVICE_USER = "postgres"
@@ -65,9 +65,7 @@ def find_bindir() -> Path | None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @dataclass

@@ -63,7 +63,7 @@ import psutil
 import pytest
 
 from tests.harness.engines import need
-from tests.harness.hub import free_ports
+from tests.harness.ports import free_ports
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "munged")
 # A marker in every daemon's (and therefore every job's) environment, so teardown can

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.hub import free_ports
+from tests.harness.ports import free_ports
 from tests.harness.slurm import (
     A100,
     START_TIMEOUT,

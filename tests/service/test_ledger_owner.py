@@ -16,7 +16,7 @@ from sqlalchemy import make_url, text
 from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.owner import ADVISORY_KEY, LedgerInUse, hold_ledger
 from gpuslice_hub.db.schema import safe_url
-from tests.harness.hub import free_ports
+from tests.harness.ports import free_ports
 
 # Another process asks for the ledger and reports what it got.
 OTHER = textwrap.dedent(
