@@ -14,7 +14,7 @@ import random
 import socket
 from pathlib import Path
 
-LOW = 20000  # below: the well-known and registered ports of daemons a machine may run
+LOW = 20000  # below: where daemons commonly listen (PostgreSQL 5432, Slurm 6817, ...)
 
 
 def _ephemeral_low() -> int:

@@ -215,9 +215,13 @@ def test_a_submission_a_start_and_a_spawn_take_the_lean_path(tmp_path: Path):
     Scheduler(jobs).tick()
     started = jobs.current(job_id)
     assert started.state == "starting" and started.revision > 0 and started.slices == 1
-    ann = Caller("bob", (), "hub")
-    first, created = ledger.allocate(ann, "share-250", "s1")
-    again, created_again = ledger.allocate(ann, "share-250", "s1")  # the server's own slice
+    bob = Caller("bob", (), "hub")
+    first, created = ledger.allocate(bob, "share-250", "s1")
+    again, created_again = ledger.allocate(bob, "share-250", "s1")  # the server's own slice
+    wide, _ = ledger.allocate(bob, "gpu-2", "s2")  # two claims, one statement each
+    stored = ledger.get(wide["id"])
+    assert stored is not None and len(wide["assignments"]) == 2
+    assert stored["assignments"] == wide["assignments"]  # (each id with its own claim)
     assert created and not created_again and again["id"] == first["id"]
     ledger.release(first["id"], "bob", "server stopped")
     for stmt in (

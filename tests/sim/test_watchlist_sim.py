@@ -80,10 +80,10 @@ def test_following_changes_looks_at_what_looking_at_all_would(
 ):
     w = workload(seed)
     all_looks, all_asked, every = simulate(w, tmp_path / "all", monkeypatch, follow=False)
-    some_looks, some_asked, changed = simulate(w, tmp_path / "some", monkeypatch, follow=True)
+    some_looks, some_asked, followed = simulate(w, tmp_path / "some", monkeypatch, follow=True)
     assert some_looks == all_looks
-    assert [j["state"] for j in changed.batch_jobs] == [j["state"] for j in every.batch_jobs]
-    assert (changed.batch_useful, changed.losses) == (every.batch_useful, every.losses)
+    assert [j["state"] for j in followed.batch_jobs] == [j["state"] for j in every.batch_jobs]
+    assert (followed.batch_useful, followed.losses) == (every.batch_useful, every.losses)
     assert sum(j["preemptions"] for j in every.batch_jobs) > 0  # people preempted jobs
     # not vacuous: the passes asked the backend about far fewer runs
     assert len(some_asked) == len(all_asked) and sum(some_asked) < sum(all_asked) / 2

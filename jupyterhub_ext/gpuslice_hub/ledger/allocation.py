@@ -58,9 +58,7 @@ _SERVERS_SLICE = Lean(
     named=True,
 )
 _INSERT_ALLOCATION = Lean(insert(ALLOCATIONS).returning(ALLOCATIONS.c.id))
-# one statement for all of an allocation's claims, their ids in the order given; most
-# allocations have one claim (a share, a MIG instance, one GPU): one row's statement
-_INSERT_CLAIMS = insert(CLAIMS).returning(CLAIMS.c.id, sort_by_parameter_order=True)
+# one statement per claim: most allocations have one (a share, a MIG instance, a GPU)
 _INSERT_CLAIM = Lean(insert(CLAIMS).returning(CLAIMS.c.id))
 _RELEASE = Lean(
     update(ALLOCATIONS)
@@ -508,10 +506,7 @@ class AllocationMixin(CapacityMixin):
             claims[0]["charged_memory_mib"] = claims[0]["memory_mib"]
             claims[0]["milli"] = profile.gpu_milli
             claims[0]["memory_mib"] = profile.gpu_memory_mib
-        if len(claims) == 1:
-            claim_ids = _INSERT_CLAIM.execute(conn, claims[0]).scalars()
-        else:
-            claim_ids = list(conn.execute(_INSERT_CLAIMS, claims).scalars())
+        claim_ids = [_INSERT_CLAIM.execute(conn, claim).scalar_one() for claim in claims]
         detail: dict[str, Any] = {
             "host": placement.host,
             "server_name": server_name,
