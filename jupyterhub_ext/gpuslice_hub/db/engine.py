@@ -113,6 +113,13 @@ class _Joined(Session):
     through the session's transaction bookkeeping, a short write spent about a third of its
     time there (docs/benchmarks.md). ORM work goes through that bookkeeping as ever."""
 
+    def close(self) -> None:
+        # Most transactions run statements on the connection and load no object: closing
+        # such a session (it is dropped after) cost a fifth of a read transaction.
+        if self._transaction is None and not self.identity_map and not self._new:
+            return
+        super().close()
+
     def connection(
         self,
         bind_arguments: Any = None,
@@ -160,6 +167,12 @@ class Database:
         )
         self._commits = 0  # (counted holding the writer)
         self._kept: Connection | None = None  # SQLite: the writes' connection (held by the writer)
+        # SQLite: a read connection kept open for whichever thread finds it free
+        # (``reading``); the others take one from the pool, as before
+        self._reader: Connection | None = None
+        self._reader_session: Session | None = None
+        self._writer_session: Session | None = None  # (SQLite: held by the writer)
+        self._reader_free = threading.Lock()
         self._checkpoint_due = False
         self._due_at = 0  # the commit that found a checkpoint due
         self._closed = False
@@ -178,6 +191,23 @@ class Database:
     @contextlib.contextmanager
     def reading(self) -> Iterator[Session]:
         """A read transaction (on SQLite a snapshot, for as long as it lasts)."""
+        if self.is_sqlite and self._reader_free.acquire(blocking=False):
+            try:
+                with self._kept_reader() as conn:
+                    self.begin(conn)
+                    # its session kept too: closed after each read, it serves the next
+                    # (building one cost a third of a short read)
+                    session = self._reader_session
+                    if session is None or session.bind is not conn:
+                        session = self._reader_session = self._read_sessions(bind=conn)
+                    try:
+                        yield session
+                    finally:
+                        session.close()
+                        session.info.clear()  # (what a transaction noted of itself)
+            finally:
+                self._reader_free.release()
+            return
         with self.read_engine.connect() as conn:
             self.begin(conn)
             session = self._read_sessions(bind=conn)
@@ -201,7 +231,7 @@ class Database:
         # (the connection taken once the writer is: none waits for it holding one)
         with self._guard, self._write_connection() as conn:
             _begin(conn, _sqlite_begin_write if self.is_sqlite else None)
-            session = self._write_sessions(bind=conn)
+            session = self._write_session(conn)
             try:
                 if lock and not self.is_sqlite:
                     conn.execute(_LOCK_ROW)
@@ -213,6 +243,10 @@ class Database:
                 raise
             finally:
                 session.close()
+                # (taken before the writer is given back: the next write may take this
+                # session)
+                callbacks = session.info.pop(AFTER_COMMIT, ())
+                session.info.clear()
             checkpoint = self._committed() if self.is_sqlite else None
             if checkpoint == "now":
                 self._checkpoint_starved()
@@ -221,7 +255,7 @@ class Database:
         # committed: what the transaction asked to learn of it (never on a rollback).
         # The write stands whatever a callback does: its failure is logged, not raised
         # to a caller who would take the committed write for a failed one.
-        for fn in session.info.pop(AFTER_COMMIT, ()):
+        for fn in callbacks:
             try:
                 fn()
             except Exception:
@@ -250,6 +284,38 @@ class Database:
                 with contextlib.suppress(Exception):
                     kept.close()
             raise
+
+    def _write_session(self, conn: Connection) -> Session:
+        """A session for a write transaction on ``conn``. SQLite's writes take turns on
+        one connection, so they share one session too, closed after each write."""
+        if not self.is_sqlite:
+            return self._write_sessions(bind=conn)
+        session = self._writer_session
+        if session is None or session.bind is not conn:
+            session = self._writer_session = self._write_sessions(bind=conn)
+        return session
+
+    @contextlib.contextmanager
+    def _kept_reader(self) -> Iterator[Connection]:
+        """The kept read connection (``_reader_free`` held), its transaction rolled back
+        after: taking a connection from the pool for each read and giving it back cost
+        about a third of a short read. One left unusable is closed; the next read opens
+        another."""
+        conn = self._reader
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._reader = self.read_engine.connect()
+        try:
+            yield conn
+        finally:
+            # the snapshot's end: none is held between reads (what was read stands if
+            # that fails; the connection does not serve again)
+            with contextlib.suppress(Exception):
+                if not conn.invalidated:
+                    conn.rollback()
+            if conn.invalidated or conn.in_transaction():
+                self._reader = self._reader_session = None
+                with contextlib.suppress(Exception):
+                    conn.close()
 
     def _committed(self) -> str | None:
         """Count a commit (the writer held). "soon" when a checkpoint is due and none is;
@@ -328,6 +394,10 @@ class Database:
             if self._kept is not None:
                 self._kept.close()
                 self._kept = None
+        with self._reader_free:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         self.read_engine.dispose()
         if self.write_engine is not self.read_engine:
             self.write_engine.dispose()
