@@ -533,3 +533,14 @@ def test_the_active_cache_tells_which_allocations_changed_between_two_states(mak
     fourth = state()
     assert cache.changed_between(third.mark, fourth.mark) is None
     assert cache.changed_between(fourth.mark, state().mark) == set()
+
+
+def test_a_recorded_event_is_answered_as_it_is_stored_and_listed(make_ledger):
+    ledger = make_ledger()
+    detail = {"scope": ("kernel", "server"), "reclaimed_gpu_hours": 1.25, "note": "café ☃"}
+    recorded = ledger.record_event("idle-culled", "ann", "service", "idle for 2 h", detail)
+    (listed,) = ledger.events(user="ann", kinds=["idle-culled"])
+    # what the caller is told is what the log says: the tuple is stored as JSON's list
+    assert recorded == listed
+    assert recorded["detail"]["scope"] == ["kernel", "server"]
+    assert recorded["reason"] == "idle for 2 h" and recorded["user"] == "ann"

@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..db.admin_models import UsageReportRow
+from ..db.lean import Lean
 from ..db.models import (
     AllocationRow,
     EventRow,
@@ -25,6 +26,8 @@ from ..snapshot import (
 from .base import (
     LedgerBase,
 )
+
+_EVENT = Lean(select(EventRow.__table__).where(EventRow.id == bindparam("id")), named=True)
 
 
 class RecordsMixin(LedgerBase):
@@ -90,8 +93,9 @@ class RecordsMixin(LedgerBase):
                 reason,
                 detail,
             )
-            row = s.get(EventRow, event_id)
-            assert row is not None
+            # as stored (its detail's JSON, its time's precision), in a statement, not
+            # the ORM's ``get``: the sessions' reclaim reports are a good part of the writes
+            row = _EVENT.execute(s.connection(), {"id": event_id}).one()
             return event_json(row)
 
     def record_usage(
