@@ -260,6 +260,9 @@ class _HeldIndex:
         # holdings behind each total (a snapshot copies the totals alone, in one C call:
         # an allocation's quota check takes one, with hundreds of users holding slices)
         self._counts: dict[tuple[bool, str], int] = {}
+        # the last snapshot, handed out again until a total changes: a pass tries a
+        # queue's shapes one after the other against the same state
+        self._snapshot: Held | None = None
 
     def add(self, view: AllocationView) -> None:
         self._change(view, 1)
@@ -270,6 +273,7 @@ class _HeldIndex:
     def _change(self, view: AllocationView, sign: int) -> None:
         if view.purpose == "external":
             return  # held by the engine outside gpuslice: counts against nobody
+        self._snapshot = None
         for group, totals, key in (
             (False, self.users, view.user),
             (True, self.groups, view.charged_group),
@@ -288,7 +292,10 @@ class _HeldIndex:
             )
 
     def snapshot(self) -> Held:
-        return Held(dict(self.users), dict(self.groups))
+        """The totals now: read only, shared by every caller until they change."""
+        if self._snapshot is None:
+            self._snapshot = Held(dict(self.users), dict(self.groups))
+        return self._snapshot
 
 
 _OWN_WRITES = "gpuslice.own_writes"
@@ -308,9 +315,11 @@ class OwnWrites:
 class ActiveState:
     """The active allocations as of one state of an :class:`ActiveCache`: their views by
     id (the caller's own dict; the views are shared and never modified), and the state's
-    ``mark``, which :meth:`ActiveCache.changed_between` compares."""
+    ``mark``, which :meth:`ActiveCache.changed_between` compares. One state is handed to
+    every caller until the cache changes (a pass tries a queue's shapes against the same
+    one, each a copy of hundreds of views), so nobody may modify ``views``."""
 
-    views: dict[int, AllocationView]
+    views: dict[int, AllocationView]  # (shared by the callers of one state: read only)
     mark: tuple[int, int]  # (the cache's read count, its change count)
     source: ActiveCache
 
@@ -349,6 +358,7 @@ class ActiveCache:
         self._changes = 0
         self._journal: list[tuple[int, int]] = []
         self._journal_from = 0
+        self._state: ActiveState | None = None  # the last state handed out (_as_state)
 
     def get(self, s: Session) -> list[AllocationView]:
         with self._up_to_date(s):
@@ -366,8 +376,14 @@ class ActiveCache:
             return self._as_state()
 
     def _as_state(self) -> ActiveState:
-        """The views now, as a state (the lock held)."""
-        return ActiveState(dict(self._views), (self.full_reads, self._changes), self)
+        """The views now, as a state (the lock held): the one handed out last, while
+        nothing changed since."""
+        state = self._state
+        if state is None:
+            state = self._state = ActiveState(
+                dict(self._views), (self.full_reads, self._changes), self
+            )
+        return state
 
     def catch_up(self, s: Session, marker: int | None = None) -> None:
         """Bring the views up to what ``s`` reads (for ``state_kept`` after it).
@@ -416,6 +432,7 @@ class ActiveCache:
     def _put(self, alloc_id: int, view: AllocationView | None, journal: bool = True) -> None:
         """The allocation's new state (None or inactive: no longer held). ``journal``:
         number the change (a full read starts a new journal instead)."""
+        self._state = None
         was = self._views.pop(alloc_id, None)
         if was is not None:
             self._held.remove(was)
@@ -475,7 +492,7 @@ class ActiveCache:
             not_on_loop("reading the active allocations back")
         if since is None or marker - since > self.FULL_READ_AFTER:
             self._marker = None  # a failure below leaves nothing half-read behind
-            self._views, self._held = {}, _HeldIndex()
+            self._views, self._held, self._state = {}, _HeldIndex(), None
             # a new journal: a follower of the old one starts again from the views
             self.full_reads += 1
             for v in load_active(s):

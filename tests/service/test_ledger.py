@@ -544,3 +544,24 @@ def test_a_recorded_event_is_answered_as_it_is_stored_and_listed(make_ledger):
     assert recorded == listed
     assert recorded["detail"]["scope"] == ["kernel", "server"]
     assert recorded["reason"] == "idle for 2 h" and recorded["user"] == "ann"
+
+
+def test_one_state_of_the_active_allocations_is_shared_until_it_changes(make_ledger):
+    """A pass tries each blocked shape against the same state: it is handed out once, not
+    copied per try; a change hands out a new one and leaves the old one as it was."""
+    ledger = make_ledger(quotas={"default_user": {"max_slices": 6}})
+    first, _ = ledger.try_allocate(ANN, "share-250", "s1")
+    cache = ledger.active_cache
+    state, held = cache.state_kept(), cache.held()
+    assert cache.state_kept() is state and cache.held() is held
+    assert set(state.views) == {first["id"]} and held.users["ann"].slices == 1
+    second, _ = ledger.try_allocate(ANN, "share-250", "s2")
+    after, held_after = cache.state_kept(), cache.held()
+    assert after is not state and held_after is not held
+    assert set(after.views) == {first["id"], second["id"]}
+    assert held_after.users["ann"].slices == 2
+    # what was handed out before is as it was
+    assert set(state.views) == {first["id"]} and held.users["ann"].slices == 1
+    ledger.release(second["id"], "ann", "done")
+    assert set(cache.state_kept().views) == {first["id"]}
+    assert cache.held().users["ann"].slices == 1
