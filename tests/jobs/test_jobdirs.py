@@ -1,8 +1,10 @@
-"""A submitted notebook's folder (``jobs/jobdirs.py``)."""
+"""A submitted notebook's folder (``jobs/jobdirs.py``), and the account it is made for."""
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import stat
 
 import nbformat
@@ -49,3 +51,24 @@ def test_a_notebook_that_is_not_one_is_refused_with_the_reason(tmp_path):
         read_notebook(bad)
     assert e.value.code == "bad_request" and "not a valid notebook" in e.value.message
     assert not any(tmp_path.iterdir())
+
+
+def test_the_service_account_is_looked_up_once_per_effective_uid(monkeypatch):
+    from gpuslice_hub.jobs import accounts
+
+    looked: list[int] = []
+    real = pwd.getpwuid
+
+    def getpwuid(uid: int):  # type: ignore[no-untyped-def]
+        looked.append(uid)
+        return real(os.getuid())
+
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+    monkeypatch.setattr(accounts, "_CURRENT", {})
+    me = Account.current()
+    assert Account.current() is me and looked == [os.geteuid()]
+    # another effective uid (a service that dropped privileges) is another account
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    other = Account.current()
+    assert looked == [me.uid, 4242]
+    assert Account.current() is other

@@ -152,6 +152,8 @@ class Database:
     write_engine: Engine
 
     def __post_init__(self) -> None:
+        # (an attribute: every transaction asks it several times)
+        self.is_sqlite = self.url.startswith("sqlite")
         # Made once: each sessionmaker() call builds a Session subclass and its event
         # dispatch, which cost more than the queries of a whole allocation.
         self._read_sessions = sessionmaker(class_=_Joined, expire_on_commit=False)
@@ -178,10 +180,6 @@ class Database:
         self._closed = False
         self._checkpointer: ThreadPoolExecutor | None = None
         self._checkpointer_lock = threading.Lock()
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.url.startswith("sqlite")
 
     def begin(self, conn: Connection) -> None:
         """Begin a read transaction on ``conn``, a connection of ``read_engine``: on SQLite

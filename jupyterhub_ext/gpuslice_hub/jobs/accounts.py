@@ -53,8 +53,17 @@ class Account:
     @classmethod
     def current(cls) -> Account:
         """The service's own account (``run_jobs_as_service_user``); a uid with no passwd
-        entry (as in some containers) is named by its number."""
+        entry (as in some containers) is named by its number. Looked up once per effective
+        uid: every submission and every start asks (a passwd lookup each was about 1 % of
+        a simulated day)."""
         uid = os.geteuid()
+        kept = _CURRENT.get(uid)
+        if kept is None:
+            kept = _CURRENT[uid] = cls._current(uid)
+        return kept
+
+    @classmethod
+    def _current(cls, uid: int) -> Account:
         try:
             pw = pwd.getpwuid(uid)
         except KeyError:
@@ -74,6 +83,9 @@ class Account:
             except KeyError:
                 out.append(str(gid))
         return out
+
+
+_CURRENT: dict[int, Account] = {}
 
 
 def forbidden_names(names: Iterable[str]) -> list[str]:
