@@ -163,7 +163,9 @@ def measure(n_hosts: int, n_users: int, n_jobs: int, seconds: float, tmp: Path) 
     url = f"sqlite:///{tmp}/gpuslice.sqlite"
     t0 = time.perf_counter()
     held = prepare(url, tmp / "jobs", n_hosts, n_users, n_jobs)
-    hub = start_hub(tmp / "hub", db_url=url, profiles=PROFILES, hosts=hosts(n_hosts))
+    hub = start_hub(
+        tmp / "hub", db_url=url, profiles=PROFILES, hosts=hosts(n_hosts), lean_check=False
+    )
     out: dict[str, str] = {}
     stop = threading.Event()
     try:

@@ -213,8 +213,11 @@ configure_jupyterhub(
     metrics_services=["prom"],
     spawner=cfg["spawner"],
     api_token=cfg["service_token"],
-    # (the service checks its lean statements against SQLAlchemy, as the suite does)
-    environment={{"PYTHONUNBUFFERED": "1", "GPUSLICE_LEAN_CHECK": "1"}},
+    # (the service checks its lean statements against SQLAlchemy, as the suite does; not
+    # where a benchmark measures it: the check runs each of them twice)
+    environment={{
+        "PYTHONUNBUFFERED": "1", "GPUSLICE_LEAN_CHECK": "1" if cfg["lean_check"] else ""
+    }},
 )
 c.JupyterHub.load_roles = c.JupyterHub.load_roles + [
     {{"name": "tester", "scopes": ["admin:users", "admin:servers", "tokens", "admin:groups",
@@ -291,8 +294,11 @@ def start_hub(
     jobs_as_service_user: bool = True,
     reuse: dict[str, Any] | None = None,
     wait: bool = True,
+    lean_check: bool = True,
 ) -> Hub:
-    """Start a hub in ``workdir``. ``reuse`` (a previous Hub.config) restarts the same setup."""
+    """Start a hub in ``workdir``. ``reuse`` (a previous Hub.config) restarts the same setup.
+    ``lean_check=False``: the service runs its statements as it does at a site, unchecked
+    (benchmarks)."""
     chp = chp_path()
     need(chp is not None, "configurable-http-proxy (npm install)")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -319,6 +325,7 @@ def start_hub(
         "extra_service_config": extra_service_config,
         "jobs_as_service_user": jobs_as_service_user,
         "job_environment": same_blas(),
+        "lean_check": lean_check,
     }
     cfg_path = workdir / "test_config.json"
     cfg_path.write_text(json.dumps(cfg))
