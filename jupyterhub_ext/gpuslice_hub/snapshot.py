@@ -314,10 +314,10 @@ class OwnWrites:
 @dataclass(frozen=True)
 class ActiveState:
     """The active allocations as of one state of an :class:`ActiveCache`: their views by
-    id (the caller's own dict; the views are shared and never modified), and the state's
-    ``mark``, which :meth:`ActiveCache.changed_between` compares. One state is handed to
-    every caller until the cache changes (a pass tries a queue's shapes against the same
-    one, each a copy of hundreds of views), so nobody may modify ``views``."""
+    id (the views are shared and never modified), and the state's ``mark``, which
+    :meth:`ActiveCache.changed_between` compares. One state, its dict included, is handed
+    to every caller until the cache changes (a pass tries a queue's shapes against the
+    same one, and a copy each was hundreds of views), so nobody may modify ``views``."""
 
     views: dict[int, AllocationView]  # (shared by the callers of one state: read only)
     mark: tuple[int, int]  # (the cache's read count, its change count)

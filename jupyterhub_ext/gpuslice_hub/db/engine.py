@@ -114,8 +114,8 @@ class _Joined(Session):
     time there (docs/benchmarks.md). ORM work goes through that bookkeeping as ever."""
 
     def close(self) -> None:
-        # Most transactions run statements on the connection and load no object: closing
-        # such a session (it is dropped after) cost a fifth of a read transaction.
+        # Most transactions run statements on the connection and load no object: such a
+        # session holds nothing to close, and closing it cost a fifth of a read transaction.
         if self._transaction is None and not self.identity_map and not self._new:
             return
         super().close()

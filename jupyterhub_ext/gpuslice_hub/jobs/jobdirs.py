@@ -45,8 +45,8 @@ def create_job_dir(
     jd = JobDir(root / str(job_id))
     jd.root.mkdir(exist_ok=False, mode=0o700)
     # nbformat's own JSON (lines split, keys sorted), without ``nbformat.write``'s second
-    # validation: ``read_notebook`` validated it, and that one only logs (it was half the
-    # cost of a submission's folder)
+    # validation: ``read_notebook`` validated it, and that one only logs (it was about 40 %
+    # of the cost of a submission's folder)
     text = nbformat.v4.writes(nb)
     jd.input_path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf8")
     jd.spec_path.write_text(json.dumps({"id": job_id, **spec}, indent=1))

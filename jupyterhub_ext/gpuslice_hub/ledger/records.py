@@ -94,7 +94,7 @@ class RecordsMixin(LedgerBase):
                 detail,
             )
             # as stored (its detail's JSON, its time's precision), in a statement, not
-            # the ORM's ``get``: the sessions' reclaim reports are a good part of the writes
+            # the ORM's ``get``: every idle cull a server reports records one
             row = _EVENT.execute(s.connection(), {"id": event_id}).one()
             return event_json(row)
 
