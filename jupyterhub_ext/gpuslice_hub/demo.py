@@ -153,7 +153,8 @@ def banner(backend: str, inventory: Any) -> str:
             lines.append(f"    GPU {g.index}: {g.model}, {g.memory_mib // 1024} GiB{extra}")
     lines += [
         "",
-        "Open  http://127.0.0.1:8000",
+        "Open  http://127.0.0.1:8000  once the log below says",
+        "      'JupyterHub is now running' (a few seconds; before that the proxy answers 404)",
         f"Log in as any user name (e.g. alice) with the password: {PASSWORD}",
         "Log in as 'admin' for the gpuslice admin panel (inventory, jobs, quotas):",
         "      http://127.0.0.1:8000/services/gpuslice/admin",
