@@ -99,6 +99,12 @@ VICTIM_COLUMNS = (
     JobRow.attempt_started_at,
     JobRow.allocation_ids,
 )
+# the preemptible jobs that hold (or are giving back) slices, in those columns: a spawn
+# that finds no room asks, in a statement built once
+_CANDIDATES = Lean(
+    select(*VICTIM_COLUMNS).where(JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible"),
+    named=True,
+)
 
 
 class JobManager(LoggingConfigurable):
@@ -696,9 +702,8 @@ class JobManager(LoggingConfigurable):
         """The preemptible jobs that hold (or are giving back) slices: rows of the columns
         choosing a victim reads, not ORM objects (the spawn form asks at every look, and a
         backfilled cluster runs thousands of them)."""
-        preemptible = (JobRow.state.in_(ACTIVE), JobRow.priority_class == "preemptible")
         with self.db.reading() as s:
-            return list(s.connection().execute(select(*VICTIM_COLUMNS).where(*preemptible)))
+            return list(_CANDIDATES.execute(s.connection()).rows)
 
     def _victim_for(
         self,
