@@ -64,10 +64,6 @@ def find_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    return free_ports(1)[0]
-
-
 @dataclass
 class PostgresServer:
     bindir: Path
@@ -182,7 +178,7 @@ def start_server(bindir: Path, attempts: int = 3) -> PostgresServer:
             pw = pwd.getpwnam(user)
             os.chown(root, pw.pw_uid, pw.pw_gid)
         root.chmod(0o700)
-        server = PostgresServer(bindir=bindir, root=root, port=_free_port(), user=user)
+        server = PostgresServer(bindir=bindir, root=root, port=free_ports(1)[0], user=user)
         try:
             server.initdb()
             server.start()

@@ -154,6 +154,28 @@ def test_an_insert_computes_the_python_side_defaults_sqlalchemy_would(tmp_path: 
     ledger.db.dispose()
 
 
+def test_a_computed_default_of_another_type_than_sqlalchemys_is_caught():
+    # the check sets a called default's value aside (``utcnow`` gives another instant each
+    # call) but not its type
+    engine = create_engine("sqlite://")
+    table = Table(
+        "t",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("n", Integer, default=lambda: 7),
+    )
+    table.metadata.create_all(engine)
+    lean = Lean(insert(table))
+    with engine.begin() as conn:
+        lean.execute(conn, {"id": 1})
+        (plan,) = lean._plans.values()
+        assert plan is not None and [k for k, _ in plan.calls] == ["n"]
+        plan.calls = (("n", lambda: "7"),)  # text where SQLAlchemy sends a number
+        with pytest.raises(AssertionError, match="lean default n differs"):
+            lean.execute(conn, {"id": 2})
+    engine.dispose()
+
+
 def test_a_default_that_reads_its_context_goes_through_sqlalchemy():
     engine = create_engine("sqlite://")
     table = Table(

@@ -116,7 +116,8 @@ class _Joined(Session):
     def close(self) -> None:
         # Most transactions run statements on the connection and load no object: such a
         # session holds nothing to close, and closing it cost a fifth of a read transaction.
-        if self._transaction is None and not self.identity_map and not self._new:
+        # (Any ORM work, a load or an ``add``, begins the session's own transaction.)
+        if self._transaction is None:
             return
         super().close()
 

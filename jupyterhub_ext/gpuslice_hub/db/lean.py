@@ -288,10 +288,10 @@ def _check(
         # check is that the same function gave the value sent in the same place
         called = {key for key, _ in plan.calls}
         computed = [i for i, name in enumerate(plan.names) if name in called]
-        args = tuple(sent[1][i] if i in computed else a for i, a in enumerate(args))
-        for i in computed:
+        for i in computed:  # (before the values are set aside: compared by type only)
             if type(args[i]) is not type(sent[1][i]):
                 raise AssertionError(f"lean default {plan.names[i]} differs: {args[i]!r}")
+        args = tuple(sent[1][i] if i in computed else a for i, a in enumerate(args))
     if sent != (sql, args):
         lean = (sql, args)
         raise AssertionError(f"lean execution differs from SQLAlchemy's: {lean} != {sent}")
