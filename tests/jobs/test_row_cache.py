@@ -121,9 +121,18 @@ def test_every_row_is_read_again_now_and_then_whatever_its_revision(tmp_path: Pa
         s.execute(
             text("UPDATE jobs SET not_before = '2030-01-01 00:00:00' WHERE id = :i"), {"i": ids[0]}
         )
-    for _ in range(row_cache.FULL_READ_PASSES - 1):
+    before = cached(db, queued)
+    for _ in range(row_cache.FULL_READ_PASSES - 2):
         assert cached(db, queued)[0].not_before is None  # not seen: its revision did not move
-    assert cached(db, queued)[0].not_before is not None and queued.reread == 3
+    after = cached(db, queued)
+    assert after[0].not_before is not None and queued.reread == 3
+    assert after == [
+        (r.id, r.revision, r.not_before) for r in full_read(db, JOBS.c.state == "queued")
+    ]
+    # only the row that differs is new to the pass; the others are the objects it had (its
+    # memo of a quiet job holds by identity), and no row left
+    assert queued.fresh == {ids[0]} and not queued.left
+    assert [a is b for a, b in zip(after, before, strict=True)] == [False, True, True]
 
 
 def test_a_read_that_finds_the_same_keys_returns_the_same_rows(tmp_path: Path):

@@ -37,6 +37,7 @@ _Processor = Callable[[Any], Any] | None
 
 class _Plan:
     __slots__ = (
+        "_converted",
         "_sqls",
         "_template",
         "binds",
@@ -80,20 +81,25 @@ class _Plan:
         processors = compiled._bind_processors
         # (an expanding parameter's processor is its elements')
         self.binds: tuple[_Processor, ...] = tuple(processors.get(n) for n in self.names)
+        # (index, processor) of the parameters that have one
+        self._converted: tuple[tuple[int, Callable[[Any], Any]], ...] = tuple(
+            (i, p) for i, p in enumerate(self.binds) if p is not None
+        )
         # ``IN`` lists: one placeholder per element, the SQL made once per list length
         self.expanding = frozenset(n for n in self.names if compiled.binds[n].expanding)
         if self.calls and self.expanding:
             raise _NotLean("column defaults with an IN list")
         self._template = self.sql
         self._sqls: dict[tuple[int, ...], str] = {}
-        self.columns: tuple[_Processor, ...] | None = None
+        self.columns: tuple[tuple[int, Callable[[Any], Any]], ...] | None = None
         self.row: Any = None
         self.keys = tuple(c.keyname for c in compiled._result_columns)
         if compiled._result_columns:
             procs = tuple(
                 c.type._cached_result_processor(dialect, None) for c in compiled._result_columns
             )
-            self.columns = procs if any(p is not None for p in procs) else ()
+            # (index, processor) of the columns that have one: most have none
+            self.columns = tuple((i, p) for i, p in enumerate(procs) if p is not None)
             if named:
                 fields = [c.keyname for c in compiled._result_columns]
                 self.row = collections.namedtuple("Row", fields, rename=True)  # type: ignore[misc]
@@ -107,10 +113,12 @@ class _Plan:
         if self.calls:
             values = {**values, **{key: call() for key, call in self.calls}}
         if not self.expanding:
-            return self.sql, tuple(
-                v if p is None or v is None else p(v)
-                for p, v in zip(self.binds, (values[n] for n in self.names), strict=True)
-            )
+            plain = [values[n] for n in self.names]
+            for i, convert in self._converted:
+                v = plain[i]
+                if v is not None:
+                    plain[i] = convert(v)
+            return self.sql, tuple(plain)
         args: list[Any] = []
         lengths = []
         for name, p in zip(self.names, self.binds, strict=True):
@@ -245,8 +253,15 @@ class Lean:
             return None
 
 
-def _processed(row: Sequence[Any], procs: tuple[_Processor, ...]) -> tuple[Any, ...]:
-    return tuple(v if p is None or v is None else p(v) for p, v in zip(procs, row, strict=True))
+def _processed(
+    row: Sequence[Any], procs: tuple[tuple[int, Callable[[Any], Any]], ...]
+) -> tuple[Any, ...]:
+    values = list(row)
+    for i, p in procs:
+        v = values[i]
+        if v is not None:
+            values[i] = p(v)
+    return tuple(values)
 
 
 def _through_sqlalchemy(

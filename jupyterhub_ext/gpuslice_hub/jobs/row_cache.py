@@ -59,15 +59,16 @@ class RowCache:
     def read(self, conn: Any) -> list[Any]:
         """The rows, in id order; what changed since the last read is read again."""
         self._passes += 1
-        if self._passes > FULL_READ_PASSES:
-            self._forget()
+        everything = self._keys_seen is None or self._passes > FULL_READ_PASSES
+        if everything:
+            self._passes = 1
         keys = self._key_pairs(conn)
-        if keys == self._keys_seen:
+        if keys == self._keys_seen and not everything:
             self.reread, self.unchanged, self.left = 0, True, False
             self.fresh = frozenset()
             return list(self._rows.values())
         ids, keyset = dict(keys), set(keys)  # (id order kept; built in C, not row by row)
-        if self._keys_seen is None:
+        if everything:
             stale = list(ids)
         else:
             # new or moved: a set difference, no look at each row; with those whose row
@@ -82,20 +83,22 @@ class RowCache:
         # read again, or kept as it was; one that changed and left the selection: gone
         gone = self._missing = set(stale).difference(fresh)
         rows = self._rows
+        self.reread = len(fresh)
+        if everything and rows:
+            # A row read again only because every row is now and then (its revision did not
+            # move) stays the object the pass already has where it is equal: the pass's memo
+            # of a quiet job holds by identity, and would otherwise be lost for all of them.
+            for i in [i for i, row in fresh.items() if rows.get(i) == row]:
+                del fresh[i]
         try:
             kept = {i: fresh[i] if i in fresh else rows[i] for i in ids if i not in gone}
         except KeyError:  # (never expected: a row not kept nor read; read them all again)
-            self._forget()
+            self._keys_seen = None
             return self.read(conn)
-        self.left = self._passes == 1 or not rows.keys() <= kept.keys()  # (1: all read)
+        self.left = not rows.keys() <= kept.keys()
         self._rows = kept
-        self.reread = len(fresh)
         self.fresh = frozenset(fresh)
         return list(kept.values())
-
-    def _forget(self) -> None:
-        self._rows, self._passes, self._keys_seen = {}, 1, None
-        self._keyset, self._missing = set(), set()
 
     def _key_pairs(self, conn: Any) -> list[tuple[int, int]]:
         """(id, revision) of the rows ``where`` selects, in id order, in ``conn``'s

@@ -234,6 +234,9 @@ def _combine(
     """The server is idle when everything in it is; its run starts with the latest run."""
     if any(active.values()):
         return None, True
+    if len(states) == 1:  # (the usual server: one kernel, whose state is the server's)
+        (only,) = states.values()
+        return (only, False) if only.is_idle else (None, False)
     if not states or not all(s.is_idle for s in states.values()):
         return None, False
     since = max(s.idle_since for s in states.values() if s.idle_since is not None)
