@@ -81,22 +81,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
 
-    const openOutput = async (path: string, label: string): Promise<void> => {
-      // A job's output is for reading: no kernel on this server's GPU slice until the
-      // person picks one. (A JupyterLab whose docmanager:open has no kernelPreference
-      // ignores it and starts one, as for any notebook.)
-      const widget = (await app.commands.execute('docmanager:open', {
+    // A job's output is for reading: no kernel on this server's GPU slice until the person
+    // picks one. (A JupyterLab whose docmanager:open has no kernelPreference ignores it and
+    // starts one, as for any notebook.) The tab keeps the file's name: a document's tab
+    // label is its file name in JupyterLab 4, and setting it renames the file.
+    const openOutput = (path: string): void => {
+      void app.commands.execute('docmanager:open', {
         path,
         kernelPreference: { shouldStart: false, autoStartDefault: false }
-      })) as { title?: { label: string }; context?: { ready: Promise<void> } } | undefined;
-      await widget?.context?.ready;
-      if (widget?.title) {
-        widget.title.label = label;
-      }
+      });
     };
     const panel = new JobsPanel({
       api,
-      openOutput: (path, label) => void openOutput(path, label),
+      openOutput,
       events: app.serviceManager.events.stream
     });
     panel.title.icon = gpuIcon;

@@ -14,7 +14,6 @@ import {
   jobTimes,
   lostWork,
   newlyFinished,
-  outputLabel,
   outputNotebook,
   progress,
   sortJobs,
@@ -27,8 +26,8 @@ import type { IJob } from './types';
 
 export interface IJobsPanelOptions {
   api: GpusliceApi;
-  /** Open a job's output notebook; ``label`` names its tab. */
-  openOutput: (path: string, label: string) => void;
+  /** Open a job's output notebook (read-only use: no kernel is started). */
+  openOutput: (path: string) => void;
   /** The server's event stream (a "job finished" event arrives before the next poll). */
   events?: ISignal<unknown, { schema_id?: string; [key: string]: unknown }>;
 }
@@ -147,7 +146,7 @@ export class JobsPanel extends Widget {
       ? [
           {
             label: 'Open output',
-            callback: () => this.options.openOutput(output, outputLabel(event.name, event.job_id))
+            callback: () => this.options.openOutput(output)
           }
         ]
       : [];
@@ -245,9 +244,7 @@ export class JobsPanel extends Widget {
     });
     const output = outputNotebook(job);
     if (output) {
-      button('Open output', () =>
-        this.options.openOutput(output, outputLabel(job.name || String(job.id), job.id))
-      );
+      button('Open output', () => this.options.openOutput(output));
     }
     if (!badge.terminal) {
       button(

@@ -146,11 +146,6 @@ export function outputNotebook(
   return cancelled && !job.cells_done ? null : `${path}/output.ipynb`;
 }
 
-/** The tab title of a job's output: every output file is called output.ipynb. */
-export function outputLabel(name: string, id: number | string): string {
-  return `${name} #${id} output`;
-}
-
 export interface IJobEvent {
   job_id: string;
   name: string;

@@ -191,10 +191,17 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         page.screenshot(path=str(screenshot_path(tmp_path, "lab-jobs-panel.png")))
 
         kernels = kernel_ids(hub, token)
+        outputs = output.parent
+
+        def listed() -> list[str]:
+            return sorted(p.name for p in outputs.iterdir() if not p.name.startswith("."))
+
+        before = listed()
+        assert "output.ipynb" in before, before
         card.get_by_role("button", name="Open output").click()
-        # its tab names the job (every output file is called output.ipynb) ...
+        # its tab is the file's (JupyterLab renames a document whose tab is renamed) ...
         tab = page.locator(
-            ".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=f"train #{job_id} output"
+            ".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current", has_text="output.ipynb"
         )
         tab.wait_for()
         page.locator(".jp-OutputArea-output", has_text="trained for 3 epochs").wait_for()
@@ -202,6 +209,9 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         visible = ".jp-NotebookPanel:not(.lm-mod-hidden)"
         page.locator(f"{visible} .jp-Toolbar-kernelName", has_text="No Kernel").wait_for()
         assert kernel_ids(hub, token) == kernels
+        # opening it changed nothing in ann's folder (a tab label set on the document once
+        # renamed output.ipynb to "train #1 output", extension lost)
+        assert listed() == before
         assert card.get_by_role("button", name="Resubmit").is_visible()
 
         # A notebook with no parameters cell that sets the parameter itself: the job would
@@ -226,5 +236,7 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         warning = page.locator(".Toastify__toast", has_text="is set again in code cell 1")
         warning.wait_for(timeout=60_000)
         assert "your value 3 is overwritten (+1 in the job's log)" in warning.inner_text()
+        # and still nothing renamed, however long the output's tab stayed open
+        assert listed() == before
     hub.hub_api("DELETE", "/users/ann/server")
     hub.wait_gone("ann")
