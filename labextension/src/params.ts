@@ -1,4 +1,5 @@
 // Parsing and validating what the submit dialog's fields hold, before anything is sent.
+import { formatDuration } from './format';
 import { PRIORITIES, type ISubmitRequest, type Priority } from './types';
 
 export type Parsed<T> = { ok: true; value: T } | { ok: false; error: string };
@@ -36,6 +37,22 @@ export function parseDuration(text: string, field: string): Parsed<number | null
 }
 
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+// Python's keywords (keyword.kwlist): a parameter so named fails the job's first cell
+const KEYWORDS = new Set(
+  (
+    'False None True and as assert async await break class continue def del elif else ' +
+    'except finally for from global if import in is lambda nonlocal not or pass raise ' +
+    'return try while with yield'
+  ).split(' ')
+);
+
+/** Why `name` cannot be a parameter, or null. */
+function badName(name: string): string | null {
+  if (!NAME.test(name)) {
+    return `"${name}" is not a valid Python variable name.`;
+  }
+  return KEYWORDS.has(name) ? `"${name}" is a Python keyword, not a variable name.` : null;
+}
 
 function parseValue(raw: string): unknown {
   try {
@@ -65,9 +82,11 @@ export function parseParameters(text: string): Parsed<Record<string, unknown>> {
     if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) {
       return { ok: false, error: 'Parameters must be a JSON object.' };
     }
-    const bad = Object.keys(parsed).find(key => !NAME.test(key));
-    if (bad !== undefined) {
-      return { ok: false, error: `"${bad}" is not a valid Python variable name.` };
+    for (const key of Object.keys(parsed)) {
+      const why = badName(key);
+      if (why) {
+        return { ok: false, error: why };
+      }
     }
     return { ok: true, value: parsed as Record<string, unknown> };
   }
@@ -83,11 +102,9 @@ export function parseParameters(text: string): Parsed<Record<string, unknown>> {
       return { ok: false, error: `Line ${index + 1}: write name = value.` };
     }
     const name = line.slice(0, eq).trim();
-    if (!NAME.test(name)) {
-      return {
-        ok: false,
-        error: `Line ${index + 1}: "${name}" is not a valid Python variable name.`
-      };
+    const why = badName(name);
+    if (why) {
+      return { ok: false, error: `Line ${index + 1}: ${why}` };
     }
     if (name in value) {
       return { ok: false, error: `Line ${index + 1}: "${name}" is given twice.` };
@@ -108,6 +125,8 @@ export interface ISubmitForm {
   timeWindow: string;
   /** May be sent to the site's burst partition when it waits too long. */
   burstable: boolean;
+  /** The longest max runtime the service allows (seconds), once it said. */
+  maxRuntimeLimit?: number | null;
 }
 
 /** All problems with the form at once, or the request body to send. */
@@ -136,6 +155,15 @@ export function buildSubmitRequest(
   }
   if (errors.length || !checkpoint.ok || !runtime.ok || !parameters.ok) {
     return { ok: false, errors };
+  }
+  const limit = form.maxRuntimeLimit;
+  if (runtime.value !== null && limit && runtime.value > limit) {
+    return {
+      ok: false,
+      errors: [
+        `Max runtime ${formatDuration(runtime.value)} is longer than this site allows (${formatDuration(limit)}).`
+      ]
+    };
   }
   if (checkpoint.value !== null && runtime.value !== null && checkpoint.value > runtime.value) {
     return { ok: false, errors: ['The checkpoint interval is longer than the max runtime.'] };

@@ -35,6 +35,8 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
   private readonly burstable = document.createElement('input');
   private readonly burstHint = document.createElement('small');
   private classWindows: Record<string, string> = {};
+  // the longest max runtime the service allows, once it said (the dialog checks it)
+  private runtimeLimit: number | null = null;
   private readonly notice = document.createElement('div');
   private timer: number | undefined;
 
@@ -102,7 +104,8 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       maxRuntime: this.runtime.value,
       parameters: this.parameters.value,
       timeWindow: this.window.value,
-      burstable: this.burstable.checked
+      burstable: this.burstable.checked,
+      maxRuntimeLimit: this.runtimeLimit
     };
   }
 
@@ -193,6 +196,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
         const jobs = reply.jobs;
         this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime)`;
         this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
+        this.runtimeLimit = jobs.max_runtime_limit ?? null;
         this.showWindows(jobs.windows ?? [], jobs.class_windows ?? {});
         this.showBurst(jobs.burst);
       }

@@ -46,6 +46,15 @@ describe('parseParameters', () => {
     }
     const twice = parseParameters('a = 1\na = 2');
     expect(!twice.ok && twice.error).toBe('Line 2: "a" is given twice.');
+    // a keyword would fail the job's first cell (the injected one) on the server
+    const keyword = parseParameters('epochs = 3\nimport = 3');
+    expect(!keyword.ok && keyword.error).toBe(
+      'Line 2: "import" is a Python keyword, not a variable name.'
+    );
+    const inJson = parseParameters('{"None": 1}');
+    expect(!inJson.ok && inJson.error).toBe('"None" is a Python keyword, not a variable name.');
+    // names that only look like keywords (soft keywords, builtins) are variables
+    expect(parseParameters('match = 1\ntype = 2\nprint = 3').ok).toBe(true);
   });
 });
 
@@ -87,6 +96,18 @@ describe('buildSubmitRequest', () => {
         parameters: { epochs: 3 }
       }
     });
+  });
+
+  it('refuses a max runtime over the limit the service gave, in its own units', () => {
+    const over = buildSubmitRequest({ ...form, maxRuntime: '999999h', maxRuntimeLimit: 604800 });
+    expect(!over.ok && over.errors).toEqual([
+      'Max runtime 999999h 00m is longer than this site allows (168h 00m).'
+    ]);
+    expect(buildSubmitRequest({ ...form, maxRuntime: '168h', maxRuntimeLimit: 604800 }).ok).toBe(
+      true
+    );
+    // before the service has said, the service checks it
+    expect(buildSubmitRequest({ ...form, maxRuntime: '999999h' }).ok).toBe(true);
   });
 
   it('lists every problem at once', () => {

@@ -114,6 +114,10 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         assert " free" in options[0], options
         assert "unavailable: not allowed for your groups" in options[1], options
         assert profile.input_value() == "share-250"  # the first available one
+        # no time window nor burst partition is configured: their fields are not shown
+        # (once, a style that made the fields flex boxes overrode their hidden attribute)
+        assert dialog.locator("input[name=burstable]").is_hidden()
+        assert dialog.locator("select[name=time_window]").is_hidden()
 
         # Empty fields say what the service will use (its figures, not "no limit").
         runtime = dialog.locator("input[name=max_runtime]")

@@ -166,6 +166,7 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         ({"profile": "nope"}, 404, "unknown profile"),
         ({"priority": "urgent"}, 400, "field 'priority'"),
         ({"parameters": {"1x": 2}}, 400, "not a Python identifier"),
+        ({"parameters": {"import": 3}}, 400, "'import' is a Python keyword"),
         ({"parameters": {"x": object.__name__}, "slices": 0}, 400, "field 'slices'"),
         ({"checkpoint_interval": 0}, 400, "checkpoint_interval"),
         ({"burstable": True}, 400, "no burst partition"),

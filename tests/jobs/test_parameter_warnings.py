@@ -1,11 +1,19 @@
 """Parameters a notebook would silently overwrite are said out loud (papermill's rule for
-where they go is kept: after the cell tagged ``parameters``, else first)."""
+where they go is kept: after the cell tagged ``parameters``, else first); names that cannot
+be assigned are refused before the job runs."""
 
 from __future__ import annotations
 
-import nbformat
+import keyword
+import re
+from pathlib import Path
 
-from gpuslice.run.params import parameter_warnings
+import nbformat
+import pytest
+
+from gpuslice.run.params import ParameterError, parameter_warnings, validate
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def nb(*sources: str, tagged: int | None = None) -> nbformat.NotebookNode:
@@ -65,3 +73,17 @@ def test_a_source_stored_as_a_list_of_lines_is_read_too():
 
 def nb_of(*cells: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nbformat.v4.new_notebook(cells=list(cells))
+
+
+def test_a_keyword_is_refused_as_a_name_by_the_service_and_the_lab_alike():
+    # ``import = 3`` passed both checks once, and the job failed in its injected first cell
+    for name in keyword.kwlist:
+        with pytest.raises(ParameterError, match="is a Python keyword"):
+            validate({name: 3})
+    validate({"match": 1, "type": 2, "print": 3})  # soft keywords and builtins are names
+    # the lab's own list (labextension/src/params.ts) is Python's
+    source = (REPO / "labextension" / "src" / "params.ts").read_text()
+    listed = re.search(r"const KEYWORDS = new Set\(\s*\((.*?)\)\.split", source, re.S)
+    assert listed is not None
+    words = "".join(re.findall(r"'([^']*)'", listed.group(1))).split()
+    assert words == keyword.kwlist

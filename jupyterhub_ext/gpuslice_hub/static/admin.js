@@ -148,7 +148,7 @@
         card(
           'allocated',
           `${gpus(t.allocated_milli)} GPUs`,
-          `${t.active_allocations} allocations`,
+          plural(t.active_allocations, 'allocation'),
           'allocated'
         ),
         card(
@@ -1015,12 +1015,17 @@
 
   // -- forms ----------------------------------------------------------------------------
 
-  function number(form, name, scale, empty = 'no limit') {
+  // A form's number, null when empty. The bounds are the service's own, said in the field's
+  // words: a value the form lets through is not then refused in other terms.
+  function number(form, name, { label, scale, empty = 'no limit', above, max } = {}) {
     const raw = form.elements[name].value.trim();
     if (raw === '') return null;
     const v = Number(raw);
-    if (!Number.isFinite(v) || v < 0) {
-      throw new Error(`${name.replace('_', ' ')} must be a number ≥ 0 (empty: ${empty})`);
+    const low = above === undefined ? v >= 0 : v > above;
+    if (!Number.isFinite(v) || !low || (max !== undefined && v > max)) {
+      const range = above === undefined ? '≥ 0' : `more than ${above}`;
+      const top = max === undefined ? '' : ` and at most ${max}`;
+      throw new Error(`${label} must be a number ${range}${top} (empty: ${empty})`);
     }
     return scale ? Math.round(v * scale) : v;
   }
@@ -1039,8 +1044,8 @@
         const name = quota.elements.name.value.trim();
         if (subject !== 'default_user' && !name) throw new Error(`Name the ${subject}.`);
         const body = {
-          max_slices: number(quota, 'max_slices'),
-          max_milli: number(quota, 'max_gpus', 1000),
+          max_slices: number(quota, 'max_slices', { label: 'max slices' }),
+          max_milli: number(quota, 'max_gpus', { label: 'max GPUs', scale: 1000 }),
           reason: quota.elements.reason.value.trim()
         };
         const path =
@@ -1065,7 +1070,13 @@
       exemptError.hidden = true;
       try {
         const user = exempt.elements.user.value.trim();
-        const hours = number(exempt, 'hours', undefined, 'until ended');
+        // (as the service checks it: an exemption of 0 hours is none)
+        const hours = number(exempt, 'hours', {
+          label: 'hours',
+          empty: 'until ended',
+          above: 0,
+          max: 8760
+        });
         const body = { reason: exempt.elements.reason.value.trim() };
         if (hours !== null) body.hours = hours;
         await api('PUT', `admin/exemptions/${encodeURIComponent(user)}`, body);

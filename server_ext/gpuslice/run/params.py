@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
 import re
 from typing import Any
 
@@ -36,6 +37,9 @@ def validate(parameters: Any) -> dict[str, Any]:
     for name, value in parameters.items():
         if not isinstance(name, str) or not _IDENT.match(name) or name.startswith("__"):
             raise ParameterError(f"parameter name {name!r} is not a Python identifier")
+        if keyword.iskeyword(name):
+            # (``import = 3`` would fail the job in its first cell, the injected one)
+            raise ParameterError(f"parameter name {name!r} is a Python keyword")
         _check_value(name, value, 0)
     return parameters
 
