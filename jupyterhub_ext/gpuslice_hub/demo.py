@@ -109,7 +109,7 @@ def write_configs() -> tuple[str, Any]:
     root = os.getuid() == 0
     chp = shutil.which("configurable-http-proxy") or "configurable-http-proxy"
     (DEMO_DIR / "jupyterhub_config.py").write_text(
-        f"""# Written by `make demo` (gpuslice_hub.demo); edit freely, it is rewritten each run.
+        f"""# Written by `make demo` (gpuslice_hub.demo) at each run: a change here is lost.
 import sys
 from gpuslice_hub.hubconfig import configure_jupyterhub
 

@@ -1,6 +1,6 @@
 // The Jobs panel (left sidebar): the user's batch jobs with live state, progress, logs,
 // and actions; notifies when a job it has seen running finishes.
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import type { Message } from '@lumino/messaging';
 import type { ISignal } from '@lumino/signaling';
@@ -9,6 +9,7 @@ import type { GpusliceApi } from './api';
 import { formatDuration } from './format';
 import {
   asJobEvent,
+  cancelQuestion,
   checkpointAge,
   isTerminal,
   jobTimes,
@@ -169,6 +170,21 @@ export class JobsPanel extends Widget {
     }
   }
 
+  /** Cancel only once the person confirms: a running job's work is lost with it. */
+  private async confirmCancel(job: IJob): Promise<void> {
+    const result = await showDialog({
+      title: 'Cancel GPU job',
+      body: cancelQuestion(job),
+      buttons: [
+        Dialog.cancelButton({ label: 'Keep it' }),
+        Dialog.warnButton({ label: 'Cancel job' })
+      ]
+    });
+    if (result.button.accept) {
+      await this.act('Cancelling the job', () => this.options.api.cancel(job.id));
+    }
+  }
+
   private async act(doing: string, action: () => Promise<unknown>): Promise<void> {
     try {
       await action();
@@ -247,10 +263,7 @@ export class JobsPanel extends Widget {
       button('Open output', () => this.options.openOutput(output));
     }
     if (!badge.terminal) {
-      button(
-        'Cancel',
-        () => void this.act('Cancelling the job', () => this.options.api.cancel(job.id))
-      );
+      button('Cancel', () => void this.confirmCancel(job));
     } else {
       button(
         'Resubmit',

@@ -43,11 +43,20 @@ export interface IProgress {
   text: string;
 }
 
-export function progress(job: Pick<IJob, 'cells_done' | 'cells_total'>): IProgress {
+export function progress(
+  job: Pick<IJob, 'cells_done' | 'cells_total'> & { state?: string }
+): IProgress {
   const done = Math.max(0, job.cells_done ?? 0);
   const total = job.cells_total ?? 0;
   if (!total || total <= 0) {
-    return { fraction: null, text: done ? `${done} cells done` : 'not started' };
+    // (the runner counts the cells once it runs: until then, say what the job is doing)
+    const doing =
+      job.state === 'starting'
+        ? 'starting'
+        : job.state === 'running' || job.state === 'preempting'
+          ? 'running'
+          : 'not started';
+    return { fraction: null, text: done ? `${done} cells done` : doing };
   }
   const clamped = Math.min(done, total);
   return { fraction: clamped / total, text: `${clamped} / ${total} cells` };
@@ -91,7 +100,23 @@ export function jobTimes(
     const ended = ago(job.finished_at);
     return [ended ? `ended ${ended}` : null, ran ? `ran ${ran}` : null].filter(Boolean).join(', ');
   }
+  if (job.state === 'starting') {
+    // placed on its slice, its runner not yet running: nothing has run for any time
+    return `placed ${ago(job.started_at) ?? ''}, starting`;
+  }
   return `started ${ago(job.started_at) ?? ''}` + (ran ? `, running ${ran}` : '');
+}
+
+/** What cancelling ``job`` costs, asked before it is cancelled. */
+export function cancelQuestion(
+  job: Pick<IJob, 'id' | 'name' | 'state' | 'last_checkpoint_at'>
+): string {
+  const which = `"${job.name || job.id}" (#${job.id})`;
+  if (job.state === 'queued') {
+    return `Cancel ${which}? It leaves the queue; resubmitting it later queues it anew.`;
+  }
+  const since = job.last_checkpoint_at ? 'since its last checkpoint' : 'so far';
+  return `Cancel ${which}? It is stopped now, and its work ${since} is lost.`;
 }
 
 export function lostWork(job: Pick<IJob, 'lost_work_seconds' | 'restarts'>): string {
@@ -141,9 +166,11 @@ export function outputNotebook(
   if (!isTerminal(job.state)) {
     return null;
   }
-  // a cancelled job keeps the output of the cells that had finished, if any had
-  const cancelled = job.state === 'cancelled' || job.state === 'canceled';
-  return cancelled && !job.cells_done ? null : `${path}/output.ipynb`;
+  // A job stopped from outside (cancelled, or past its max runtime) keeps the output of
+  // the cells that had finished, if any had: its runner is killed mid-cell and writes no
+  // more. (A failed job's runner writes the failing cell's output before it ends.)
+  const stopped = ['cancelled', 'canceled', 'timed-out'].includes(job.state);
+  return stopped && !job.cells_done ? null : `${path}/output.ipynb`;
 }
 
 export interface IJobEvent {

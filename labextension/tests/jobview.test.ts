@@ -1,5 +1,6 @@
 import {
   asJobEvent,
+  cancelQuestion,
   checkpointAge,
   isTerminal,
   lostWork,
@@ -66,6 +67,24 @@ describe('job presentation', () => {
       text: 'not started'
     });
     expect(progress({ cells_done: 2, cells_total: 0 }).text).toBe('2 cells done');
+    // placed and starting, its cells not counted yet: not "not started" beside "started"
+    expect(progress({ cells_done: 0, cells_total: null, state: 'starting' }).text).toBe('starting');
+    expect(progress({ cells_done: 0, cells_total: null, state: 'running' }).text).toBe('running');
+  });
+
+  it('asks before cancelling, saying what is lost', () => {
+    const base = { id: '5', name: 'train', last_checkpoint_at: null };
+    expect(cancelQuestion({ ...base, state: 'queued' })).toBe(
+      'Cancel "train" (#5)? It leaves the queue; resubmitting it later queues it anew.'
+    );
+    expect(cancelQuestion({ ...base, state: 'running' })).toBe(
+      'Cancel "train" (#5)? It is stopped now, and its work so far is lost.'
+    );
+    expect(
+      cancelQuestion({ ...base, state: 'running', last_checkpoint_at: '2026-01-01T12:00:00Z' })
+    ).toBe(
+      'Cancel "train" (#5)? It is stopped now, and its work since its last checkpoint is lost.'
+    );
   });
 
   it('describes checkpoint age and lost work', () => {
@@ -125,6 +144,11 @@ describe('job outputs and events', () => {
     expect(
       outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'cancelled', cells_done: 2 })
     ).toBe('gpu-jobs/train-7/output.ipynb');
+    // timed out: killed as a cancelled one is (the button once opened nothing)
+    expect(outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'timed-out' })).toBeNull();
+    expect(
+      outputNotebook({ output_path: 'gpu-jobs/train-7', state: 'timed-out', cells_done: 1 })
+    ).toBe('gpu-jobs/train-7/output.ipynb');
     expect(outputNotebook({ output_path: 'out/result.ipynb', state: 'running' })).toBe(
       'out/result.ipynb'
     );
@@ -143,6 +167,12 @@ describe('job outputs and events', () => {
         now
       )
     ).toBe('started 8m 00s ago, running 8m 00s');
+    expect(
+      jobTimes(
+        { state: 'starting', submitted_at, started_at: '2026-01-01T12:09:58Z', finished_at: null },
+        now
+      )
+    ).toBe('placed 2s ago, starting');
     expect(
       jobTimes(
         {

@@ -85,7 +85,10 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         ],
         parameters_cell=True,
     )
-    write_notebook(home / "untagged.ipynb", ["epochs = 1\n", "print('epochs', epochs)\n"])
+    write_notebook(
+        home / "untagged.ipynb",
+        ["epochs = 1\n", "print('epochs', epochs)\n", "import time\ntime.sleep(600)\n"],
+    )
 
     with chromium(sync_api, tmp_path) as page:
         spawn_in_browser(page, hub, "ann", "share-250")
@@ -240,6 +243,22 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         warning = page.locator(".Toastify__toast", has_text="is set again in code cell 1")
         warning.wait_for(timeout=60_000)
         assert "your value 3 is overwritten (+1 in the job's log)" in warning.inner_text()
+
+        # Cancelling it asks first (its work is lost); keeping it keeps it.
+        card = page.locator(".jp-gpuslice-job").first
+        card.get_by_text("untagged").first.wait_for()
+        card.get_by_role("button", name="Cancel").click()
+        confirm = page.locator(".jp-Dialog")
+        confirm.get_by_text("Cancel GPU job").wait_for()
+        confirm.get_by_role("button", name="Keep it").click()
+        confirm.wait_for(state="hidden")
+        untagged = card.get_attribute("data-job-id")
+        assert hub.api("GET", f"/api/jobs/{untagged}", token).json()["state"] != "cancelled"
+        card.get_by_role("button", name="Cancel").click()
+        page.locator(".jp-Dialog").get_by_role("button", name="Cancel job").click()
+        page.wait_for_function(
+            "() => document.querySelector('.jp-gpuslice-job')?.dataset.state === 'cancelled'"
+        )
         # and still nothing renamed, however long the output's tab stayed open
         assert listed() == before
     hub.hub_api("DELETE", "/users/ann/server")

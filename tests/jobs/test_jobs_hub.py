@@ -330,7 +330,10 @@ def test_high_priority_job_preempts_preemptible_never_normal(jobs_hub):
     preempting = [t for t in j["transitions"] if t["state"] == "preempting"]
     assert preempting and f"job {high} (high) needs its slice" in preempting[0]["reason"]
     assert j["state"] in ("queued", "starting", "running") and j["restarts"] == 1
+    wait_state(hub, alice, low, "running")
     assert hub.api("DELETE", f"/api/jobs/{low}", alice).json()["state"] == "cancelled"
+    log = hub.api("GET", f"/api/jobs/{low}/log", alice).json()["log"]
+    assert "service: cancelled by alice; stopping it" in log, log
 
     normal = submit(hub, alice, cells=NO_CHECKPOINT_LOOP, priority="normal").json()["id"]
     wait_state(hub, alice, normal, "running")
@@ -393,6 +396,9 @@ def test_max_runtime_and_all_or_nothing_slices(jobs_hub):
     done = wait_state(hub, alice, slow, ("timed-out", "completed", "failed"), timeout=60)
     assert done["state"] == "timed-out", done
     assert "max runtime" in done["transitions"][-1]["reason"]
+    # the runner is killed and writes nothing more: its log says why it stopped there
+    log = hub.api("GET", f"/api/jobs/{slow}/log", alice).json()["log"]
+    assert "service: timed out: ran past its max runtime of 3 s; stopping it" in log, log
     wait_for(
         lambda: hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == [],
         10,

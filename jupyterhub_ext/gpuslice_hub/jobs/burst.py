@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..db.jobs_models import JobRow
+from ..durations import spoken
 from .backends.base import RunStatus
 
 if TYPE_CHECKING:
@@ -43,8 +44,8 @@ def reason_to_send(
     simulator asks the same question of its queue (benchmarks/sim)."""
     if waited.total_seconds() >= after_wait * expected_seconds:
         return (
-            f"it waited {_duration(waited)}, {after_wait:g} of its expected run time "
-            f"({_duration(timedelta(seconds=expected_seconds))})"
+            f"it waited {spoken(waited.total_seconds())}, {after_wait:g} of its expected run time "
+            f"({spoken(expected_seconds)})"
         )
     if high and waited >= HIGH_MIN_WAIT:
         return f"this cluster has been more than {above:.0%} allocated for 10 minutes"
@@ -163,15 +164,3 @@ class Burst:
 
 def _at(raw: Any, default: datetime) -> datetime:
     return datetime.fromisoformat(raw) if isinstance(raw, str) else default
-
-
-def _duration(span: timedelta) -> str:
-    """A wait as people say it: "45 s", "12 min", "2 h 5 min"."""
-    seconds = span.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if minutes else f"{hours} h"

@@ -657,6 +657,8 @@ class JobManager(LoggingConfigurable):
             transition(s, job, "cancelled", why)
             job.allocation_ids = []
         if was_active:
+            # (the runner is killed, and says nothing more: the log says why it stops here)
+            self.log_line(job, f"{why}; stopping it")
             self.backend.kill(ref)
         elif self.delegated and current_ref(ref, self.queueing.ref_key):
             # waiting in the engine's queue (or ended there since the last pass)

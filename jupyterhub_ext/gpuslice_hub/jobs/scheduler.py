@@ -24,6 +24,7 @@ from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 from .. import clock
 from ..db.jobs_models import JobRow
 from ..db.models import utcnow
+from ..durations import spoken
 from ..errors import Refused
 from ..ledger import Caller
 from ..pools import Access
@@ -292,6 +293,10 @@ class Scheduler:
             transition(s, row, "timed-out", f"ran past its max runtime {job.max_runtime:g}s")
             row.run_seconds += self._attempt_seconds(job, now)
             allocs, row.allocation_ids = list(row.allocation_ids or []), []
+        # (the runner is killed, and says nothing more: the log says why it stops here)
+        self.jobs.log_line(
+            job, f"timed out: ran past its max runtime of {spoken(job.max_runtime)}; stopping it"
+        )
         # (a run in a burst partition, or one the ledger could not record, holds no
         # allocation here but runs all the same)
         self.jobs.backend.kill(job.backend_ref or {})
