@@ -53,8 +53,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
     # On SQLite, the two steps above composed with SQLAlchemy's text format in one function
     # each: every job row the scheduler reads holds a dozen timestamps, and the composition
-    # (a dict format, ``astimezone`` of an instant already in UTC, ``replace``) cost about
-    # five times these. The same text and the same instants (tests/service/test_lean.py).
+    # (a dict format, ``astimezone`` of an instant already in UTC, ``replace``) cost two to
+    # five times these. The same text and the same instants (tests/service/test_utc_datetime.py).
     def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
         if dialect.name == "sqlite" and _SQLITE_SAME:
             return _sqlite_text
