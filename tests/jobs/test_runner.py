@@ -69,6 +69,11 @@ def test_uninterrupted_run_writes_outputs_and_injects_parameters(tmp_path: Path)
     assert (jd / "output.html").stat().st_size > 1000
     # what the cells print is in the job log too (the jobs panel shows it while it runs)
     assert re.search(r"\] \[cell 5\] loss \d", (jd / "job.log").read_text())
+    # the log says which cell holds the injected parameters (its numbers count that cell)
+    assert (
+        "5 code cells (cell 2 sets the parameters given at submission)"
+        in (jd / "job.log").read_text()
+    )
 
 
 def test_printed_output_reaches_the_log_while_the_cell_runs(tmp_path: Path):

@@ -214,7 +214,18 @@ class Runner:
             # which start of the job this is, as the service named it
             attempt_id=os.environ.get("GPUSLICE_ATTEMPT_ID"),
         )
-        self.jd.log(f"attempt {attempt}: {len(code_cells)} code cells, pid {os.getpid()}")
+        # The log and the counts number the code cells as they run, the cell gpuslice
+        # inserts with the parameters included: say which one that is, so "cell 3" can be
+        # found in the notebook as submitted.
+        injected = [
+            n
+            for n, i in enumerate(code_cells)
+            if "injected-parameters" in nb.cells[i].get("metadata", {}).get("tags", [])
+        ]
+        what = f"{len(code_cells)} code cells" + (
+            f" (cell {injected[0] + 1} sets the parameters given at submission)" if injected else ""
+        )
+        self.jd.log(f"attempt {attempt}: {what}, pid {os.getpid()}")
         os.environ.update(
             GPUSLICE_JOB_DIR=str(self.jd.root),
             GPUSLICE_CHECKPOINT_INTERVAL=str(self.interval),
