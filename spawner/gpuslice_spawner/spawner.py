@@ -334,7 +334,12 @@ class GPUSliceMixin(Spawner):
         except ServiceError as e:
             # Keep the id: the next start or stop retries, and the service's reconciler
             # releases it anyway once the server is gone.
-            self.log.warning("could not release allocation %s: %s", self.allocation_id, e)  # type: ignore[attr-defined]
+            self.log.warning(  # type: ignore[attr-defined]
+                "could not release allocation %s: %s (the gpuslice service frees it itself "
+                "when its reconciler next finds the server gone)",
+                self.allocation_id,
+                e,
+            )
             return
         self.allocation_id = 0
         self.grant = None

@@ -94,6 +94,9 @@ def test_after_a_clean_hub_restart_the_slices_of_stopped_servers_are_free_in_sec
         row = db.execute("SELECT active FROM allocations WHERE id=?", (alloc["id"],)).fetchone()
         db.close()
         assert row[0], "the hub released the slice on its way down: nothing to reconcile"
+        # the hub's log says what becomes of it, not only that the release failed
+        log = hub.log()
+        assert "frees it itself when its reconciler next finds the server gone" in log, log[-3000:]
 
         hub = start_hub(tmp_path / "hub", reuse=hub.config)  # returns once the service is up
         wait_for(
