@@ -16,6 +16,8 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 MAX_PARAMETERS = 100
 MAX_PARAMETERS_BYTES = 64 * 1024
 PARAM_TYPES = (str, int, float, bool, type(None))
+# papermill's tag of the cell that sets the parameters
+INJECTED_TAG = "injected-parameters"
 
 
 class ParameterError(ValueError):
@@ -70,6 +72,11 @@ def injection_point(nb: nbformat.NotebookNode) -> int:
     return 0
 
 
+def is_injected(cell: nbformat.NotebookNode) -> bool:
+    """Whether ``cell`` is the one :func:`inject` inserted."""
+    return INJECTED_TAG in cell.get("metadata", {}).get("tags", [])
+
+
 def inject(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> None:
     """Insert the injected-parameters cell (Python kernels only: values as Python literals)."""
     if not parameters:
@@ -77,7 +84,7 @@ def inject(nb: nbformat.NotebookNode, parameters: dict[str, Any]) -> None:
     lines = ["# Parameters injected by gpuslice"]
     lines += [f"{name} = {value!r}" for name, value in parameters.items()]
     cell = nbformat.v4.new_code_cell("\n".join(lines))
-    cell.metadata["tags"] = ["injected-parameters"]
+    cell.metadata["tags"] = [INJECTED_TAG]
     nb.cells.insert(injection_point(nb), cell)
 
 

@@ -23,7 +23,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from .jobdir import EXIT_FAILED, EXIT_PREEMPTED, JobDir, write_json_atomic
-from .params import inject, parameter_warnings
+from .params import inject, is_injected, parameter_warnings
 from .usage import JobUsage, default_usage_interval
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -217,11 +217,7 @@ class Runner:
         # The log and the counts number the code cells as they run, the cell gpuslice
         # inserts with the parameters included: say which one that is, so "cell 3" can be
         # found in the notebook as submitted.
-        injected = [
-            n
-            for n, i in enumerate(code_cells)
-            if "injected-parameters" in nb.cells[i].get("metadata", {}).get("tags", [])
-        ]
+        injected = [n for n, i in enumerate(code_cells) if is_injected(nb.cells[i])]
         what = f"{len(code_cells)} code cells" + (
             f" (cell {injected[0] + 1} sets the parameters given at submission)" if injected else ""
         )
