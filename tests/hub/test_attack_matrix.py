@@ -203,6 +203,10 @@ def notebook(*sources: str) -> dict[str, Any]:
 
 
 NOTEBOOK = notebook("x = 1")
+# The server of ann's live allocation (``World.alloc``), and those of the allocations made
+# afresh for an allowed call (``FRESH``): released, or stopped on the hub where none runs.
+HELD = "held"
+FRESH_SERVERS = ("fresh", "")
 UNFINISHED = "queued,starting,running,preempting"
 # Eight whole GPUs at once never fit on six: the job stays queued, and costs nothing.
 QUEUED_JOB = {"profile": "gpu-1", "slices": 8, "path": "m.ipynb", "notebook": NOTEBOOK}
@@ -335,7 +339,7 @@ class World:
                 self.ok("admin", "DELETE", f"/api/allocations/{a['id']}")
         live = {a["id"] for a in self.ok("admin", "GET", "/api/allocations")["allocations"]}
         if self.alloc not in live:
-            self.alloc = self.new_alloc("ann")
+            self.alloc = self.new_alloc("ann", HELD)
         if self.bob_alloc not in live:
             self.bob_alloc = self.new_alloc("bob")
         states = {}
@@ -381,29 +385,16 @@ def world(tmp_path_factory):
             "admin": hub.add_user("admin"),
             "service": hub.service_token,
         }
-        # A token with exactly the scopes the gpuslice spawner gives ann's server
+        # A token with the scopes the gpuslice spawner gives ann's server
         # (GPUSliceMixin.server_token_scopes): what her server extension calls the service
-        # with. The service sees the same identity as for ann's own token (a user token of
-        # ann's) with fewer scopes; a spawned server's token would be no different, and this
-        # hub has no spawner, so none is started.
-        r = hub.hub_api(
-            "POST",
-            "/users/ann/tokens",
-            json={
-                "note": "ann's server, as the spawner scopes it",
-                "expires_in": 3600,
-                "scopes": [
-                    "users:activity!user=ann",
-                    "access:servers!server=ann/",
-                    "access:services!service=gpuslice",
-                ],
-            },
-        )
-        assert r.status_code == 201, r.text
-        tokens["ann_server"] = r.json()["token"]
+        # with. It is a user token of ann's with fewer scopes, confined to one server; a
+        # spawned server's token would be no different, and this hub has no spawner, so none
+        # is started. Its server holds ``w.alloc``; the allocations an allowed DELETE or
+        # reclaim takes are made afresh for the servers ``FRESH`` names, which it holds too.
+        tokens["ann_server"] = server_token(hub, "ann", (HELD, *FRESH_SERVERS))
         w = World(hub, tokens)
         w.session.cookies.set_policy(NoCookies())
-        w.alloc, w.bob_alloc = w.new_alloc("ann"), w.new_alloc("bob")
+        w.alloc, w.bob_alloc = w.new_alloc("ann", HELD), w.new_alloc("bob")
         w.job, w.bob_job = w.new_job("ann"), w.new_job("bob")
         inventory = w.ok("admin", "GET", "/api/inventory")
         w.gpu = next(
@@ -416,6 +407,25 @@ def world(tmp_path_factory):
         yield w
     finally:
         hub.stop()
+
+
+def server_token(hub: Hub, user: str, servers: tuple[str, ...]) -> str:
+    """A token of ``user`` scoped as the spawner scopes a server's, for ``servers``."""
+    r = hub.hub_api(
+        "POST",
+        f"/users/{user}/tokens",
+        json={
+            "note": f"{user}'s server, as the spawner scopes it",
+            "expires_in": 3600,
+            "scopes": [
+                f"users:activity!user={user}",
+                *(f"access:servers!server={user}/{name}" for name in servers),
+                "access:services!service=gpuslice",
+            ],
+        },
+    )
+    assert r.status_code == 201, r.text
+    return str(r.json()["token"])
 
 
 # -- how each operation is called ----------------------------------------------------------
@@ -489,9 +499,12 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("DELETE", "/api/admin/exemptions/{user}"): _exemption,
     ("POST", "/api/gpus/{gpu_uuid}/drain"): _undrained,
 }
-# Each allowed call of these gets a resource of its own (they end or stop it).
+# Each allowed call of these gets a resource of its own (they end or stop it). The servers'
+# names are those ann's server token is scoped to: a server's token acts on its own slice.
 FRESH: dict[tuple[str, str], Callable[[World], dict[str, str]]] = {
-    ("DELETE", "/api/allocations/{allocation_id}"): lambda w: {"allocation_id": str(w.new_alloc())},
+    ("DELETE", "/api/allocations/{allocation_id}"): lambda w: {
+        "allocation_id": str(w.new_alloc(server="fresh"))
+    },
     # ann's default server: the hub answers the stop at once (it is not running), so the
     # service records nothing after its reply that could land in the next snapshot
     ("POST", "/api/allocations/{allocation_id}/reclaim"): lambda w: {
@@ -699,6 +712,77 @@ def impersonations(w: World) -> list[str]:
     return found + changes(before, w.snapshot(), "a refused impersonation")
 
 
+def test_a_server_token_acts_on_its_own_slice_only(world: World):
+    """Ann's server's token is hers, confined to that server: her other server's slice is,
+    to it, as one that does not exist (no report, reclaim, release, or read of it); ann's
+    own token still reaches both."""
+    w = world
+    found: list[str] = []
+    try:
+        sibling = w.new_alloc("ann", "sibling")
+        before = w.snapshot()
+        params = {**w.params(), "allocation_id": str(sibling)}
+        for op in (*REPORTS, *((m, "/api/allocations/{allocation_id}") for m in ("GET", "DELETE"))):
+            body = BODIES[op](w) if op in BODIES else None
+            if op[1] == "/api/events":
+                body["detail"]["allocation_id"] = sibling
+            r = w.send("ann_server", op[0], url(op, params), body)
+            if (
+                r.status_code != 404
+                or strict_json(r.content)["message"] != f"no allocation {sibling}"
+            ):
+                found.append(f"{op_id(op)} on a sibling's slice: {r.status_code} {r.text[:200]}")
+        r = w.send("ann_server", "GET", f"/api/idle-policy?allocation_id={sibling}")
+        if r.status_code != 404:
+            found.append(f"GET /api/idle-policy of a sibling's slice: {r.status_code} {r.text}")
+        listed = {
+            a["id"] for a in w.ok("ann_server", "GET", "/api/allocations?state=all")["allocations"]
+        }
+        if sibling in listed or w.alloc not in listed:
+            found.append(f"ann's server lists {sorted(listed)} (own {w.alloc}, sibling {sibling})")
+        found += changes(before, w.snapshot(), "a server token's calls on a sibling's slice")
+        mine = {a["id"] for a in w.ok("ann", "GET", "/api/allocations")["allocations"]}
+        if not {sibling, w.alloc} <= mine:
+            found.append(f"ann's own token lists {sorted(mine)}")
+    finally:
+        w.tidy()
+    assert not found, "\n".join(found)
+
+
+def test_a_metrics_service_reads_metrics_and_nothing_else(world: World):
+    """The token of a hub service given the metrics scope (a Prometheus scraper) reads
+    /metrics; every other operation refuses it, saying so, and none takes it for the user of
+    the same name (a user "prom" exists, with a slice of her own)."""
+    w = world
+    found: list[str] = []
+    prom = w.hub.config["metrics_token"]
+    w.hub.add_user("prom")
+    w.tokens["prom"] = prom
+    w.allocs["prom"] = set()
+    try:
+        mine = w.new_alloc("prom")
+        before = w.snapshot()
+        for op in OPS:
+            if op[1] in ("/api/health", "/oauth_callback"):
+                continue  # (public)
+            params = {**w.params(), "allocation_id": str(mine), "user": "prom", "name": "prom"}
+            r = call(w, op, "prom", params, direct=True)
+            if op == ("GET", "/metrics"):
+                if r.status_code != 200:
+                    found.append(f"GET /metrics: {r.status_code} {r.text[:200]}")
+            elif op[1] in ("/", "/admin"):
+                if r.status_code not in (302, 403):
+                    found.append(f"{op_id(op)}: {r.status_code} {r.text[:200]}")
+            elif r.status_code != 403 or "/metrics only" not in r.text:
+                found.append(f"{op_id(op)}: {r.status_code} {r.text[:200]}")
+        found += changes(before, w.snapshot(), "a metrics service's calls")
+    finally:
+        w.tokens.pop("prom")
+        w.allocs.pop("prom")
+        w.tidy()
+    assert not found, "\n".join(found)
+
+
 ENV_CELLS = (
     "import hashlib, os\n"
     "print('ENV-HASHES', sorted(hashlib.sha256(v.encode()).hexdigest()"
@@ -747,7 +831,7 @@ def test_a_running_job_holds_no_token_and_its_slice_takes_no_reports(world: Worl
         )
         [batch] = state["allocation_ids"]
         w.allocs["ann"].add(batch)
-        released = w.new_alloc()
+        released = w.new_alloc(server="fresh")  # (a server ann's server token holds)
         w.ok("ann", "DELETE", f"/api/allocations/{released}")
         before = w.snapshot()
         for alloc in (batch, released):
@@ -757,13 +841,21 @@ def test_a_running_job_holds_no_token_and_its_slice_takes_no_reports(world: Worl
                     body["detail"]["allocation_id"] = alloc
                 for identity in IDENTITIES:
                     r = w.send(identity, op[0], url(op, {"allocation_id": str(alloc)}), body)
-                    holder = identity in ("ann", "ann_server")
-                    # another user is told nothing about ann's slices; admins and the
-                    # service token are no holders
-                    want = 409 if holder else 404 if identity == "bob" else 403
+                    # the owner, or the token of the server that held it (a batch slice is
+                    # no server's); another user, or another server's token, is told
+                    # nothing about it; admins and the service token are no holders
+                    holder = identity == "ann" or (identity == "ann_server" and alloc != batch)
+                    hidden = identity == "bob" or identity == "ann_server"
+                    want = 409 if holder else 404 if hidden else 403
                     if r.status_code != want:
                         what = "batch" if alloc == batch else "released"
                         found.append(f"{op_id(op)} on the {what} slice as {identity}: {r.text}")
+        # its slice is the job's while it runs: the owner and an admin are told to cancel
+        # the job; ann's server's token is told nothing of it (not its server's slice)
+        for identity, want in (("ann", 409), ("admin", 409), ("ann_server", 404), ("bob", 404)):
+            r = w.send(identity, "DELETE", f"/api/allocations/{batch}")
+            if r.status_code != want or (want == 409 and "cancel the job" not in r.text):
+                found.append(f"DELETE the batch slice as {identity}: {r.status_code} {r.text}")
         preempt, _ = TABLE[("POST", "/api/jobs/{job_id}/preempt")]
         for identity in IDENTITIES:
             if preempt[identity] != A:

@@ -96,6 +96,42 @@ def test_two_users_get_different_slices_and_a_third_is_told_why(spawn_hub):
     assert len(released) == 1 and released[0]["reason"] == "server stopped"
 
 
+def test_a_running_servers_slice_is_released_by_stopping_it_not_by_a_delete(spawn_hub):
+    """While ann's server runs, its slice is the server's: her own token, the server's token
+    and an admin's are told to stop the server (409), and nothing is released, so the slice
+    cannot go to someone else (or past her quota) while in use. Stopped, the spawner releases
+    it, once."""
+    hub = spawn_hub
+    ann, admin = hub.add_user("ann"), hub.add_user("admin")
+    try:
+        r = hub.spawn("ann", {"profile": "mig-1g.10gb"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready("ann")
+        env = server_env(hub, "ann")
+        alloc = env["GPUSLICE_ALLOCATION_ID"]
+        for token, how in (
+            (ann, "stop the server (the hub's home page"),
+            (env["JUPYTERHUB_API_TOKEN"], "stop the server (the hub's home page"),
+            (admin, "stop it from the hub's admin page"),
+        ):
+            r = hub.api("DELETE", f"/api/allocations/{alloc}", token)
+            assert r.status_code == 409, r.text
+            message = r.json()["message"]
+            assert f"allocation {alloc} is held by ann's server, which is running" in message
+            assert how in message, message
+        assert hub.api("GET", f"/api/allocations/{alloc}", ann).json()["state"] == "active"
+        events = hub.api("GET", "/api/events?user=ann", admin).json()["events"]
+        assert not [
+            e for e in events if e["kind"] == "released" and e["allocation_id"] == int(alloc)
+        ]
+    finally:
+        stop_all(hub, ["ann"])
+    # the server gone, its spawner released the slice; a DELETE now changes nothing
+    r = hub.api("DELETE", f"/api/allocations/{alloc}", ann)
+    assert r.status_code == 200 and r.json()["released_now"] is False, r.text
+    assert r.json()["release_reason"] == "server stopped"
+
+
 def test_ten_simultaneous_spawns_never_share_a_slice(spawn_hub):
     hub = spawn_hub
     users = [f"par{i}" for i in range(10)]

@@ -53,6 +53,39 @@ def test_a_notebook_that_is_not_one_is_refused_with_the_reason(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # the version: named, never nbformat's internals ("5", "(None, None)", "'worksheets'")
+        (
+            {"nbformat": 5},
+            "must be an nbformat 4 notebook (version 3 is converted): its 'nbformat' is 5",
+        ),
+        ({"nbformat": 1e300}, "its 'nbformat' is 1e+300"),
+        ({"nbformat": True}, "its 'nbformat' is true"),
+        ({"nbformat": "4"}, "its 'nbformat' is \"4\""),
+        (
+            {"nbformat": 3},
+            "not a valid nbformat 3 notebook: its 'worksheets' must be a list, not null",
+        ),
+        (
+            {"cells": "nope"},
+            "not a valid nbformat 4 notebook: its 'cells' must be a list, not \"nope\"",
+        ),
+        ({"cells": [{}, ["x"]]}, "cells/1 must be an object, not a list"),
+        # the schema's finding, where it is: one line, no dump of the schema or the notebook
+        ({"metadata": None}, "not a valid notebook: metadata: None is not of type 'object'"),
+    ],
+)
+def test_a_refused_notebook_is_told_what_is_wrong_and_where(change, message):
+    bad = {**_submitted(), **change}
+    with pytest.raises(Refused) as e:
+        read_notebook(bad)
+    assert e.value.code == "bad_request"
+    assert message in e.value.message and "\n" not in e.value.message, e.value.message
+    assert e.value.message.startswith("field 'notebook' ")
+
+
 def test_the_service_account_is_looked_up_once_per_effective_uid(monkeypatch):
     from gpuslice_hub.jobs import accounts
 

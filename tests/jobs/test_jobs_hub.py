@@ -171,7 +171,7 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         ({"checkpoint_interval": 0}, 400, "checkpoint_interval"),
         ({"burstable": True}, 400, "no burst partition"),
         ({"burstable": "yes"}, 400, "burstable"),
-        ({"notebook": {"cells": "nope"}}, 400, "not a valid notebook"),
+        ({"notebook": {"cells": "nope"}}, 400, "must be an nbformat 4 notebook"),
         ({"colour": "red"}, 400, "unknown field 'colour'"),
         ({"priority": {"a": 1}}, 400, "field 'priority'"),
         ({"name": ["x"]}, 400, "field 'name'"),
@@ -266,7 +266,12 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     assert j["state"] == "queued", j
     states = [t["state"] for t in j["transitions"]]
     assert states[-3:] == ["preempting", "preempted", "queued"]
-    assert "interactive server of bob" in j["transitions"][-3]["reason"]
+    # alice is told a person needed the GPU, not who: another user's name is not hers to see
+    assert "gpu-1 needed by another user's interactive server" in j["transitions"][-3]["reason"]
+    log = hub.api("GET", f"/api/jobs/{job_id}/log", alice).json()
+    events = hub.api("GET", "/api/events?user=alice", alice).json()["events"]
+    for what, text in (("job", j), ("log", log), ("events", events)):
+        assert "bob" not in json.dumps(text), (what, text)
     assert j["restarts"] == 1 and j["lost_work_seconds"] < 5
     # the spawner was told to wait (202) while the job checkpointed
     assert "202 POST /services/gpuslice/api/allocations" in hub.log()

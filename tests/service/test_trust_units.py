@@ -214,3 +214,22 @@ def test_figures_stored_by_an_older_version_cannot_break_metrics_or_json(make_le
         "a": None,
         "b": [None, 1.0],
     }
+
+
+def test_a_server_token_is_confined_to_the_servers_its_scopes_name():
+    from gpuslice_hub.api.base import confined_servers
+
+    server = {"users:activity!user=ann", "access:servers!server=ann/a"}
+    assert confined_servers("ann", server) == {"a"}
+    assert confined_servers("ann", {"access:servers!server=ann/"}) == {""}  # the default one
+    # another user's server gives ann's token none of ann's
+    assert confined_servers("ann", {"access:servers!server=bob/a"}) == frozenset()
+    # wider server access, or none at all (the browser's session): not confined
+    for scopes in (
+        {"access:servers!server=ann/a", "access:servers!user=ann"},
+        {"access:servers"},
+        {"access:servers!group=physics", "access:servers!server=ann/a"},
+        {"access:services!service=gpuslice", "read:users:name!user=ann"},
+        set(),
+    ):
+        assert confined_servers("ann", scopes) is None, scopes

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
+
+from gpuslice.jsonclient import JSONError
 
 from ..errors import Refused
-from .base import BaseHandler, RequestError, api_authenticated, id_page, int_arg
+from .base import BaseHandler, Identity, RequestError, api_authenticated, id_page, int_arg
 
 _SERVER_NAME = re.compile(r"^[^/?#\s]{0,255}$")
 CREATE_FIELDS = {
@@ -36,7 +39,11 @@ class AllocationsHandler(BaseHandler):
         await self.write_computed(
             lambda: id_page(
                 self.ledger.allocations(
-                    user=user, active_only=state == "active", limit=limit + 1, before_id=before
+                    user=user,
+                    active_only=state == "active",
+                    limit=limit + 1,
+                    before_id=before,
+                    servers=None if ident.sees_all else ident.servers,
                 ),
                 limit,
                 "allocations",
@@ -133,16 +140,62 @@ class AllocationHandler(BaseHandler):
     async def delete(self, alloc_id: str) -> None:
         ident = self.identity()
         reason = self.get_argument("reason", "released by " + ident.name)[:255]
-        owner = None if ident.sees_all else ident.name
+        aid = self.db_id(alloc_id, "allocation")
+        if not ident.is_trusted:
+            # The hub's spawner releases the slice of a server it stopped, the scheduler a
+            # job's. The owner or an admin may only let go of a slice whose holder is gone
+            # (a server that failed to release it): one released while its server or job
+            # runs would be handed to someone else while still in use, past every quota.
+            alloc = await asyncio.to_thread(self.visible_allocation, ident, aid)
+            if alloc["state"] == "active":
+                await self._holder_gone(ident, alloc)
         # as allocate: on the loop when known to be short, else in a worker thread
         alloc, released = await self.service.short_writes.run(
             "release",
             self.ledger.release,
-            self.db_id(alloc_id, "allocation"),
+            aid,
             ident.name,
             reason,
-            owner=owner,
+            owner=None if ident.sees_all else ident.name,
             # the hub's spawner releases after a stop, which may be one the service asked for
             server_stopped=ident.is_trusted,
         )
         self.write_json({**alloc, "released_now": released})
+
+    async def _holder_gone(self, ident: Identity, alloc: dict[str, Any]) -> None:
+        """Refused (409) while the allocation's server or job exists; 503 when the hub cannot
+        say. An engine's hold (``external``) is refused by the ledger itself."""
+        aid = alloc["id"]
+        if alloc["purpose"] == "batch":
+            raise RequestError(
+                409,
+                f"allocation {aid} is held by a batch job ({alloc['server_name']}): cancel "
+                "the job, and its slice is released when it stops",
+            )
+        if alloc["purpose"] != "interactive":
+            return
+        whose = f"{alloc['user']}'s server" + (
+            f" {alloc['server_name']!r}" if alloc["server_name"] else ""
+        )
+        hub = self.service.hub_api
+        if not hub.configured:
+            raise RequestError(
+                503, f"the service cannot ask the hub whether {whose} is running: nothing released"
+            )
+        try:
+            running = await hub.server_exists(alloc["user"], alloc["server_name"])
+        except JSONError as e:
+            raise RequestError(
+                503, f"could not ask the hub whether {whose} is running ({e}): nothing released"
+            ) from None
+        if running:
+            how = (
+                "stop it from the hub's admin page"
+                if ident.sees_all
+                else "stop the server (the hub's home page, or Save and release GPU in JupyterLab)"
+            )
+            raise RequestError(
+                409,
+                f"allocation {aid} is held by {whose}, which is running: {how}, and its "
+                "slice is released when it stops",
+            )

@@ -62,11 +62,36 @@ class Identity:
     # and to read every allocation; it carries no admin action.
     is_trusted: bool
     scopes: frozenset[str] = frozenset()
+    # A server's token (``access:servers!server=ann/a`` and no wider server access): the
+    # names of the owner's servers it may act for; None: any of them (the owner's own
+    # token, an admin, the spawner). A server reports on its own slice, not its siblings'.
+    servers: frozenset[str] | None = None
 
     @property
     def sees_all(self) -> bool:
         """May read (and the spawner release) every user's allocations, events and jobs."""
         return self.is_admin or self.is_trusted
+
+    def acts_as_owner_of(self, alloc: dict[str, Any]) -> bool:
+        """Whether this identity may act on ``alloc`` as its owner: the owner's own token,
+        or the token of the server that holds it (never a sibling server's token)."""
+        if self.kind != "user" or alloc["user"] != self.name:
+            return False
+        return self.servers is None or (
+            alloc["purpose"] == "interactive" and alloc["server_name"] in self.servers
+        )
+
+
+def confined_servers(name: str, scopes: set[str]) -> frozenset[str] | None:
+    """The servers of user ``name`` a token with ``scopes`` is confined to: those named by
+    its ``access:servers!server=<name>/<server>`` scopes, when it has no wider
+    ``access:servers`` (all servers, a user's, a group's). None when it is not confined:
+    a user's own token, or the browser session, which carries no server access at all."""
+    targets = [t for base, _, t in (s.partition("!") for s in scopes) if base == "access:servers"]
+    if not targets or not all(t.startswith("server=") for t in targets):
+        return None
+    owned = (t[len("server=") :].partition("/") for t in targets)
+    return frozenset(server for owner, _, server in owned if owner == name)
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
@@ -109,6 +134,21 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         return self._hub_auth_user_cache
 
     def identity(self) -> Identity:
+        """Who is asking. Of the hub's services only gpuslice's own (the spawner) and those
+        with the admin scope use the API: another (a Prometheus scraper given the metrics
+        scope) is refused here, never taken for the user of the same name."""
+        ident = self.token_identity()
+        if ident.kind != "user" and not (ident.is_trusted or ident.is_admin):
+            raise RequestError(
+                403,
+                f"service {ident.name!r} may not use this route: a hub service other than "
+                f"gpuslice's own needs the {self.service.admin_scope} scope (with the "
+                f"{self.service.metrics_scope} scope it may read /metrics only)",
+            )
+        return ident
+
+    def token_identity(self) -> Identity:
+        """The identity of the request's token, whatever kind (``identity`` checks it)."""
         model = self.current_user
         if not model:
             raise web.HTTPError(403)
@@ -123,6 +163,9 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             is_admin=is_admin,
             is_trusted=trusted,
             scopes=frozenset(scopes),
+            servers=confined_servers(model["name"], scopes)
+            if kind == "user" and not is_admin
+            else None,
         )
 
     async def resolve_caller(self, ident: Identity, body: dict[str, Any], action: str) -> Caller:
@@ -168,7 +211,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if isinstance(alloc_id, str):
             alloc_id = self.db_id(alloc_id, "allocation")
         alloc: dict[str, Any] | None = self.ledger.get(alloc_id) if alloc_id > 0 else None
-        if alloc is None or not (ident.sees_all or alloc["user"] == ident.name):
+        if alloc is None or not (ident.sees_all or ident.acts_as_owner_of(alloc)):
             raise RequestError(404, f"no allocation {alloc_id}")
         return alloc
 
@@ -178,7 +221,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if isinstance(alloc_id, int) and not 0 < alloc_id <= MAX_DB_ID:
             raise RequestError(404, f"no allocation {alloc_id}")
         alloc = self.visible_allocation(ident, alloc_id)
-        if ident.kind != "user" or ident.name != alloc["user"]:
+        if not ident.acts_as_owner_of(alloc):
             raise RequestError(
                 403, f"only the holder of allocation {alloc_id} may report on it or release it"
             )

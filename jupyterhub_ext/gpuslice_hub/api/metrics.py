@@ -15,7 +15,7 @@ class MetricsHandler(BaseHandler):
             scope = self.service.metrics_scope
             if not await self.resolve_user():
                 raise RequestError(403, f"metrics need a token with the {scope} scope")
-            ident = self.identity()
+            ident = self.token_identity()  # (a service with the metrics scope too)
             if not (ident.is_admin or scope in ident.scopes):
                 raise RequestError(403, f"metrics need the {scope} scope")
         # In a worker thread: a scrape reads the whole pool (tens of ms at hundreds of hosts)

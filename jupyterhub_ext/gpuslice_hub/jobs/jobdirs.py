@@ -19,21 +19,72 @@ from .accounts import Account
 
 def read_notebook(content: Any) -> nbformat.NotebookNode:
     """Validate a submitted notebook (its JSON); refused (``bad_request``) with the reason
-    when it is not one."""
+    when it is not one: where in the notebook, and what is wrong there, in one line."""
     if not isinstance(content, dict):
         raise Refused("bad_request", "field 'notebook' must be a notebook (nbformat JSON object)")
+    major = content.get("nbformat")
+    if isinstance(major, bool) or major not in (3, 4):
+        raise Refused(
+            "bad_request",
+            "field 'notebook' must be an nbformat 4 notebook (version 3 is converted): its "
+            f"'nbformat' is {_short(major)}",
+        )
+    # (checked first: nbformat's reader fails on these with messages that name neither)
+    listed = "cells" if major == 4 else "worksheets"
+    items = content.get(listed)
+    if not isinstance(items, list):
+        raise Refused(
+            "bad_request",
+            f"field 'notebook' is not a valid nbformat {major} notebook: its '{listed}' must "
+            f"be a list, not {_short(items)}",
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise Refused(
+                "bad_request",
+                f"field 'notebook' is not a valid nbformat {major} notebook: {listed}/{i} "
+                f"must be an object, not {_short(item)}",
+            )
     try:
         nb = nbformat.from_dict(content)
-        if nb.get("nbformat") != 4:
+        if major != 4:
             nb = nbformat.convert(nb, 4)
         nbformat.validate(nb)
-    except Exception as e:
+    except nbformat.ValidationError as e:
+        # the schema's message, not its dump of the schema and the whole instance
+        where = "/".join(str(part) for part in getattr(e, "absolute_path", ()) or ())
+        what = str(getattr(e, "message", "") or e).splitlines()[0]
         raise Refused(
-            "bad_request", f"field 'notebook' is not a valid notebook: {e}"[:500]
+            "bad_request",
+            f"field 'notebook' is not a valid notebook: {where + ': ' if where else ''}{what}"[
+                :500
+            ],
+        ) from None
+    except Exception as e:
+        # (nbformat's converter and reader fail with KeyError, TypeError, ... on odd input)
+        what = f"missing {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
+        raise Refused(
+            "bad_request",
+            f"field 'notebook' is not a valid nbformat {major} notebook: "
+            f"{what.splitlines()[0] if what else type(e).__name__}"[:500],
         ) from None
     if not any(c.get("cell_type") == "code" for c in nb.cells):
         raise Refused("bad_request", "the notebook has no code cells to run")
     return nb
+
+
+def _short(value: Any) -> str:
+    """``value`` as a message shows it: a number or a string (cut), else its JSON kind."""
+    if value is None or isinstance(value, int | float | str):
+        text = json.dumps(value)
+        return text if len(text) <= 40 else text[:40] + "..."
+    return (
+        "an object"
+        if isinstance(value, dict)
+        else "a list"
+        if isinstance(value, list)
+        else (type(value).__name__)
+    )
 
 
 def create_job_dir(

@@ -94,6 +94,7 @@ FORM_VICTIMS = 16
 # What choosing a victim reads of a job (pick_victim, _too_long)
 VICTIM_COLUMNS = (
     JobRow.id,
+    JobRow.user,  # (whose job: the preemption's reason names no other user)
     JobRow.state,
     JobRow.priority_class,
     JobRow.attempt_started_at,
@@ -808,7 +809,7 @@ class JobManager(LoggingConfigurable):
         if why is not None:
             return why
         if victim.state != "preempting":
-            reason = f"{profile.name} needed by the interactive server of {caller.user}"
+            reason = f"{profile.name} needed by {_whose_server(caller, victim.user)}"
             self.preempt(victim.id, "scheduler", reason)
         job = self.current(victim.id)
         assert job is not None
@@ -826,7 +827,7 @@ class JobManager(LoggingConfigurable):
         engine = self.queueing.engine
         unit = "pod" if engine == "Kubernetes" else "job"  # what a server is to the engine
         reason = (
-            f"{profile.name} needed by the interactive server of {caller.user}: "
+            f"{profile.name} needed by {_whose_server(caller, job.user)}: "
             f"{engine} preempts it when that server's {unit} starts"
         )
         with self.db.writing() as s:
@@ -841,7 +842,9 @@ class JobManager(LoggingConfigurable):
             allocs, row.allocation_ids = list(row.allocation_ids or []), []
             row.backend_ref = {**(row.backend_ref or {}), "preempted_by": self.backend.name}
         self.log_line(job, f"preempting: {reason}")
-        self.release(allocs, f"job {job.id} preempted by {engine} for {caller.user}'s server")
+        self.release(
+            allocs, f"job {job.id} preempted by {engine} for {_whose_server(caller, job.user)}"
+        )
         self.wake.set()
         return {
             "job_id": job.id,
@@ -884,3 +887,11 @@ def _int_in(v: Any, lo: int, hi: int) -> bool:
 
 def _num_in(v: Any, lo: float, hi: float) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _whose_server(caller: Caller, job_owner: str) -> str:
+    """The server a job is preempted for, as its owner may read it (the job's log, its
+    transitions, the release of its slice): never another user's name."""
+    if caller.user == job_owner:
+        return "your interactive server"
+    return "another user's interactive server"

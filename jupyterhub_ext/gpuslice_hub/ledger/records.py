@@ -4,7 +4,7 @@ recording a client's event, and the latest usage each holder reported."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 from typing import Any, cast
 
@@ -42,14 +42,22 @@ class RecordsMixin(LedgerBase):
         active_only: bool = True,
         limit: int = 500,
         before_id: int | None = None,
+        servers: Collection[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Newest first; ``before_id``: the page after the one that ended there."""
+        """Newest first; ``before_id``: the page after the one that ended there.
+        ``servers``: only the slices of these servers (of ``user``), as a server's token sees
+        them."""
         with self.db.reading() as s:
             q = select(AllocationRow).order_by(AllocationRow.id.desc()).limit(limit)
             if before_id is not None:
                 q = q.where(AllocationRow.id < before_id)
             if user is not None:
                 q = q.where(AllocationRow.user == user)
+            if servers is not None:
+                q = q.where(
+                    AllocationRow.purpose == "interactive",
+                    AllocationRow.server_name.in_(sorted(servers)),
+                )
             if active_only:
                 q = q.where(AllocationRow.active)
             gpus = self._gpus(s)
