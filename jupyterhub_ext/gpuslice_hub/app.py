@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Enum, Float, Instance, Integer, List, Unicode, default
-from traitlets.config import Application
+from traitlets.config import Application, Configurable
 
 from gpuslice.gpu import GPUDiscoveryError, discover
 from gpuslice.idle_policy import PolicyConfig, PolicyError
@@ -59,6 +59,7 @@ from .api.metrics import MetricsHandler
 from .api.pages import AdminPageHandler, HomeHandler
 from .api.reclaim import IdlePolicyHandler, ReclaimHandler
 from .api.usage_reports import UsageReportHandler
+from .configcheck import check_settings
 from .db import owner
 from .db.engine import Database, open_database
 from .db.models import utcnow
@@ -394,7 +395,12 @@ class GPUSliceService(Application):
         self.page_templates = page_environment()
 
     # what --help-all and --generate-config cover
-    classes = [JobManager, SlurmGresConfig, KubernetesResourcesConfig]
+    classes = [JobManager, SlurmGresConfig, KubernetesResourcesConfig, KubernetesClusterConfig]
+
+    def config_classes(self) -> list[type[Configurable]]:
+        """Every class that reads the service's config file (``check_settings``)."""
+        return [type(self), *self.classes]
+
     subcommands = {
         "upgrade-db": (
             "gpuslice_hub.app.UpgradeDB",
@@ -438,6 +444,8 @@ class GPUSliceService(Application):
             self.load_config_file(self.config_file)
         elif self.config_file != self.__class__.config_file.default_value:
             raise ConfigError("config_file", f"{self.config_file} does not exist")
+        # a misspelled setting would leave the service running without it (traitlets warns)
+        check_settings(self.config, self.config_classes(), self.config_file or "the config")
         self.parsed_profiles = parse_profiles(self.profiles)
         if not self.parsed_profiles:
             raise ConfigError("profiles", "no profiles configured: users could ask for nothing")
@@ -478,6 +486,7 @@ class GPUSliceService(Application):
                 (k for k in ("gpu_backend", "job_backend") if getattr(self, k) == "kubernetes"),
                 "",
             ),
+            set(self.config.get("KubernetesClusterConfig", {})),
         )
         if self.history_retention_days != 0 and self.history_retention_days < MIN_RETENTION_DAYS:
             raise ConfigError(
@@ -603,6 +612,18 @@ class GPUSliceService(Application):
         for name in config.exempt_profiles:
             if name not in self.parsed_profiles:
                 raise ConfigError("idle_policy.exempt_profiles", f"no such profile {name!r}")
+        lead = self.idle_policy.get("warning_lead")
+        for name, profile in self.parsed_profiles.items() if lead is not None else ():
+            # a lead as long as the timeout is not one: the policy would warn halfway instead
+            own = config.profiles.get(name, {})
+            timeout = own.get("idle_timeout", profile.idle_timeout)
+            if "warning_lead" not in own and timeout and lead >= timeout:
+                raise ConfigError(
+                    "idle_policy.warning_lead",
+                    f"{lead:g} s is not shorter than profile {name}'s idle_timeout "
+                    f"({timeout:g} s): set a shorter one, or one for {name} in "
+                    "idle_policy['profiles']",
+                )
         return config
 
     def discover(self) -> Inventory:

@@ -36,6 +36,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from traitlets import Dict, Float, Unicode
@@ -95,12 +96,23 @@ class KubernetesClusterConfig(Configurable):
     ).tag(config=True)
 
 
-def check_cluster_config(cluster: KubernetesClusterConfig, needed_by: str) -> None:
+def check_cluster_config(
+    cluster: KubernetesClusterConfig, needed_by: str, configured: AbstractSet[str] = frozenset()
+) -> None:
     """Refuse at start what would fail later: a negative interval, or Kubernetes asked for
-    (``needed_by``: the setting that uses it, if any; or the mirror) without the client."""
+    (``needed_by``: the setting that uses it, if any; or the mirror) without the client;
+    and ``configured`` settings (the names set in the config) where no Kubernetes is used,
+    which would do nothing."""
     key = "KubernetesClusterConfig.sync_interval"
     if cluster.sync_interval < 0:
         raise ConfigError(key, "must be >= 0 seconds (0: off)")
+    unused = sorted(configured - {"sync_interval"})
+    if unused and not needed_by and cluster.sync_interval == 0:
+        raise ConfigError(
+            f"KubernetesClusterConfig.{unused[0]}",
+            "does nothing: no Kubernetes cluster is used (gpu_backend and job_backend are "
+            "not 'kubernetes', and sync_interval is 0)",
+        )
     if needed_by or cluster.sync_interval > 0:
         try:
             import kubernetes_asyncio  # noqa: F401

@@ -146,8 +146,9 @@ class GPUSliceMixin(Spawner):
 
     default_profile = Unicode(
         "",
-        help="Profile used when a spawn names none (e.g. through the REST API); empty: the "
-        "spawn is refused and the user is asked to pick one.",
+        help="Profile used when a spawn names none (through the REST API, for a server "
+        "with no previous options: JupyterHub reuses those of the server's last spawn when "
+        "a request sends none); empty: the spawn is refused and the user is asked to pick one.",
     ).tag(config=True)
 
     service_name = Unicode(

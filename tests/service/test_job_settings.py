@@ -176,3 +176,35 @@ def test_burst_settings_are_read(tmp_path):
     check_job_settings(app("slurm"), jobs)
     standing = jobs.window_standing(utcnow())["burst"]
     assert standing == {"partition": "cloud", "after_wait": 0.25, "allocated_above": 0.8}
+
+
+@pytest.mark.parametrize(
+    ("backend", "settings", "key", "needle"),
+    [
+        ("local", {"slurm_partitions": {"normal": "gpu"}}, "JobManager.slurm_partitions", "slurm"),
+        ("local", {"kubernetes_namespace": "jobs"}, "JobManager.kubernetes_namespace", "kube"),
+        ("slurm", {"kubernetes_image": "img"}, "JobManager.kubernetes_image", "'kubernetes'"),
+        ("kubernetes", {"slurm_qos": {"high": "q"}}, "JobManager.slurm_qos", "'slurm'"),
+        (
+            "local",
+            {"time_window_timezone": "Europe/Berlin"},
+            "JobManager.time_window_timezone",
+            "does nothing without time_windows",
+        ),
+    ],
+)
+def test_another_backends_settings_are_refused_as_doing_nothing(
+    tmp_path, backend, settings, key, needle
+):
+    from traitlets.config import Config
+
+    config = Config()
+    for name, value in settings.items():
+        setattr(config.JobManager, name, value)
+    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
+    jobs.run_jobs_as_service_user = True
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app(backend), jobs)
+    assert e.value.key == key and needle in str(e.value), str(e.value)
+    if "time_window" not in key:
+        assert f"with job_backend = {backend!r} it does nothing" in str(e.value)

@@ -130,8 +130,8 @@ class JobManager(LoggingConfigurable):
     aging_seconds = Float(
         3600.0,
         help="Waiting this long lifts a queued job one priority class in the queue order "
-        "(0: no aging). Local and Kubernetes backends: on Slurm, Slurm orders the queue (set "
-        "here, it is refused at start).",
+        "(0: no aging). Local backend only: on Slurm and Kubernetes the engine orders the "
+        "queue (set here, it is refused at start).",
     ).tag(config=True)
     default_checkpoint_interval = Float(
         600.0, help="Checkpoint interval (s) of a job that does not ask for one."

@@ -136,6 +136,17 @@ def check_job_settings(app: GPUSliceService, manager: JobManager) -> None:
                 "JobManager.job_environment", f"{name!r}: names and values must be strings"
             )
     configured = manager.config.get("JobManager", {})
+    for key in sorted(configured):
+        # settings that would do nothing: another backend's
+        engine = next((b for b in ("slurm", "kubernetes") if key.startswith(b + "_")), None)
+        if engine is not None and app.job_backend != engine:
+            raise ConfigError(
+                f"JobManager.{key}",
+                f"is for job_backend = {engine!r}; with job_backend = {app.job_backend!r} "
+                "it does nothing",
+            )
+    if "time_window_timezone" in configured and not manager.windows:
+        raise ConfigError("JobManager.time_window_timezone", "does nothing without time_windows")
     if app.job_backend in ("slurm", "kubernetes") and "aging_seconds" in configured:
         # a setting that would do nothing: the engine's own priority orders the jobs
         raise ConfigError(

@@ -1,0 +1,84 @@
+"""Settings in the service's config file that nothing reads are refused at start.
+
+traitlets only logs a warning for a misspelled setting (``c.GPUSliceService.quota``) and says
+nothing at all for a misspelled class (``c.GPUSliceServce.quotas``): the service would start
+and run without it, quotas unenforced, with the one sign of it in a log nobody reads.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from traitlets.config import Config, Configurable
+
+from .errors import ConfigError
+
+# Read by the hub from jupyterhub_config.py, never by the service: a section of these in the
+# service's file is a setting in the wrong file.
+HUB_SECTIONS = frozenset(
+    {
+        "JupyterHub",
+        "Spawner",
+        "LocalProcessSpawner",
+        "SimpleLocalProcessSpawner",
+        "Authenticator",
+        "ConfigurableHTTPProxy",
+        "Proxy",
+        "GPUSliceMixin",
+        "GPUSliceSpawner",
+        "GPUSliceKubeSpawner",
+        "GPUSliceSlurmSpawner",
+        "KubeSpawner",
+        "SlurmSpawner",
+        "BatchSpawnerBase",
+    }
+)
+
+
+def readable_settings(classes: Iterable[type[Configurable]]) -> dict[str, set[str]]:
+    """Section name -> the settings it may hold, for ``classes`` and the configurable
+    classes they inherit from (``c.Application.log_level`` is read by the service too)."""
+    readable: dict[str, set[str]] = {}
+    for cls in classes:
+        for klass in cls.mro():
+            if isinstance(klass, type) and issubclass(klass, Configurable):
+                names = klass.class_trait_names(config=True)
+                readable.setdefault(klass.__name__, set()).update(names)
+    return readable
+
+
+def check_settings(config: Config, classes: Iterable[type[Configurable]], where: str) -> None:
+    """Raise ``ConfigError`` for the first setting in ``config`` that no class of
+    ``classes`` reads, naming it and the likely one meant. ``where``: the config file."""
+    readable = readable_settings(classes)
+    for section, settings in config.items():
+        if not isinstance(settings, Config):
+            continue  # (not a section: traitlets ignores it too)
+        if section not in readable:
+            if section in HUB_SECTIONS:
+                raise ConfigError(
+                    section,
+                    f"is read by the hub, not by the gpuslice service: set c.{section} in "
+                    f"jupyterhub_config.py, not in {where}",
+                )
+            known = sorted(s for s in readable if not _generic(s))
+            raise ConfigError(
+                section,
+                f"no such settings section in {where}{_meant(section, readable)} "
+                f"(the service reads {', '.join(known)})",
+            )
+        for key in settings:
+            if key not in readable[section]:
+                meant = _meant(key, readable[section])
+                raise ConfigError(f"{section}.{key}", f"no such setting{meant}")
+
+
+def _generic(section: str) -> bool:
+    # traitlets' own bases: valid, but no help to name among the service's sections
+    return section in ("Configurable", "LoggingConfigurable", "SingletonConfigurable")
+
+
+def _meant(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
