@@ -756,6 +756,17 @@ class GPUSliceService(Application):
         self._gc_pauses = GCPauses(self.registry)
         self._gc_pauses.start()
         self.ledger.sync_inventory(self.inventory)
+        for name in self.ledger.never_placed():
+            # a warning, not a refusal: hosts that are down now may hold it when they return
+            self.log.warning(
+                "profile %s: no host of this inventory can hold it (%s%s), so no one can "
+                "have it: the spawn form shows it as unavailable until a host that can joins",
+                name,
+                self.parsed_profiles[name].summary(),
+                "; models " + ", ".join(self.parsed_profiles[name].models)
+                if self.parsed_profiles[name].models
+                else "",
+            )
         self.started_at = utcnow()
         label = " (SIMULATED GPUs — not real hardware)" if self.inventory.simulated else ""
         gpus = self.inventory.gpus()
@@ -1077,7 +1088,10 @@ class UpgradeDB(Application):
         db = open_database(service.db_url)
         try:
             # never under a running service (db/owner.py): it waits for no one
-            hold = hold_ledger(db, safe_url(service.db_url), wait=0)
+            try:
+                hold = hold_ledger(db, safe_url(service.db_url), wait=0)
+            except LedgerInUse as e:
+                raise LedgerInUse(e.shown_url, e.holder, upgrading=True) from None
             try:
                 upgrade(db)
             finally:

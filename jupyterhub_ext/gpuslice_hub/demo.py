@@ -161,7 +161,9 @@ def banner(backend: str, inventory: Any) -> str:
         "Demo setting: every user's servers and batch jobs run as YOUR account",
         "(c.JobManager.run_jobs_as_service_user = True). Never use it on a shared machine.",
         f"Config and state: {DEMO_DIR}",
-        "Stop with Ctrl-C.",
+        "Stop with Ctrl-C. Batch jobs still running keep running (as on a real hub,",
+        "a job outlives a restart of the service) and the next `make demo` picks them",
+        "up: cancel them in the GPU jobs panel first to stop them too.",
         "=" * 72,
         "",
     ]

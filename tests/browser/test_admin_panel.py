@@ -104,6 +104,14 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         job_slice = page.locator("#gs-hosts li", has_text=f"job {job_id}")
         job_slice.get_by_text("busy").wait_for()
         assert page.locator("#gs-summary [data-key=allocated]").inner_text()
+        # every figure says, on hover, what it counts
+        for key in ("capacity", "allocated", "used", "free", "jobs", "reclaimed"):
+            title = page.locator(f"#gs-summary [data-key={key}]").get_attribute("title")
+            assert title and len(title) > 30, (key, title)
+        assert "fragmented" in page.locator("#gs-summary [data-key=free]").get_attribute("title")
+        assert "max_restarts" in page.locator(
+            "#gs-jobs-table th", has_text="restarts"
+        ).get_attribute("title")
 
         # The queue shows the running job; preempt it with a reason.
         row = page.locator(f'#gs-jobs-table tr[data-job-id="{job_id}"]')
@@ -164,6 +172,14 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         form.get_by_role("button", name="Set quota").click()
         form.get_by_text("no such user 'nobody-by-that-name'").wait_for()
         assert hub.api("GET", "/api/admin/quotas", admin).json()["overrides"] == []
+        # the service counts thousandths of a GPU: a finer value is refused, not rounded to
+        # a quota of nothing; the last error goes as soon as the form is edited
+        form.locator("input[name=max_gpus]").fill("0.0004")
+        assert not form.locator(".gs-error").is_visible()
+        form.get_by_role("button", name="Set quota").click()
+        form.get_by_text("max GPUs must be a multiple of 0.001 (got 0.0004)").wait_for()
+        assert hub.api("GET", "/api/admin/quotas", admin).json()["overrides"] == []
+        form.locator("input[name=max_gpus]").fill("")
 
         # Change a quota from the form; the next allocation is refused by it.
         form.locator("input[name=name]").fill("ann")

@@ -33,6 +33,7 @@ from tests.service.test_admin_views import set_allocation
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
+MINUTE = timedelta(minutes=1)
 
 
 def sample(ledger: Ledger, ts: datetime, **values: Any) -> None:
@@ -394,3 +395,25 @@ def test_a_lowering_suggestion_names_the_profiles_that_would_no_longer_fit(make_
     assert bea["suggested"] == {"max_slices": 3, "max_milli": 550} and bea["change"] == "lower"
     assert "gpu-1" in bea["no_longer_fits"] and "share-250" not in bea["no_longer_fits"]
     assert view["rule"].startswith("the most held at once over 30 days times 1.2")
+
+
+def test_no_queue_says_by_which_rule_a_short_wait_did_not_count(make_ledger):
+    """A job did wait (the panel lists it): the verdict says it was too little to count,
+    not that there was no queue."""
+    ledger = make_ledger()
+    now = utcnow()
+    sample(ledger, now - DAY, allocated_milli=3000, used_milli=2000, reported_milli=3000)
+    sample(ledger, now - HOUR, allocated_milli=3000, used_milli=2000, reported_milli=3000)
+    [_history, no_queue] = capacity_check(ledger, now)["verdicts"]
+    assert no_queue["code"] == "no-queue"
+    assert no_queue["text"] == (
+        "No lasting batch queue in the last 7 days: on average 0.0 jobs waited (a queue "
+        "counts from 1; too few jobs finished for median times)."
+    )
+    for _ in range(5):  # waits of 6 minutes for runs of 3 h: 3 %
+        job(ledger, now - 4 * HOUR, now - 4 * HOUR + 6 * MINUTE, now - HOUR, run=3 * 3600.0)
+    text = capacity_check(ledger, now)["verdicts"][-1]["text"]
+    assert text == (
+        "No lasting batch queue in the last 7 days: the median queue time was 3 % of the "
+        "median run time (a queue counts above 10 %)."
+    ), text

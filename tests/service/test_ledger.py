@@ -565,3 +565,21 @@ def test_one_state_of_the_active_allocations_is_shared_until_it_changes(make_led
     ledger.release(second["id"], "ann", "done")
     assert set(cache.state_kept().views) == {first["id"]}
     assert cache.held().users["ann"].slices == 1
+
+
+def test_profiles_no_host_could_hold_are_named_drained_gpus_still_count(make_ledger):
+    profiles = [
+        {"name": "gpu-1", "kind": "gpu", "count": 1},
+        {"name": "h100", "kind": "gpu", "count": 1, "models": ["NVIDIA H100 80GB HBM3"]},
+        {"name": "mig-7g", "kind": "mig", "mig_profile": "7g.80gb"},
+        {"name": "gpu-16", "kind": "gpu", "count": 16},
+    ]
+    ledger = make_ledger(profiles=profiles)
+    assert ledger.never_placed() == ["gpu-16", "h100", "mig-7g"]
+    # a drained GPU is back in service later: what it could hold is not "never"
+    _hosts, gpus, _active = ledger.snapshot()
+    for gpu in gpus:
+        if gpu.mig_mode != "enabled":
+            ledger.set_drained(gpu.uuid, True, "admin", "test")
+    assert ledger.profile_capacity()["gpu-1"] == (0, 0)
+    assert ledger.never_placed() == ["gpu-16", "h100", "mig-7g"]

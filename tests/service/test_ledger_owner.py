@@ -130,6 +130,9 @@ def test_upgrade_db_refuses_at_once_under_a_running_service(tmp_path):
         held.let_go()
     assert done.returncode == 1, done.stderr[-2000:]
     assert "gpuslice: another gpuslice service" in done.stderr
+    # what to do about it is to stop that service, not to give this one another ledger
+    assert "stop it before upgrading its database" in done.stderr, done.stderr
+    assert "a ledger of its own" not in done.stderr
     with db.reading() as s:  # nothing was migrated
         assert not s.execute(text("SELECT name FROM sqlite_master")).all()
     db.dispose()

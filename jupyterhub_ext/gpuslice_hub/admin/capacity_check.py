@@ -229,6 +229,23 @@ def _queue(week: dict[str, Any]) -> dict[str, str] | None:
     }
 
 
+def _no_queue(week: dict[str, Any]) -> str:
+    """Why the week's queue is no problem, by the rule ``_queue`` applied: a job may have
+    waited (the panel lists it), just not long enough to count."""
+    ratio = week["queue_to_run"]
+    if ratio is not None:
+        return (
+            f"No lasting batch queue in the last 7 days: the median queue time was "
+            f"{_pct(ratio)} of the median run time (a queue counts above "
+            f"{_pct(QUEUE_TO_RUN)})."
+        )
+    return (
+        f"No lasting batch queue in the last 7 days: on average "
+        f"{week['mean_queued_jobs'] or 0:.1f} jobs waited (a queue counts from "
+        f"{QUEUED_JOBS:g}; too few jobs finished for median times)."
+    )
+
+
 def _verdicts(windows: dict[int, dict[str, Any]]) -> list[dict[str, str]]:
     week = windows[7]
     if all(windows[d]["samples"] == 0 for d in WINDOWS_DAYS):
@@ -242,7 +259,7 @@ def _verdicts(windows: dict[int, dict[str, Any]]) -> list[dict[str, str]]:
     out = [_ownership(windows)]
     problem = _queue(week)
     if problem is None:
-        out.append({"code": "no-queue", "text": "No batch queue in the last 7 days."})
+        out.append({"code": "no-queue", "text": _no_queue(week)})
         return out
     out.append(problem)
     ratio = week["queue_to_run"]

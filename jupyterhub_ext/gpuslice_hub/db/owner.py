@@ -61,7 +61,18 @@ _HOLDS_LOCK = text(
 
 
 class LedgerInUse(RuntimeError):
-    """Another gpuslice service holds this ledger."""
+    """Another gpuslice service holds this ledger. ``holder``: which (a process, or
+    another connection); ``shown_url``: the ledger's URL as messages show it."""
+
+    def __init__(self, shown_url: str, holder: str, upgrading: bool = False) -> None:
+        super().__init__(
+            f"another gpuslice service ({holder}) is running on the ledger {shown_url}: stop "
+            "it before upgrading its database (upgrade-db never runs under a running service)"
+            if upgrading
+            else _message(shown_url, holder)
+        )
+        self.shown_url = shown_url
+        self.holder = holder
 
 
 class LedgerHold:
@@ -156,7 +167,7 @@ def _lock_file(lock_path: str, shown_url: str, wait: float) -> int:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                    raise LedgerInUse(_message(shown_url, f"process {holder}")) from None
+                    raise LedgerInUse(shown_url, f"process {holder}") from None
                 time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -181,7 +192,7 @@ class _AdvisoryHold(LedgerHold):
         try:
             while not self._try_lock(self.conn):
                 if time.monotonic() >= deadline:
-                    raise LedgerInUse(_message(shown_url, "another connection"))
+                    raise LedgerInUse(shown_url, "another connection")
                 time.sleep(0.2)  # (polling a lock another process holds, until the deadline)
         except BaseException:
             self.let_go()
@@ -217,7 +228,7 @@ class _AdvisoryHold(LedgerHold):
                 self.conn.rollback()
             return f"could not take the ledger's hold again: {e}"
         if not got:
-            raise LedgerInUse(_message(self.shown_url, "another connection"))
+            raise LedgerInUse(self.shown_url, "another connection")
         return "the connection holding the ledger was lost; this service holds it again"
 
     @staticmethod

@@ -96,6 +96,15 @@ class CapacityMixin(LedgerBase):
             inv = self.inventory_cache.get(s)
             return self._capacity(s, inv, allowed)
 
+    def never_placed(self) -> list[str]:
+        """The profiles no GPU of the inventory could hold even empty and undrained (a
+        model, MIG instance or GPU count it does not have): a setting that does nothing,
+        until the inventory changes."""
+        with self.db.reading() as s:
+            inv = self.inventory_cache.get(s)
+        totals = self._totals(inv, None, ignore_drain=True)
+        return sorted(name for name, total in totals.items() if total == 0)
+
     def _capacity(
         self, s: Session, inv: InventoryView, allowed: frozenset[str] | None = None
     ) -> dict[str, tuple[int, int]]:

@@ -124,13 +124,30 @@
 
   // -- summary --------------------------------------------------------------------------
 
+  const CARD_DEFINITIONS = {
+    capacity: 'The GPUs in service now: drained GPUs are left out.',
+    allocated:
+      'What the active allocations hold (servers, batch jobs, and holders outside gpuslice).',
+    used:
+      "What the holders' current usage reports say they use. Allocations without a current " +
+      'report are left out, never counted as idle: the note says how much allocation the ' +
+      'reports cover.',
+    free:
+      'Capacity not allocated. Of it, "fragmented" is what no configured profile can use ' +
+      'right now (too small a piece of a GPU, an instance no profile asks for, a host with no ' +
+      'CPU or memory left).',
+    jobs: 'Batch jobs running (or starting, or giving their slices up) and waiting in the queue.',
+    reclaimed: "Idle time ended by culling servers, times each slice's share of a GPU."
+  };
+
   function renderSummary(ov) {
     const t = ov.totals;
     const r = ov.reclaimed_gpu_hours;
+    // (each card's definition on hover: the admin guide's "How the figures are made")
     const card = (label, value, note, key) =>
       h(
         'div',
-        { className: 'gs-card', dataset: { key } },
+        { className: 'gs-card', dataset: { key }, title: CARD_DEFINITIONS[key] },
         h('div', { className: 'gs-card-value' }, value),
         h('div', { className: 'gs-card-label' }, label),
         note ? h('div', { className: 'gs-card-note' }, note) : null
@@ -679,7 +696,7 @@
       parts.push(plural(limit.max_slices, 'slice'));
     }
     if (limit.max_milli !== null && limit.max_milli !== undefined) {
-      parts.push(`${gpus(limit.max_milli)} GPUs`);
+      parts.push(`${gpus(limit.max_milli)} ${limit.max_milli === 1000 ? 'GPU' : 'GPUs'}`);
     }
     if (limit.borrow_from && limit.borrow_from.length) {
       parts.push(`borrows from ${limit.borrow_from.join(', ')}`);
@@ -1017,7 +1034,10 @@
 
   // A form's number, null when empty. The bounds are the service's own, said in the field's
   // words: a value the form lets through is not then refused in other terms.
-  function number(form, name, { label, scale, empty = 'no limit', above, max } = {}) {
+  // ``scale``: the service counts the value in 1/scale units (milli-GPUs), so a value finer
+  // than that (0.0004 GPUs) is refused, not rounded (to 0, a quota of nothing).
+  // ``whole``: a count (slices).
+  function number(form, name, { label, scale, whole, empty = 'no limit', above, max } = {}) {
     const raw = form.elements[name].value.trim();
     if (raw === '') return null;
     const v = Number(raw);
@@ -1027,7 +1047,15 @@
       const top = max === undefined ? '' : ` and at most ${max}`;
       throw new Error(`${label} must be a number ${range}${top} (empty: ${empty})`);
     }
-    return scale ? Math.round(v * scale) : v;
+    if (whole && !Number.isInteger(v)) throw new Error(`${label} must be a whole number`);
+    if (scale) {
+      const units = v * scale;
+      if (Math.abs(units - Math.round(units)) > 1e-6) {
+        throw new Error(`${label} must be a multiple of ${1 / scale} (got ${raw})`);
+      }
+      return Math.round(units);
+    }
+    return v;
   }
 
   function wireForms() {
@@ -1035,6 +1063,11 @@
     const quotaError = quota.querySelector('.gs-error');
     quota.elements.subject.addEventListener('change', () => {
       quota.elements.name.disabled = quota.elements.subject.value === 'default_user';
+    });
+    // an error stays until the form changes (the browser's own checks may stop a submit
+    // before this code runs, and would leave the last error beside theirs)
+    quota.addEventListener('input', () => {
+      quotaError.hidden = true;
     });
     quota.addEventListener('submit', async ev => {
       ev.preventDefault();
@@ -1044,7 +1077,7 @@
         const name = quota.elements.name.value.trim();
         if (subject !== 'default_user' && !name) throw new Error(`Name the ${subject}.`);
         const body = {
-          max_slices: number(quota, 'max_slices', { label: 'max slices' }),
+          max_slices: number(quota, 'max_slices', { label: 'max slices', whole: true }),
           max_milli: number(quota, 'max_gpus', { label: 'max GPUs', scale: 1000 }),
           reason: quota.elements.reason.value.trim()
         };
@@ -1065,6 +1098,9 @@
     });
     const exempt = document.getElementById('gs-exempt-form');
     const exemptError = exempt.querySelector('.gs-error');
+    exempt.addEventListener('input', () => {
+      exemptError.hidden = true;
+    });
     exempt.addEventListener('submit', async ev => {
       ev.preventDefault();
       exemptError.hidden = true;
