@@ -282,7 +282,8 @@ async def sync_outputs(service: Service, root: str, job: dict[str, Any]) -> bool
     root_real = Path(root).resolve()
     folder = job_folder_rel(job)
     marker = f"{folder}/.gpuslice-job.json"
-    with contextlib.suppress(OSError, ValueError):
+    # (a marker that does not read as one, however deep its nesting, is no marker)
+    with contextlib.suppress(OSError, ValueError, RecursionError):
         done = json.loads(read_beneath(root_real, marker, MAX_MARKER_BYTES))
         if isinstance(done, dict) and done.get("state") == job["state"]:
             return False
@@ -344,6 +345,9 @@ class JobWatcher:
                     return  # started again by the next submission or listing
             except (web.HTTPError, OSError, KeyError, ValueError):
                 pass  # the service may be restarting: try again next round
+            except Exception:
+                # one job's folder must not end the watch for the others' outputs
+                log.exception("gpuslice: copying job outputs failed; trying again")
             await asyncio.sleep(self.interval)
 
     def emit(self, job: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import numpy as np
+import psutil
 import pytest
 
 from tests.harness.hub import wait_for
@@ -285,6 +286,35 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     assert 0 < result["first_step"] < steps
     np.testing.assert_array_equal(result["w"], expected_w(steps, lr))
     assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
+
+
+LEAVES_A_CHILD = [
+    "import subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+    " start_new_session=True)\n"
+    "open('child.pid', 'w').write(str(child.pid))",
+    "x = 1",
+]
+
+
+def test_what_a_finished_job_left_running_is_stopped_before_its_slice_is_given_back(jobs_hub):
+    """A job whose code started a process and finished: the process would go on using the
+    GPU the job's slice hands to the next holder. It is stopped, and the log says so."""
+    hub = jobs_hub
+    alice = hub.add_user("alice")
+    r = submit(hub, alice, cells=LEAVES_A_CHILD, path="child.ipynb")
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    done = wait_state(hub, alice, job_id, ("completed", "failed"))
+    assert done["state"] == "completed", done
+    pid = int((job_dir(hub, job_id) / "child.pid").read_text())
+    wait_for(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+        30,
+        "the job's left-behind process to be stopped",
+    )
+    log = hub.api("GET", f"/api/jobs/{job_id}/log", alice).json()["log"]
+    assert "service: stopped 1 process(es) the run left running, which held its GPU" in log, log
 
 
 def test_sigkilled_runner_is_requeued_and_finishes(jobs_hub):

@@ -9,6 +9,7 @@ scheduler pass, nor store a non-finite or absurd figure, nor say more than its o
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .. import clock
@@ -51,7 +52,7 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
             out[key] = n
     error = state.get("error")
     if isinstance(error, str):
-        out["error"] = error[:MAX_TEXT]
+        out["error"] = _text(error[:MAX_TEXT])
     numbers = {
         "lost_work_seconds": (0.0, MAX_SECONDS),
         # a checkpoint cannot be from the future (a minute's clock skew allowed)
@@ -66,5 +67,15 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
     for key in ("utilization_at", "attempt_id"):
         text = state.get(key)
         if isinstance(text, str) and len(text) <= 64:
-            out[key] = text
+            out[key] = _text(text)
     return out
+
+
+def _text(value: str) -> str:
+    """``value`` as text every database stores: JSON may spell lone surrogates
+    (``"\\ud800"``), which no UTF-8 column takes; such a write would fail on every pass,
+    and the job would hold its slice forever. Each becomes U+FFFD."""
+    return _SURROGATE.sub("\ufffd", value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")

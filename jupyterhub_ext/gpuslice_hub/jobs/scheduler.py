@@ -302,6 +302,20 @@ class Scheduler:
         self.jobs.backend.kill(job.backend_ref or {})
         self.jobs.release(allocs, f"job {job.id} timed out")
 
+    def _reap(self, job: JobRow) -> None:
+        """The run ended: what it left running (its kernel, processes its code started)
+        goes before its slice does, or they would use the GPU its next holder is given.
+        Only a backend whose runs are plain processes needs this (local); an engine's
+        cgroups end a job's processes with it."""
+        reap = getattr(self.jobs.backend, "reap", None)
+        if reap is None:
+            return
+        left = reap(job.backend_ref or {})
+        if left:
+            self.jobs.log_line(
+                job, f"stopped {left} process(es) the run left running, which held its GPU"
+            )
+
     def _record_progress(self, job: JobRow, runner: dict[str, Any]) -> None:
         """Write what the runner says of its progress, and that it runs when it says so,
         in statements (no ORM object: they are most of a pass's writes)."""
@@ -387,6 +401,7 @@ class Scheduler:
         code = status.exit_code
         attempt = self._attempt_seconds(job, now)
         allocs: list[int] = []
+        self._reap(job)
         if code == EXIT_COMPLETED:  # (most runs: in statements, see ``advance``)
 
             def ending(row: Any) -> dict[str, Any]:

@@ -88,7 +88,9 @@ class JobDir:
         raw = self.read(self.state_path.name)
         try:
             state = json.loads(raw) if raw else {}
-        except ValueError:
+        except (ValueError, RecursionError):
+            # (the job's own code may write anything here: garbage, or nesting deep enough
+            # to exhaust the parser's recursion, is no state)
             return {}
         return state if isinstance(state, dict) else {}
 

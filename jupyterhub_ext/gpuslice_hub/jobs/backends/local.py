@@ -7,6 +7,7 @@ finds it again by pid and start time (a recycled pid is not mistaken for it).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -21,7 +22,10 @@ from gpuslice.run.jobdir import JobDir, open_beneath
 from gpuslice.vocab import EXIT_BY_STATUS
 
 from ..accounts import UMASK, Account
+from ..runner_state import ATTEMPT_ID as ATTEMPT_ENV
 from .base import RunStatus
+
+log = logging.getLogger(__name__)
 
 
 class LocalBackend:
@@ -47,7 +51,14 @@ class LocalBackend:
         who: dict[str, Any] = {}
         if not account.is_current:
             who = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
-        out = open_beneath(Path(job_dir), "runner.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            # non-blocking: a FIFO the job's code left in its place (with no reader) would
+            # block this open, and with it the whole scheduler pass, until someone read it
+            out = open_beneath(
+                Path(job_dir), "runner.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+            )
+        except OSError as e:
+            raise OSError(f"its runner.out cannot be written as a plain file ({e})") from None
         try:
             if not account.is_current:
                 os.fchown(out, account.uid, account.gid)
@@ -73,7 +84,17 @@ class LocalBackend:
         }
 
     def poll_many(self, refs: Sequence[dict[str, Any]]) -> list[RunStatus]:
-        return [self.poll(ref) for ref in refs]
+        return [self._poll_one(ref) for ref in refs]
+
+    def _poll_one(self, ref: dict[str, Any]) -> RunStatus:
+        """``poll``, where one run that cannot be asked about (its folder is the job's
+        own code's to break) stops the answers for no other: it is taken as still running,
+        which concludes nothing; its max runtime still ends it."""
+        try:
+            return self.poll(ref)
+        except Exception:
+            log.exception("the local run %s could not be asked about", ref.get("pid"))
+            return RunStatus(True)
 
     def poll(self, ref: dict[str, Any]) -> RunStatus:
         pid = int(ref.get("pid") or 0)
@@ -98,12 +119,34 @@ class LocalBackend:
 
     def kill(self, ref: dict[str, Any]) -> None:
         self._signal(ref, signal.SIGKILL, group=True)
-        # The kernel runs in a session of its own: it would notice its parent is gone
-        # within a second or so, but a killed job should free the GPU now.
-        kernel = _kernel_pid(ref.get("job_dir", ""))
-        if kernel and _is_kernel(kernel, ref.get("job_dir", ""), ref.get("uid")):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(kernel, signal.SIGKILL)
+        self.reap(ref)
+
+    def reap(self, ref: dict[str, Any]) -> int:
+        """Kill what is left of a run whose slice is about to go back: the kernel (in a
+        session of its own), and every process it or its code started, which would
+        otherwise go on using the GPU someone else is given next. Returns how many.
+
+        A process belongs to the run when it is its owner's and its environment (as it
+        was exec'ed: the runner's, inherited) names this run's attempt, or when it
+        descends from one that does. The kernel pid in state.json, which the job's code
+        can write, is only a hint: it is checked the same way, so it can never point the
+        service at another process. Code that re-execs itself with a cleaned environment
+        and detaches escapes this; a site that runs hostile code uses Slurm or Kubernetes,
+        whose cgroups hold every process of a job (docs/admin-guide.md)."""
+        attempt, uid = ref.get("attempt_id"), ref.get("uid")
+        if not isinstance(attempt, str) or not attempt or not isinstance(uid, int):
+            return 0
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.uids().real == uid and proc.environ().get(ATTEMPT_ENV) == attempt:
+                    found[proc.pid] = proc
+                    for child in proc.children(recursive=True):
+                        found.setdefault(child.pid, child)
+        for proc in found.values():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        return len(found)
 
     def _signal(self, ref: dict[str, Any], sig: int, group: bool = False) -> None:
         pid = int(ref.get("pid") or 0)
@@ -114,18 +157,6 @@ class LocalBackend:
                 os.killpg(pid, sig)
             else:
                 os.kill(pid, sig)
-
-
-def _is_kernel(pid: int, job_dir: str, uid: int | None) -> bool:
-    """The pid in state.json (which the job's own code can write) is still this job's
-    kernel: not a recycled pid, and not someone else's process."""
-    try:
-        proc = psutil.Process(pid)
-        if uid is not None and proc.uids().real != uid:
-            return False
-        return "kernel" in " ".join(proc.cmdline()) and proc.cwd() == job_dir
-    except psutil.Error:
-        return False
 
 
 # How far two readings of one process's start time may differ. psutil derives it from the
@@ -155,8 +186,3 @@ def _state(job_dir: str) -> dict[str, Any]:
 
 def _runner_status(job_dir: str) -> str | None:
     return _state(job_dir).get("status")
-
-
-def _kernel_pid(job_dir: str) -> int | None:
-    pid = _state(job_dir).get("kernel_pid")
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 else None
