@@ -172,6 +172,67 @@ def scratch() -> str | None:
     return None
 
 
+def _profiles(p: Policy, workload: Workload) -> dict[str, Any]:
+    """The profile set a simulation's ledger offers: the simulator's catalog, the site's
+    own profiles a replayed history asks for, and the policy's share menu (each name
+    once: the first)."""
+    catalog: dict[str, dict[str, Any]] = {}
+    for pr in [*PROFILES, *workload.profiles, *p.share_profiles()]:
+        catalog.setdefault(pr["name"], pr)
+    return parse_profiles([{**pr, "idle_timeout": int(p.idle_timeout)} for pr in catalog.values()])
+
+
+def _cluster(p: Policy, s: Settings, workload: Workload) -> list[dict[str, Any]]:
+    if workload.hosts is not None:
+        return whole_gpus(workload.hosts) if not p.slices else workload.hosts
+    return hosts(s.n_hosts, s.mig_hosts if p.slices else 0)
+
+
+def _pools(p: Policy, inventory: Any) -> Any:
+    """The policy's split pools (JobManager.reserved_pools), None without: the service's
+    own, parsed and checked against the inventory."""
+    n_reserved, borrow = p.reserved_pool()
+    if not n_reserved:
+        return None
+    names = sorted(h.name for h in inventory.hosts)
+    if n_reserved > len(names):
+        raise ValueError(f"reserved: {n_reserved} hosts reserved, but the cluster has {len(names)}")
+    windows = parse_windows({"borrow": borrow}, "UTC") if borrow else {}
+    pools = parse_pools(
+        {"people": {"hosts": names[:n_reserved]}},
+        "borrow" if borrow else "",
+        windows,
+        reserved_priority=100 * PRIORITY_CLASSES["high"],
+    )
+    assert pools is not None
+    pools.check_inventory((g.host, g.uuid) for h in inventory.hosts for g in h.gpus)
+    return pools
+
+
+def _idle_config(p: Policy) -> PolicyConfig:
+    return PolicyConfig.parse(
+        {"action": "server", "idle_timeout": p.idle_timeout, "warning_lead": p.warning_lead}
+    )
+
+
+def check(workload: Workload, policy: Policy, settings: Settings) -> None:
+    """Build ``policy``'s configuration on ``workload``'s cluster as a simulation would
+    (profiles, placement, time windows, pools, idle policy), without simulating: a
+    setting the service would refuse raises here (ValueError, or the service's
+    ConfigError), before any simulation starts."""
+    profiles = _profiles(policy, workload)
+    asked = {s.profile for s in workload.sessions} | {j.profile for j in workload.jobs}
+    unknown = sorted(asked - set(profiles))
+    if unknown:
+        raise ValueError(f"the workload asks for profile {unknown[0]!r}, which no profile set has")
+    get_policy(policy.placement)
+    inventory = discover("simulated", _cluster(policy, settings, workload))
+    if policy.batch_window:
+        parse_windows({"batch": policy.batch_window.split(";")}, "UTC")
+    _pools(policy, inventory)
+    _idle_config(policy)
+
+
 class Simulation:
     def __init__(
         self,
@@ -204,16 +265,10 @@ class Simulation:
         s, p = self.settings, self.policy
         db = open_database(self.database)
         ensure_schema(db, "gpuslice-sim")
-        catalog = [*PROFILES, *p.share_profiles()]
-        profiles = [{**pr, "idle_timeout": int(p.idle_timeout)} for pr in catalog]
         self.ledger = Ledger(
-            db, parse_profiles(profiles), parse_quotas({}), get_policy(p.placement)
+            db, _profiles(p, self.workload), parse_quotas({}), get_policy(p.placement)
         )
-        if self.workload.hosts is not None:
-            cluster = whole_gpus(self.workload.hosts) if not p.slices else self.workload.hosts
-        else:
-            cluster = hosts(s.n_hosts, s.mig_hosts if p.slices else 0)
-        inventory = discover("simulated", cluster)
+        inventory = discover("simulated", _cluster(p, s, self.workload))
         self.ledger.sync_inventory(inventory)
         self.capacity_milli = 1000 * sum(len(h.gpus) for h in inventory.hosts)
         self.gpu_memory = {g.uuid: g.memory_mib for h in inventory.hosts for g in h.gpus}
@@ -241,20 +296,8 @@ class Simulation:
             # the service's own windows: parsed and enforced by its manager and scheduler
             manager.windows = parse_windows({"batch": p.batch_window.split(";")}, "UTC")
             manager.class_time_windows = {p.batch: "batch"}
-        n_reserved, borrow = p.reserved_pool()
-        if n_reserved:
-            # the service's own split: parsed, checked against the inventory and enforced
-            # by its ledger and scheduler
-            names = sorted(h.name for h in inventory.hosts)[:n_reserved]
-            windows = parse_windows({"borrow": borrow}, "UTC") if borrow else {}
-            manager.pools = parse_pools(
-                {"people": {"hosts": names}},
-                "borrow" if borrow else "",
-                windows,
-                reserved_priority=100 * PRIORITY_CLASSES["high"],
-            )
-            assert manager.pools is not None
-            manager.pools.check_inventory((g.host, g.uuid) for h in inventory.hosts for g in h.gpus)
+        manager.pools = _pools(p, inventory)
+        if manager.pools is not None:
             self.ledger.pools = manager.pools
         self.manager = manager
         self.burst: Burst | None = None
@@ -268,9 +311,7 @@ class Simulation:
         self.ledger.preempt_hook = manager.preempt_for_interactive
         self.ledger.spawn_preemption = manager.spawn_preemption
         self.scheduler = Scheduler(manager)
-        self.idle_config = PolicyConfig.parse(
-            {"action": "server", "idle_timeout": p.idle_timeout, "warning_lead": p.warning_lead}
-        )
+        self.idle_config = _idle_config(p)
 
     # -- the event loop --------------------------------------------------------------------
 

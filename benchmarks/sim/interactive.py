@@ -28,7 +28,13 @@ def load_parameters(path: Path | None = None) -> dict[str, Any]:
     """The defaults, overlaid with ``path`` (a partial file changes only what it names)."""
     params = tomllib.loads(DEFAULTS.read_text())
     if path is not None:
-        for section, values in tomllib.loads(path.read_text()).items():
+        try:
+            given = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ParameterError(f"{path}: not TOML ({e})") from None
+        except OSError as e:
+            raise ParameterError(f"{path}: cannot read it ({e.strerror or e})") from None
+        for section, values in given.items():
             if section not in params or not isinstance(values, dict):
                 raise ParameterError(f"{path}: unknown section [{section}]")
             unknown = set(values) - set(params[section]) if section != "profiles" else set()

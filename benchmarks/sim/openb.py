@@ -37,23 +37,45 @@ class Task:
     milli: int  # of one GPU when gpus == 1, else 1000
 
 
+def trace_path(trace: str, data: Path = DATA) -> Path:
+    """The file of a trace: its name's in ``data``, or a CSV file in the same format."""
+    return Path(trace) if trace.endswith(".csv") else data / f"openb_pod_list_{trace}.csv"
+
+
 def read_tasks(trace: str = "default", data: Path = DATA, min_work: float = MIN_WORK) -> list[Task]:
-    # a trace's name, or the path of a file in the same format
-    path = Path(trace) if trace.endswith(".csv") else data / f"openb_pod_list_{trace}.csv"
-    if not path.exists():
-        raise FileNotFoundError(f"no openb trace {trace!r} ({path} is missing)")
+    """The trace's GPU tasks; FileNotFoundError or ValueError (naming the file and what is
+    wrong with it) when it cannot be read."""
+    path = trace_path(trace, data)
+    if not path.is_file():
+        known = sorted(
+            p.stem.removeprefix("openb_pod_list_") for p in data.glob("openb_pod_list_*.csv")
+        )
+        raise FileNotFoundError(
+            f"no openb trace {trace!r} ({path} is missing); known: {', '.join(known) or 'none'}"
+            ", or a .csv file in its format"
+        )
     tasks = []
     with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            gpus = int(row["num_gpu"])
-            if gpus == 0:
-                continue
-            created, deleted = float(row["creation_time"]), float(row["deletion_time"])
-            milli = int(row["gpu_milli"]) if gpus == 1 else 1000
+        for line, row in enumerate(csv.DictReader(f), start=2):
+            try:
+                gpus = int(row["num_gpu"])
+                if gpus == 0:
+                    continue
+                created, deleted = float(row["creation_time"]), float(row["deletion_time"])
+                milli = int(row["gpu_milli"]) if gpus == 1 else 1000
+            except KeyError as e:
+                raise ValueError(f"{path}: no column {e} (openb's format)") from None
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}, line {line}: not a number where one belongs") from None
             work = deleted - created
             if min_work <= work <= MAX_WORK:
                 tasks.append(Task(created, work, gpus, milli or 1000))
     tasks.sort(key=lambda t: t.created)
+    if len(tasks) < 2 or tasks[-1].created == tasks[0].created:
+        raise ValueError(
+            f"{path}: fewer than two GPU tasks of {min_work / 60:g} minutes to "
+            f"{MAX_WORK / 86400:g} days arriving at different times"
+        )
     return tasks
 
 

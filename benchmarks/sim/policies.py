@@ -33,13 +33,20 @@ CATALOG_SHARES = sorted(p["gpu_milli"] for p in PROFILES if p["kind"] == "share"
 
 
 def profile_milli(name: str) -> int:
-    """One GPU's share a profile holds: the catalog's, or a share menu's ``share-N``."""
+    """One GPU's share a profile holds: the catalog's, a share menu's or a site's
+    ``share-N``, a site's ``gpu-N`` (N whole GPUs) or ``mig-<instance>`` (its compute
+    slices out of an A100's or H100's seven)."""
     if name in PROFILE_MILLI:
         return PROFILE_MILLI[name]
-    kind, _, milli = name.partition("-")
-    if kind != "share" or not milli.isdigit():
-        raise KeyError(name)
-    return int(milli)
+    kind, _, rest = name.partition("-")
+    if kind == "share" and rest.isdigit():
+        return int(rest)
+    if kind == "gpu" and rest.isdigit():
+        return 1000 * int(rest)
+    slices = rest.partition("g")[0]
+    if kind == "mig" and slices.isdigit():
+        return min(1000, 1000 * int(slices) // 7)
+    raise KeyError(name)
 
 
 RECLAIMS = ("none", "inactivity", "gpu")
@@ -127,6 +134,10 @@ class Policy:
             raise ValueError(f"quotas must be a day of the run (0: off), got {self.quotas!r}")
         if self.shares and not 10 <= self.shares <= 500:
             raise ValueError(f"shares must be a step of 10 to 500 milli-GPU, got {self.shares!r}")
+        if self.defrag < 0:
+            raise ValueError(f"defrag must be jobs moved per hour, 0 or more, got {self.defrag!r}")
+        if self.idle_timeout <= 0 or self.warning_lead <= 0:
+            raise ValueError("idle_timeout and warning_lead must be seconds above 0")
         count, _, _spans = self.reserved.partition("@")
         if self.reserved and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"reserved must be 'N' or 'N@spans' with N > 0, got {self.reserved!r}")
@@ -189,7 +200,12 @@ class Policy:
         if key not in VARIABLE:
             raise ValueError(f"cannot vary {key!r}: one of {', '.join(VARIABLE)}")
         name = f"{self.name}[{key}={value}]"
-        return replace(self, name=name, **{key: value}, changed=(*self.changed, (key, value)))
+        changed = (*self.changed, (key, value))
+        # titled by what it changes: the base's title may name the very setting changed
+        # (policy 2's "1 h inactivity")
+        base = name.partition("[")[0]
+        title = f"policy {base} with " + ", ".join(f"{k}={v}" for k, v in changed)
+        return replace(self, name=name, title=title, **{key: value}, changed=changed)
 
 
 POLICIES = {

@@ -13,36 +13,97 @@ modelled, and the report says so:
   share of the memory its slice held (its cap); 1 (the whole cap) where nothing was
   reported;
 - a job's GPU activity (``--batch-busy`` of its request) and the work of one that did not
-  complete in the window (the run time it had, a lower bound);
-- profiles are mapped onto the simulator's catalog (``policies.PROFILES``) by kind and
-  size: a MIG profile other than 1g.10gb, or a share, becomes the smallest share that
-  holds its GPU fraction.
+  complete in the window (the run time it had, a lower bound: a running job's finished
+  attempts plus its current one's time so far). A job still queued at the end of the
+  window that never ran is left out (its length is not known), and the report says how
+  many were.
+
+Profiles are the site's own, rebuilt by kind and size from what its allocations held (a
+MIG instance of the same profile, a share of the same GPU fraction and memory cap, the
+same number of whole GPUs), so each session and job asks the simulated cluster for what it
+held; a job's size is that of its own (batch) allocations. Only a MIG profile whose
+instances the present inventory no longer has becomes a share of its GPU fraction, and the
+report's "modelled:" line names every profile that does not keep its name, and why.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session as DBSession
 
 from gpuslice_hub.db.admin_models import UsageReportRow
-from gpuslice_hub.db.engine import open_database
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, MigRow
 
 from .interactive import draw_stretches
+from .policies import PROFILES
 from .workload import BatchJob, Session, Stretch, Workload
 
 DAY = 86400.0
+# a job still running at the end of the window: the states of a run under way
+RUNNING = ("starting", "running", "preempting")
+CATALOG = {p["name"]: p for p in PROFILES}
+
+
+class HistoryError(ValueError):
+    """A ledger that cannot be read: the message says why, in one line."""
+
+
+@contextmanager
+def reading(url: str) -> Iterator[DBSession]:
+    """A session over the site's database, read only: a SQLite file that does not exist
+    is refused (opening it would create an empty one), one that does is opened read-only."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        hint = f" (a SQLite file: sqlite:///{Path(url).resolve()})" if "://" not in url else ""
+        raise HistoryError(
+            f"{url!r} is not a database URL: give it as DB_URL, e.g. "
+            f"sqlite:////abs/path/gpuslice.sqlite or postgresql://user@host/db{hint}"
+        ) from None
+    if parsed.drivername.startswith("sqlite"):
+        name = parsed.database or ""
+        if not name or name == ":memory:" or name.startswith("file:"):
+            raise HistoryError(f"{url!r}: name the database file, e.g. sqlite:////abs/path")
+        path = Path(name)
+        if not path.is_file():
+            raise HistoryError(f"no such file: {path.resolve()}")
+        # read-only: SQLite neither creates nor changes the file. Without a write-ahead log
+        # beside it (the service stopped, or never wrote), as immutable: nothing is made
+        # beside it either (a read of a WAL database makes its -wal and -shm files).
+        query = {"mode": "ro", "uri": "true"}
+        if not Path(f"{path}-wal").exists():
+            query["immutable"] = "1"
+        parsed = parsed.set(database=f"file:{path.resolve()}", query=query)
+    try:
+        engine = create_engine(parsed)
+    except ArgumentError as e:
+        raise HistoryError(f"{url!r}: {e}") from None
+    try:
+        with DBSession(engine) as s:
+            yield s  # (closed, never committed: what it read stays loaded)
+    except OperationalError as e:
+        why = str(e.orig) if e.orig is not None else str(e).splitlines()[0]
+        if "no such table" in why:
+            why = f"not a gpuslice database ({why})"
+        raise HistoryError(f"{url.split('@')[-1]}: {why}") from None
+    finally:
+        engine.dispose()
 
 
 def _peak_shares(s: Any) -> dict[int, float]:
     """Per allocation with a reported peak, the peak as a share of the memory it held."""
-    held: dict[int, int] = {}
-    for alloc_id, memory in s.execute(select(ClaimRow.allocation_id, ClaimRow.memory_mib)):
-        held[alloc_id] = held.get(alloc_id, 0) + memory
+    held = _held_memory(s)
     out = {}
     for alloc_id, peak in s.execute(
         select(UsageReportRow.allocation_id, UsageReportRow.peak_memory_mib).where(
@@ -54,8 +115,18 @@ def _peak_shares(s: Any) -> dict[int, float]:
     return out
 
 
+def _held_memory(s: Any) -> dict[int, int]:
+    """allocation id -> the GPU memory its claims held (MiB)."""
+    held: dict[int, int] = {}
+    for alloc_id, memory in s.execute(select(ClaimRow.allocation_id, ClaimRow.memory_mib)):
+        held[alloc_id] = held.get(alloc_id, 0) + memory
+    return held
+
+
 def catalog_profile(kind: str, gpu_milli: int, mig_profile: str = "") -> str:
-    """The simulator's profile for an allocation of ``kind`` holding ``gpu_milli``."""
+    """The simulator's catalog profile (``policies.PROFILES``) nearest an allocation of
+    ``kind`` holding ``gpu_milli``: the smallest that holds it. (A replay uses the site's
+    own profiles, ``Profiles``; this is the fallback for a MIG profile the inventory lost.)"""
     if kind == "mig" and mig_profile == "1g.10gb":
         return "mig-1g.10gb"
     if kind == "gpu" and gpu_milli >= 1000:
@@ -68,6 +139,97 @@ def catalog_profile(kind: str, gpu_milli: int, mig_profile: str = "") -> str:
     return "gpu-1"
 
 
+@dataclass
+class Profiles:
+    """The site's profiles as the simulator models them: each allocation's kind and size
+    becomes a profile of that kind and size (named by it), added to the simulated profile
+    set where the catalog lacks it."""
+
+    mig_present: set[str]  # the MIG instance profiles the present inventory has
+    defined: dict[str, dict[str, Any]] = field(default_factory=dict)  # beyond the catalog
+    # site profile -> (simulated profile, why it is not the same kind and size, or "")
+    mapped: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def of(self, site: str, kind: str, milli: int, mig: str, memory: int) -> str:
+        """The simulated profile of an allocation of the site's profile ``site``."""
+        name, why = self._model(kind, milli, mig, memory)
+        self.mapped.setdefault(site, (name, why))
+        return name
+
+    def _model(self, kind: str, milli: int, mig: str, memory: int) -> tuple[str, str]:
+        """(simulated profile, why it is not of the same kind and size, or "")."""
+        why = ""
+        if kind == "mig":
+            if mig in self.mig_present:
+                name = "mig-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in mig)
+                return self._define({"name": name, "kind": "mig", "mig_profile": mig}), ""
+            why = (
+                f"no {mig or 'such'} MIG instance in the present inventory: "
+                f"{'a whole GPU' if milli >= 1000 else 'a share of its GPU fraction'}"
+            )
+            kind = "share"
+        if kind == "gpu" or milli >= 1000:
+            count = min(16, max(1, round(milli / 1000)))
+            return self._define({"name": f"gpu-{count}", "kind": "gpu", "count": count}), why
+        milli = min(999, max(1, milli))
+        profile: dict[str, Any] = {"name": f"share-{milli}", "kind": "share", "gpu_milli": milli}
+        profile["gpu_memory_mib"] = memory
+        same = CATALOG.get(profile["name"])
+        if same is not None and same != profile:
+            # the catalog's share of that size has another memory cap: a name of its own
+            profile["name"] = f"share-{milli}-{memory}mib"
+        return self._define(profile), why
+
+    def _define(self, profile: dict[str, Any]) -> str:
+        if profile["name"] not in CATALOG:
+            self.defined.setdefault(profile["name"], profile)
+        return str(profile["name"])
+
+    def said(self) -> str:
+        """What the report says of them: every site profile that does not keep its name
+        (the same kind and size, or why not)."""
+        renamed = [
+            f"{site} as {name}" + (f" ({why})" if why else "")
+            for site, (name, why) in sorted(self.mapped.items())
+            if site != name
+        ]
+        if not self.mapped:
+            return "profiles: none held in the window"
+        kept = len(self.mapped) - len(renamed)
+        out = f"profiles: the site's own, by kind and size ({kept} kept their names"
+        if renamed:
+            out += "; " + ", ".join(renamed)
+        return out + ")"
+
+
+@dataclass
+class LeftOut:
+    """Jobs of the window a replay cannot include, counted for the report."""
+
+    queued: int = 0  # still queued at the end, never ran: their length is not known
+    nothing_kept: int = 0  # ended having kept no work (cancelled or failed before running)
+    size_unknown: int = 0  # included as one whole GPU: no allocation says their size
+
+    def said(self) -> list[str]:
+        out = []
+        if self.queued:
+            out.append(
+                f"{self.queued} jobs still queued at the end of the window were left out: "
+                "their length is not known"
+            )
+        if self.nothing_kept:
+            out.append(
+                f"{self.nothing_kept} jobs that ended without keeping any work (cancelled or "
+                "failed) were left out"
+            )
+        if self.size_unknown:
+            out.append(
+                f"{self.size_unknown} jobs whose size no allocation records were taken as "
+                "one whole GPU"
+            )
+        return out
+
+
 def export(
     url: str,
     days: float,
@@ -77,46 +239,55 @@ def export(
     end: datetime | None = None,
 ) -> Workload:
     """The last ``days`` up to ``end`` (default: the newest record) as a workload."""
-    db = open_database(url)
-    try:
-        with db.reading() as s:
-            hosts = _inventory(s)
-            allocs = list(
-                s.execute(
-                    select(
-                        AllocationRow.id,
-                        AllocationRow.user,
-                        AllocationRow.groups,
-                        AllocationRow.kind,
-                        AllocationRow.gpu_milli,
-                        AllocationRow.profile,
-                        AllocationRow.created_at,
-                        AllocationRow.released_at,
-                    ).where(AllocationRow.purpose == "interactive")
+    with reading(url) as s:
+        hosts = _inventory(s)
+        allocs = list(
+            s.execute(
+                select(
+                    AllocationRow.id,
+                    AllocationRow.user,
+                    AllocationRow.groups,
+                    AllocationRow.kind,
+                    AllocationRow.purpose,
+                    AllocationRow.server_name,
+                    AllocationRow.gpu_milli,
+                    AllocationRow.profile,
+                    AllocationRow.created_at,
+                    AllocationRow.released_at,
                 )
             )
-            culled = {
-                e.allocation_id: float((e.detail or {}).get("idle_seconds") or 0.0)
-                for e in s.execute(
-                    select(EventRow.allocation_id, EventRow.detail).where(
-                        EventRow.kind == "idle-culled"
-                    )
+        )
+        culled = {
+            e.allocation_id: float((e.detail or {}).get("idle_seconds") or 0.0)
+            for e in s.execute(
+                select(EventRow.allocation_id, EventRow.detail).where(
+                    EventRow.kind == "idle-culled"
                 )
-            }
-            mig_of = _mig_profiles(s)
-            peaks = _peak_shares(s)
-            jobs = list(s.scalars(select(JobRow)))
-    finally:
-        db.dispose()
+            )
+        }
+        mig_of = _mig_profiles(s)
+        memory_of = _held_memory(s)
+        peaks = _peak_shares(s)
+        jobs = list(s.scalars(select(JobRow)))
+    interactive = [a for a in allocs if a.purpose == "interactive"]
     if end is None:
-        # the newest record: an allocation made or released, a job submitted or finished
+        # the newest record: an allocation made or released, a job submitted, started or
+        # finished
         newest = [a.created_at for a in allocs] + [a.released_at for a in allocs]
         newest += [j.submitted_at for j in jobs] + [j.finished_at for j in jobs]
+        newest += [j.attempt_started_at for j in jobs]
         end = max((t for t in newest if t is not None), default=datetime.now().astimezone())
     start = end - timedelta(days=days)
+    present = {p for h in hosts for g in h["gpus"] for p in g.get("mig", [])}
+    profiles = Profiles(present)
+
+    def modelled(a: Any) -> str:
+        memory = memory_of.get(a.id, 0)
+        return profiles.of(a.profile, a.kind, a.gpu_milli, mig_of.get(a.id, ""), memory)
+
     rng = random.Random(seed)
     sessions: list[Session] = []
-    for a in sorted(allocs, key=lambda a: (a.created_at, a.id)):
+    for a in sorted(interactive, key=lambda a: (a.created_at, a.id)):
         if not start <= a.created_at <= end:
             continue
         stop = min(a.released_at or end, end)
@@ -125,7 +296,7 @@ def export(
         stretches = _fit(rng, params, length - idle_tail, a.gpu_milli)
         if idle_tail:
             stretches.append(Stretch(idle_tail))
-        profile = catalog_profile(a.kind, a.gpu_milli, mig_of.get(a.id, ""))
+        profile = modelled(a)
         group = (a.groups or ["(no group)"])[0]
         arrival = (a.created_at - start).total_seconds()
         # a server of several whole GPUs: the stretches are per GPU (drawn for one GPU)
@@ -142,15 +313,36 @@ def export(
                 peaks.get(a.id, 1.0),
             )
         )
+    # each job's own allocations (its runs'), the latest first; and any allocation of a
+    # profile, for a job none of whose runs is recorded
+    own: dict[str, Any] = {}
+    by_profile: dict[str, Any] = {}
+    for a in sorted(allocs, key=lambda a: a.id):
+        if a.purpose == "batch":
+            own[a.server_name] = a
+        by_profile.setdefault(a.profile, a)
     batch: list[BatchJob] = []
+    left = LeftOut()
     for j in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):
         if not start <= j.submitted_at <= end:
             continue
         work = j.run_seconds - j.lost_work_seconds
+        if j.state in RUNNING and j.attempt_started_at is not None:
+            # its finished attempts, and the current one's time so far
+            work += max(0.0, (end - j.attempt_started_at).total_seconds())
         if work <= 0:
-            continue  # never ran, or ran nothing it kept: no work to replay
-        milli = _job_milli(j.profile, allocs)
-        profile = catalog_profile("gpu" if milli >= 1000 else "share", milli)
+            if j.state in ("queued", *RUNNING):
+                left.queued += 1
+            else:
+                left.nothing_kept += 1
+            continue
+        alloc = own.get(f"job-{j.id}") or by_profile.get(j.profile)
+        if alloc is not None:
+            profile, milli = modelled(alloc), int(alloc.gpu_milli)
+            kind = alloc.kind
+        else:
+            left.size_unknown += 1
+            profile, milli, kind = profiles.of(j.profile, "gpu", 1000, "", 0), 1000, "gpu"
         batch.append(
             BatchJob(
                 id=len(batch),
@@ -163,16 +355,17 @@ def export(
                 slices=j.slices,
                 checkpoint_interval=j.checkpoint_interval,
                 # a slice of several whole GPUs keeps each of them busy
-                gpus=max(1, milli // 1000),
+                gpus=max(1, milli // 1000) if kind == "gpu" else 1,
             )
         )
     sources = [
         f"history: {url.split('@')[-1]} from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC "
         f"({len(sessions)} sessions, {len(batch)} jobs, {len(hosts)} hosts)",
         f"modelled: use and idleness inside sessions (generator, seed {seed}); jobs keep "
-        f"{batch_busy:.0%} of their request busy",
+        f"{batch_busy:.0%} of their request busy; " + profiles.said(),
+        *left.said(),
     ]
-    return Workload(days, sessions, batch, sources, hosts)
+    return Workload(days, sessions, batch, sources, hosts, list(profiles.defined.values()))
 
 
 def _fit(rng: random.Random, params: dict[str, Any], length: float, milli: int) -> list[Stretch]:
@@ -190,14 +383,6 @@ def _fit(rng: random.Random, params: dict[str, Any], length: float, milli: int) 
         out.append(Stretch(seconds, st.busy_milli, st.visible))
         used += seconds
     return out
-
-
-def _job_milli(profile: str, allocs: list[Any]) -> int:
-    """A job profile's GPU share, as its allocations recorded it (1000 when unknown)."""
-    for a in allocs:
-        if a.profile == profile:
-            return int(a.gpu_milli)
-    return 1000
 
 
 def _mig_profiles(s: Any) -> dict[int, str]:

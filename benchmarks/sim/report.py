@@ -38,6 +38,30 @@ COLUMNS = (
 )
 
 
+# The capacity check's verdicts (gpuslice_hub/admin/capacity_check.py), as its codes in
+# the "capacity check says" column, in words (docs/simulator.md defines each)
+CAPACITY_WORDS = {
+    "no-data": "no usage samples at all: the check cannot say anything",
+    "history": "too little history (under 80 % of 7 and of 30 days) to say whether owning "
+    "or renting the GPUs pays",
+    "own": "allocated steadily above 60 % (7 and 30 days): owning the hardware pays",
+    "rent": "allocated steadily below 40 % (7 and 30 days): renting by the hour would cost less",
+    "between": "allocated neither steadily above 60 % nor below 40 %: neither owning nor "
+    "renting clearly pays",
+    "no-queue": "no lasting batch queue in the last 7 days: jobs waited less than a tenth "
+    "of their run time (medians)",
+    "use-unknown": "jobs queued, but usage reports covered too little to tell why",
+    "scheduling": "jobs queued while the slices held were less than half busy: a scheduling "
+    "problem (reclaim, smaller slices, backfill gain more than hardware)",
+    "capacity": "jobs queued with the pool at least 80 % allocated and busy: a capacity "
+    "problem (short of hardware)",
+    "fit": "jobs queued while less than 80 % of the pool was allocated: what was free did "
+    "not fit what waited (quotas, fragmentation or profiles), a scheduling problem",
+    "burst": "jobs waited more than half as long as they ran (medians, 7 days): bursting to "
+    "a second partition would shorten the queue",
+}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = "| " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     rule = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in COLUMNS) + "|"
@@ -46,7 +70,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells = ["-" if row.get(k) is None else fmt.format(row[k]) for k, _, fmt in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     legend = "\n".join(f"- **{r['policy']}**: {r['title']}" for r in rows)
-    return "\n".join(lines) + "\n\n" + legend + "\n"
+    said = sorted({c for r in rows for c in str(r.get("capacity_check") or "").split()})
+    words = "".join(f"- `{c}`: {CAPACITY_WORDS.get(c, 'see the admin guide')}\n" for c in said)
+    if words:
+        words = "\ncapacity check says:\n\n" + words
+    return "\n".join(lines) + "\n\n" + legend + "\n" + words
 
 
 def write(results: list[Result], out: Path, context: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from benchmarks.sim import cli
 from benchmarks.sim.cli import main
 from benchmarks.sim.interactive import generate, load_parameters
-from benchmarks.sim.policies import PROFILE_MILLI
+from benchmarks.sim.policies import POLICIES, PROFILE_MILLI, VARIABLE
+from benchmarks.sim.report import CAPACITY_WORDS, table
+from gpuslice_hub.admin import capacity_check
 
 # A trace in openb's format: a share, a whole GPU and a 2-GPU task, over a day.
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -72,3 +76,188 @@ def test_an_unknown_policy_or_setting_is_refused(capsys):
         main(["run", "--days", "0.1", "--policies", "7"])
     with pytest.raises(SystemExit, match="cannot vary 'quota'"):
         main(["run", "--days", "0.1", "--policies", "4", "--vary", "quota=1"])
+
+
+SMALL = ["--days", "0.2", "--hosts", "3", "--mig-hosts", "1", "--users", "5", "--jobs", "1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--hosts", "-3"], "argument --hosts: must be 1 or more, got -3"),
+        (["--hosts", "0"], "argument --hosts: must be 1 or more, got 0"),
+        (["--days", "-1"], "argument --days: must be above 0, got -1"),
+        (["--days", "0"], "argument --days: must be above 0, got 0"),
+        (["--days", "nan"], "argument --days: must be a finite number, got 'nan'"),
+        (["--users", "0"], "argument --users: must be 1 or more, got 0"),
+        (["--batch-busy", "3"], "argument --batch-busy: must be a share above 0 and at most 1"),
+        (["--batch-load", "-1"], "argument --batch-load: must be 0 or more, got -1"),
+        (["--mig-hosts", "-1"], "argument --mig-hosts: must be 0 or more, got -1"),
+        (["--checkpoint-interval", "0"], "argument --checkpoint-interval: must be above 0"),
+    ],
+)
+def test_an_argument_out_of_its_range_is_refused_in_one_line(args, said, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", *args])
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Any simulation started fails the test: a refusal comes before all of them."""
+
+    def started(*a, **kw):
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(cli, "_simulate_all", started)
+    monkeypatch.setattr(cli, "_generated", started)
+
+
+@pytest.mark.parametrize(
+    ("vary", "said"),
+    [
+        ("placement=bestfit", "--vary placement=bestfit: unknown placement policy 'bestfit'"),
+        ("batch_window=garbage", "--vary batch_window=garbage: JobManager.time_windows.batch"),
+        ("reserved=5", "--vary reserved=5: reserved: 5 hosts reserved, but the cluster has 3"),
+        ("reserved=3", "--vary reserved=3: JobManager.reserved_pools: reserves every GPU"),
+        ("reserved=1@never", "--vary reserved=1@never: JobManager.time_windows.borrow[0]"),
+        ("idle_timeout=abc", "--vary idle_timeout=abc: idle_timeout must be seconds, a number"),
+        (
+            "idle_timeout=1800,-5",
+            "--vary idle_timeout=1800,-5: idle_timeout must be seconds, a number above 0, got '-5'",
+        ),
+        ("slices=maybe", "--vary slices=maybe: slices must be true or false, got 'maybe'"),
+        ("defrag=x", "--vary defrag=x: defrag must be jobs moved per hour"),
+        ("quotas=2", "--vary quotas=2: the run is 0.2 days long: quotas on day 2 would never"),
+        ("warning_lead=", "--vary warning_lead=: an empty value"),
+        ("idle_timeout", "--vary idle_timeout: write it as KEY=V1,V2"),
+    ],
+)
+def test_every_variant_is_checked_before_any_simulation(vary, said, no_simulation):
+    # the base policies and a good variant first: none of them is simulated
+    args = ["run", *SMALL, "--policies", "1,4", "--vary", "idle_timeout=1800", "--vary", vary]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert str(e.value).startswith(said) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("policy", "vary", "said"),
+    [
+        ("1", "idle_timeout=1800", "policy 1 reclaims nothing: idle_timeout would change nothing"),
+        ("2", "warning_lead=60", "policy 2 gives no warning before a cull"),
+        ("3", "defrag=2", "policy 3 submits no preemptible job to move"),
+        ("2", "shares=100", "policy 2 hands out no shares: shares would change nothing"),
+    ],
+)
+def test_a_variant_that_changes_nothing_is_refused(policy, vary, said, no_simulation):
+    with pytest.raises(SystemExit, match=said):
+        main(["run", *SMALL, "--policies", policy, "--vary", vary])
+
+
+def test_a_variant_is_titled_by_what_it_changes():
+    culler = POLICIES["2"].vary("idle_timeout", 1800.0)
+    # not the base's "1 h inactivity"
+    assert culler.title == "policy 2 with idle_timeout=1800.0"
+    twice = POLICIES["4"].vary("defrag", 2).vary("placement", "best-fit")
+    assert twice.title == "policy 4 with defrag=2, placement=best-fit"
+
+
+def test_the_vary_help_names_every_key(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "(one of " + ", ".join(VARIABLE) + ")" in said
+
+
+def test_a_bad_workload_file_is_said_with_its_name(tmp_path: Path, no_simulation):
+    cases = {
+        "truncated.json": ('{"days": 1, "sessions": [', "not JSON (Expecting value"),
+        "list.json": ("[]", "must be a JSON object, not a list"),
+        "nowork.json": (
+            json.dumps(
+                {
+                    "days": 1,
+                    "jobs": [
+                        {
+                            "id": 0,
+                            "user": "a",
+                            "group": "g",
+                            "arrival": 0,
+                            "profile": "gpu-1",
+                            "busy_milli": 800,
+                        }
+                    ],
+                }
+            ),
+            "jobs[0]: missing field 'work'",
+        ),
+        "badday.json": ('{"days": -1}', "days must be a number above 0, got -1"),
+        "badprofile.json": (
+            json.dumps(
+                {
+                    "days": 1,
+                    "jobs": [
+                        {
+                            "id": 0,
+                            "user": "a",
+                            "group": "g",
+                            "arrival": 0,
+                            "profile": "gpu-3x",
+                            "busy_milli": 800,
+                            "work": 60,
+                        }
+                    ],
+                }
+            ),
+            "policy 3: the workload asks for profile 'gpu-3x', which no profile set has",
+        ),
+    }
+    for name, (text, said) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            main(["run", "--workload", str(path), "--policies", "3", "--jobs", "1"])
+        message = str(e.value)
+        assert said in message and "\n" not in message, message
+        if name != "badprofile.json":
+            assert message.startswith(f"--workload {path}: ")
+    with pytest.raises(SystemExit, match=r"--workload /nonexistent\.json: cannot read it"):
+        main(["run", "--workload", "/nonexistent.json"])
+
+
+def test_options_a_saved_workload_would_ignore_are_refused(tmp_path: Path, no_simulation):
+    path = tmp_path / "w.json"
+    path.write_text('{"days": 1}')
+    with pytest.raises(SystemExit, match=r"^--workload: --days, --users cannot apply to a saved"):
+        main(["run", "--workload", str(path), "--days", "5", "--users", "3"])
+
+
+def test_cluster_trace_and_output_mistakes_are_refused_before_any_work(
+    tmp_path: Path, no_simulation
+):
+    with pytest.raises(SystemExit, match=r"^--mig-hosts: 5 hosts in MIG mode, but --hosts is 3$"):
+        main(["run", "--hosts", "3", "--mig-hosts", "5"])
+    with pytest.raises(SystemExit, match=r"^--trace nosuch: no openb trace 'nosuch' \("):
+        main(["run", "--trace", "nosuch"])
+    with pytest.raises(SystemExit, match="no such folder"):
+        main(["run", "--save-workload", str(tmp_path / "no" / "w.json")])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="not a folder"):
+        main(["run", "--out", str(tmp_path / "file")])
+
+
+def test_the_report_says_what_the_capacity_check_words_mean():
+    said = table([{"policy": "4", "title": "t", "capacity_check": "history fit burst"}])
+    assert "- `fit`: jobs queued while less than 80 % of the pool was allocated" in said
+    assert "- `history`: too little history" in said and "- `burst`: " in said
+
+
+def test_the_guide_defines_every_capacity_check_word():
+    guide = (Path(__file__).parents[2] / "docs" / "simulator.md").read_text()
+    source = Path(capacity_check.__file__).read_text()
+    codes = set(re.findall(r'"code": "([a-z-]+)"', source))
+    assert codes == set(CAPACITY_WORDS)
+    for code in codes:
+        assert f"- `{code}`:" in guide, code
