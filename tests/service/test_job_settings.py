@@ -105,6 +105,21 @@ def test_aging_set_for_a_slurm_queue_is_refused_as_doing_nothing(tmp_path):
     check_job_settings(app("local"), jobs)  # where gpuslice queues, it is what it says
 
 
+def refused(tmp_path: Path, backend: str, settings: dict) -> ConfigError:
+    """The refusal of ``settings`` (JobManager's, as a config file sets them) with
+    ``backend``; the job folder checks are other tests'."""
+    from traitlets.config import Config
+
+    config = Config()
+    for name, value in settings.items():
+        setattr(config.JobManager, name, value)
+    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
+    jobs.run_jobs_as_service_user = True
+    with pytest.raises(ConfigError) as e:
+        check_job_settings(app(backend), jobs)
+    return e.value
+
+
 HOMES = {"preemptible": "batch", "normal": "batch", "high": "batch"}
 
 
@@ -137,16 +152,8 @@ HOMES = {"preemptible": "batch", "normal": "batch", "high": "batch"}
     ],
 )
 def test_bad_burst_settings_are_refused_naming_the_key(tmp_path, backend, settings, key, needle):
-    from traitlets.config import Config
-
-    config = Config()
-    for name, value in settings.items():
-        setattr(config.JobManager, name, value)
-    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
-    jobs.run_jobs_as_service_user = True
-    with pytest.raises(ConfigError) as e:
-        check_job_settings(app(backend), jobs)
-    assert e.value.key == key and needle in str(e.value), str(e.value)
+    e = refused(tmp_path, backend, settings)
+    assert e.key == key and needle in str(e), str(e)
 
 
 @pytest.mark.parametrize(
@@ -196,15 +203,7 @@ def test_burst_settings_are_read(tmp_path):
 def test_another_backends_settings_are_refused_as_doing_nothing(
     tmp_path, backend, settings, key, needle
 ):
-    from traitlets.config import Config
-
-    config = Config()
-    for name, value in settings.items():
-        setattr(config.JobManager, name, value)
-    jobs = JobManager(None, None, LocalBackend(), tmp_path / "jobs", config=config)  # type: ignore[arg-type]
-    jobs.run_jobs_as_service_user = True
-    with pytest.raises(ConfigError) as e:
-        check_job_settings(app(backend), jobs)
-    assert e.value.key == key and needle in str(e.value), str(e.value)
+    e = refused(tmp_path, backend, settings)
+    assert e.key == key and needle in str(e), str(e)
     if "time_window" not in key:
-        assert f"with job_backend = {backend!r} it does nothing" in str(e.value)
+        assert f"with job_backend = {backend!r} it does nothing" in str(e)
