@@ -72,15 +72,13 @@ export class IdleNotifier {
     if (notice.actions === 'release') {
       return [release];
     }
-    return [
-      {
-        label: 'Keep working',
-        caption: 'Reset the idle timer and keep the GPU',
-        displayType: 'accent',
-        callback: () => void this.keepWorking(event, notice.key)
-      },
-      release
-    ];
+    const keep: Notification.IAction = {
+      label: 'Keep working',
+      caption: 'Reset the idle timer and keep the GPU',
+      displayType: 'accent',
+      callback: () => void this.keepWorking(event, notice.key)
+    };
+    return notice.actions === 'keep' ? [keep] : [keep, release];
   }
 
   private async keepWorking(event: IIdleEvent, key: string): Promise<void> {

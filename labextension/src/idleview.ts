@@ -10,10 +10,12 @@ export interface IIdleNotice {
   type: NoticeType;
   message: string;
   /**
-   * Buttons: "Keep working" and "Save and release GPU" for an idle warning; only the
-   * release for a memory warning (a keep-alive does not bring memory under the cap).
+   * Buttons: "Keep working" and "Save and release GPU" for a server's idle warning; only
+   * "Keep working" for a kernel's (its server keeps the slice: a release would stop the
+   * whole server, and every other notebook's running work with it); only the release
+   * for a memory warning (a keep-alive does not bring memory under the cap).
    */
-  actions: 'keep-or-release' | 'release' | 'none';
+  actions: 'keep-or-release' | 'keep' | 'release' | 'none';
   /** Save open notebooks now (a warning may be followed by a cull). */
   saveNotebooks: boolean;
   /** Milliseconds, or false for a sticky notification. */
@@ -67,7 +69,7 @@ export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
         key,
         type: 'warning',
         message: `Your GPU has been idle${idle}: ${outcome}. Open notebooks were saved.`,
-        actions: 'keep-or-release',
+        actions: kernel ? 'keep' : 'keep-or-release',
         saveNotebooks: true,
         autoClose: false
       };
@@ -127,25 +129,30 @@ export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
  * returned once: `announced` remembers them, so closing the notification is respected.
  */
 export function missedWarnings(
-  status: Pick<IStatus, 'kernels' | 'exempt'>,
+  status: Pick<IStatus, 'kernels' | 'exempt'> & { policy?: IStatus['policy'] },
   announced: Set<string>
 ): IIdleEvent[] {
   if (status.exempt) {
     return [];
   }
+  // Under the "server" action the whole server is warned, once: its kernels carry the
+  // server's deadline, and a warning per kernel would say, untruly, that a kernel goes
+  // and the server keeps its slice.
+  const serverWide = status.policy?.action === 'server';
   const missed: IIdleEvent[] = [];
   for (const kernel of status.kernels) {
     if (!kernel.warning || kernel.exempt || !kernel.deadline) {
       continue;
     }
-    const id = announcementId(kernel.id, kernel.deadline);
-    if (announced.has(id)) {
+    const kernelId = serverWide ? null : kernel.id;
+    const id = announcementId(kernelId, kernel.deadline);
+    if (announced.has(id) || (serverWide && missed.length)) {
       continue;
     }
     announced.add(id);
     missed.push({
       action: 'warning',
-      kernel_id: kernel.id,
+      kernel_id: kernelId,
       deadline: kernel.deadline,
       reason: null,
       idle_seconds: kernel.idle_seconds

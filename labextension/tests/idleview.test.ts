@@ -38,7 +38,8 @@ describe('idle events', () => {
     expect(notice).toMatchObject({
       key: 'gpuslice-idle-k1',
       type: 'warning',
-      actions: 'keep-or-release',
+      // the server keeps its slice: no "release", which would stop the whole server
+      actions: 'keep',
       saveNotebooks: true,
       autoClose: false
     });
@@ -57,6 +58,7 @@ describe('idle events', () => {
       },
       NOW
     );
+    expect(server.actions).toBe('keep-or-release');
     expect(server.message).toContain('this server will be stopped in 5m 00s');
     expect(server.message).toContain('GPU slice given back');
   });
@@ -188,5 +190,24 @@ describe('missedWarnings', () => {
       missedWarnings({ kernels: [{ ...kernel, exempt: true }], exempt: false }, fresh)
     ).toEqual([]);
     expect(missedWarnings({ kernels: [kernel], exempt: true }, fresh)).toEqual([]);
+  });
+
+  it('warns the whole server once under the server action, as its own event does', () => {
+    const policy = { action: 'server', idle_timeout: 60, warning_lead: 30, max_extension: 600 };
+    const other = { ...kernel, id: 'k2' };
+    const announced = new Set<string>();
+    const missed = missedWarnings({ kernels: [kernel, other], exempt: false, policy }, announced);
+    expect(missed).toEqual([
+      {
+        action: 'warning',
+        kernel_id: null,
+        deadline: kernel.deadline,
+        reason: null,
+        idle_seconds: 1500
+      }
+    ]);
+    // the server's own event already said it: nothing more
+    const seen = new Set([announcementId(null, kernel.deadline)]);
+    expect(missedWarnings({ kernels: [kernel, other], exempt: false, policy }, seen)).toEqual([]);
   });
 });

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +258,9 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
 
         # The plot has samples: allocation and capacity over time.
         page.locator("#gs-plot svg path.gs-allocated").wait_for()
+        # its figures are the last sample's, said as such (the summary above is of now)
+        said = page.locator("#gs-plot .gs-legend").inner_text()
+        assert re.match(r"at the last sample \(\d\d:\d\d( [AP]M)?\): ", said), said
         # Its gridlines sit at round numbers of GPUs, evenly spaced.
         ticks = [float(t) for t in page.locator("#gs-plot svg text.gs-axis-y").all_text_contents()]
         steps = {round(b - a, 6) for a, b in itertools.pairwise(ticks)}

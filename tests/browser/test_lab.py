@@ -73,14 +73,19 @@ def gpu_status(hub: Any, user: str, token: str) -> dict[str, Any]:
     return r.json()  # type: ignore[no-any-return]
 
 
-def start(hub_factory: Any, tmp_path: Path) -> tuple[Any, str, Path]:
-    """A hub whose servers run the short idle policy, user ann, and her notebook."""
+def start(hub_factory: Any, tmp_path: Path, action: str = "kernel") -> tuple[Any, str, Path]:
+    """A hub whose servers run the short idle policy (``action``: what an idle cull
+    stops), user ann, and her notebook."""
     settings = write_lab_settings(tmp_path / "lab-settings")
     hub = hub_factory(
         spawner="gpuslice-simple",
         profiles=PROFILES,
         extra_hub_config=hub_config_for_lab(
-            [*SERVER_ARGS, f"--LabApp.user_settings_dir={settings}"]
+            [
+                *SERVER_ARGS,
+                f"--GPUSliceExtension.idle_action={action}",
+                f"--LabApp.user_settings_dir={settings}",
+            ]
         ),
     )
     token = hub.add_user("ann")
@@ -129,7 +134,10 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         keep = toast.get_by_role("button", name="Keep working")
         assert keep.is_visible()
-        assert toast.get_by_role("button", name="Save and release GPU").is_visible()
+        # a kernel's warning: the server keeps its slice, and "release" (which would stop
+        # the whole server, and other notebooks' running work) is not offered there
+        assert "this kernel will be shut down" in toast.inner_text()
+        assert not toast.get_by_role("button", name="Save and release GPU").count()
         wait_for(
             lambda: "edited before the warning" in notebook.read_text(),
             timeout=20,
@@ -202,7 +210,10 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
 
 def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path) -> None:
     sync_api = need_browser_and_labextension()
-    hub, _token, notebook = start(hub_factory, tmp_path)
+    # under the server action an idle cull stops the server: its warning offers release,
+    # and says so once (the status's kernels carry the server's deadline: no second,
+    # kernel-worded warning from them)
+    hub, _token, notebook = start(hub_factory, tmp_path, action="server")
     with chromium(sync_api, tmp_path) as page:
         spawn_in_browser(page, hub, "ann", "share-250")
         held = hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()
@@ -213,6 +224,12 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
 
         toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
+        assert "this server will be stopped" in toast.inner_text()
+        # two status polls later (the first one's warnings shown by the second), still one
+        for _ in range(2):
+            with page.expect_response(lambda r: "gpuslice/api/status" in r.url, timeout=20_000):
+                pass
+        assert page.locator(".Toastify__toast", has_text="Your GPU has been idle").count() == 1
         toast.get_by_role("button", name="Save and release GPU").click()
         done = page.locator(".jp-Dialog", has_text="GPU released")
         done.wait_for(timeout=30_000)

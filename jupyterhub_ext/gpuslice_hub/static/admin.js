@@ -464,9 +464,12 @@
     svg.append(s('path', { d: area, class: 'gs-allocated' }));
     svg.append(s('path', { d: line('service_milli'), class: 'gs-capacity' }));
     svg.append(s('path', { d: line('used_milli'), class: 'gs-used' }));
+    // the figures of the last sample, said as such: the summary above is of this moment
+    const when = new Date(last.ts).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
     const legend = h(
       'p',
       { className: 'gs-legend' },
+      `at the last sample (${when}): `,
       h(
         'span',
         { className: 'gs-key gs-key-capacity' },
