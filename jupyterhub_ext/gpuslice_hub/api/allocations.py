@@ -185,8 +185,12 @@ class AllocationHandler(BaseHandler):
         try:
             running = await hub.server_exists(alloc["user"], alloc["server_name"])
         except JSONError as e:
+            # (the hub's error names its internal address: the log has it, the caller not)
+            self.service.log.warning("asking the hub whether %s is running: %s", whose, e)
             raise RequestError(
-                503, f"could not ask the hub whether {whose} is running ({e}): nothing released"
+                503,
+                f"could not ask the hub whether {whose} is running (status {e.status}): "
+                "nothing released; try again shortly",
             ) from None
         if running:
             how = (
