@@ -128,9 +128,10 @@ class LocalBackend:
 
         A process belongs to the run when it is its owner's and its environment (as it
         was exec'ed: the runner's, inherited) names this run's attempt, or when it
-        descends from one that does. The kernel pid in state.json, which the job's code
-        can write, is only a hint: it is checked the same way, so it can never point the
-        service at another process. Code that re-execs itself with a cleaned environment
+        descends from one that does. The kernel pid in state.json is not used: the job's
+        code can write it, and it could point the service at another process. (Each
+        process's environment is read as it was exec'ed, which the code cannot rewrite.)
+        Code that re-execs itself with a cleaned environment
         and detaches escapes this; a site that runs hostile code uses Slurm or Kubernetes,
         whose cgroups hold every process of a job (docs/admin-guide.md)."""
         attempt, uid = ref.get("attempt_id"), ref.get("uid")
