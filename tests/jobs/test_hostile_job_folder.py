@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import psutil
 import pytest
@@ -158,7 +157,6 @@ def test_a_broken_output_marker_reads_as_none(tmp_path, marker):
             return b"{}" if raw else {}
 
     job = {"id": 3, "name": "train", "state": "completed", "output_path": "gpu-jobs/train-3"}
-    started = time.monotonic()
     copied = asyncio.run(sync_outputs(Service(), str(tmp_path), job))  # type: ignore[arg-type]
-    assert copied is True and time.monotonic() - started < 30
+    assert copied is True
     assert json.loads((folder / ".gpuslice-job.json").read_text())["state"] == "completed"

@@ -171,46 +171,20 @@ def test_the_vary_help_names_every_key(capsys):
     assert "(one of " + ", ".join(VARIABLE) + ")" in said
 
 
+def one_job(**fields: object) -> str:
+    """A one-day workload file's text with one batch job of ``fields``."""
+    job = {"id": 0, "user": "a", "group": "g", "arrival": 0, "busy_milli": 800, **fields}
+    return json.dumps({"days": 1, "jobs": [job]})
+
+
 def test_a_bad_workload_file_is_said_with_its_name(tmp_path: Path, no_simulation):
     cases = {
         "truncated.json": ('{"days": 1, "sessions": [', "not JSON (Expecting value"),
         "list.json": ("[]", "must be a JSON object, not a list"),
-        "nowork.json": (
-            json.dumps(
-                {
-                    "days": 1,
-                    "jobs": [
-                        {
-                            "id": 0,
-                            "user": "a",
-                            "group": "g",
-                            "arrival": 0,
-                            "profile": "gpu-1",
-                            "busy_milli": 800,
-                        }
-                    ],
-                }
-            ),
-            "jobs[0]: missing field 'work'",
-        ),
+        "nowork.json": (one_job(profile="gpu-1"), "jobs[0]: missing field 'work'"),
         "badday.json": ('{"days": -1}', "days must be a number above 0, got -1"),
         "badprofile.json": (
-            json.dumps(
-                {
-                    "days": 1,
-                    "jobs": [
-                        {
-                            "id": 0,
-                            "user": "a",
-                            "group": "g",
-                            "arrival": 0,
-                            "profile": "gpu-3x",
-                            "busy_milli": 800,
-                            "work": 60,
-                        }
-                    ],
-                }
-            ),
+            one_job(profile="gpu-3x", work=60),
             "policy 3: the workload asks for profile 'gpu-3x', which no profile set has",
         ),
     }
