@@ -16,6 +16,7 @@ assignment, see :class:`_MergingSection`).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import secrets
 import socket
@@ -40,7 +41,7 @@ SERVICE_SCOPES = [
     # the spawner uses the service's own token; it must pass the service's access check
     "access:services!service={name}",
 ]
-MERGED = ("services", "load_roles", "custom_scopes")
+MERGED = ("services", "load_roles", "custom_scopes", "template_paths")
 
 
 def configure_jupyterhub(
@@ -113,6 +114,10 @@ def configure_jupyterhub(
     c.Spawner.disable_user_config = True
 
     if spawner:
+        # The hub's "Server not running" page says why when gpuslice had the server stopped
+        # (an idle cull: the spawner keeps the reason). After a site's own template folders,
+        # so that theirs win.
+        section.add(template_paths=[hub_templates()])
         c.JupyterHub.spawner_class = spawner
         # GPUSliceMixin is the base of every gpuslice spawner, whichever launcher is chosen
         c.GPUSliceMixin.service_url = url.rstrip("/") + f"/services/{name}/"
@@ -161,6 +166,18 @@ def share_sections(c: Any, config_file: str) -> None:
             c[section][key] = value
 
 
+def hub_templates() -> str:
+    """The spawner's folder of JupyterHub page templates (found without importing it)."""
+    spec = importlib.util.find_spec("gpuslice_spawner")
+    assert spec is not None and spec.origin is not None, "gpuslice_spawner is not installed"
+    return str(Path(spec.origin).parent / "templates" / "hub")
+
+
+def merge_paths(current: list[str], ours: list[str]) -> list[str]:
+    """``current`` with ``ours`` after it (a site's own templates come first)."""
+    return [*current, *(p for p in ours if p not in current)]
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (the kernel's pick)."""
     with socket.socket() as sock:
@@ -200,12 +217,13 @@ _MERGERS: dict[str, Any] = {
     "services": merge_services,
     "load_roles": merge_roles,
     "custom_scopes": merge_scopes,
+    "template_paths": merge_paths,
 }
 
 
 class _MergingSection(Config):
     """The ``c.JupyterHub`` config section, made to keep gpuslice's entries: assigning
-    ``services``, ``load_roles`` or ``custom_scopes`` (before or after
+    ``services``, ``load_roles``, ``custom_scopes`` or ``template_paths`` (before or after
     :func:`configure_jupyterhub`) merges them into the new value."""
 
     _gpuslice: dict[str, Any]
@@ -216,7 +234,12 @@ class _MergingSection(Config):
         if isinstance(current, cls):
             return current
         section = cls()
-        section._gpuslice = {"services": [], "load_roles": [], "custom_scopes": {}}
+        section._gpuslice = {
+            "services": [],
+            "load_roles": [],
+            "custom_scopes": {},
+            "template_paths": [],
+        }
         for key, value in current.items():
             dict.__setitem__(section, key, value)
         c.JupyterHub = section

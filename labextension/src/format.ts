@@ -28,6 +28,12 @@ export function formatCountdown(seconds: number): string {
   return hours > 0 ? `${hours}:${pad2(minutes)}:${pad2(secs)}` : `${minutes}:${pad2(secs)}`;
 }
 
+/** The local time of day "14:03:07" of a moment (ms since the epoch). */
+export function formatClock(ms: number): string {
+  const at = new Date(ms);
+  return `${pad2(at.getHours())}:${pad2(at.getMinutes())}:${pad2(at.getSeconds())}`;
+}
+
 /** Seconds from `now` until an ISO deadline; null when there is no (valid) deadline. */
 export function secondsUntil(deadline: string | null | undefined, now: number): number | null {
   if (!deadline) {

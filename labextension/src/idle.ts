@@ -3,28 +3,49 @@ import type { JupyterFrontEnd } from '@jupyterlab/application';
 import { Notification } from '@jupyterlab/apputils';
 
 import type { GpusliceApi } from './api';
+import { formatDuration, secondsUntil } from './format';
 import {
   announcementId,
   asIdleEvent,
   idleNotice,
   missedWarnings,
+  noticeKey,
+  staleWarnings,
   type IIdleNotice,
+  type INoticeContext,
+  type IShownWarning,
   type NoticeType
 } from './idleview';
 import { refusalMessage } from './refusal';
 import { releaseGpu, saveAll } from './release';
 import type { IIdleEvent, IStatus } from './types';
 
+/**
+ * How long before a server's idle deadline this tab saves the open notebooks again: what
+ * is typed after the warning (typing is not GPU use) would otherwise go with the server.
+ */
+export const SAVE_BEFORE_CULL_MS = 10_000;
+
+/** The most a save at the cull may take: the server is going away under it. */
+const LAST_SAVE_TIMEOUT_MS = 10_000;
+
 export class IdleNotifier {
   private readonly ids = new Map<string, string>();
   /** (kernel, deadline) warnings already shown, from events or from the status. */
   private readonly announced = new Set<string>();
+  /** The warnings on screen now, by notification key, and when each was shown. */
+  private readonly shown = new Map<string, IShownWarning & { at: number }>();
+  /** The server's warning: the save planned just before its deadline. */
+  private saveTimer: ReturnType<typeof setTimeout> | undefined;
+  /** When this tab last saved every open notebook (ms), for the cull's message. */
+  private savedAt: number | null = null;
 
   constructor(
     private readonly app: JupyterFrontEnd,
     private readonly api: GpusliceApi,
     private readonly onChange: () => void,
-    private readonly onReleased: () => void = () => undefined
+    private readonly onReleased: () => void = () => undefined,
+    private readonly onCulled: (reason: string | null) => void = () => undefined
   ) {
     app.serviceManager.events.stream.connect((_, emission) => {
       const event = asIdleEvent(emission as { schema_id?: string });
@@ -34,29 +55,108 @@ export class IdleNotifier {
     });
   }
 
-  /** Show warnings the status reports that no event brought to this tab. */
-  syncFromStatus(status: IStatus): void {
+  /**
+   * Show warnings the status reports that no event brought to this tab, and take down
+   * those it no longer backs. `requestedAt`: when the status was asked for.
+   */
+  syncFromStatus(status: IStatus, requestedAt: number = Date.now()): void {
     for (const event of missedWarnings(status, this.announced)) {
       void this.handle(event);
+    }
+    const current = new Map([...this.shown].filter(([, warning]) => warning.at < requestedAt));
+    for (const { key, why } of staleWarnings(status, current, Date.now())) {
+      this.forget(key);
+      if (why === 'resumed') {
+        this.show(
+          key,
+          'success',
+          'You are using the GPU again: the idle timer restarted.',
+          5000,
+          []
+        );
+      } else {
+        this.dismiss(key);
+      }
     }
   }
 
   async handle(event: IIdleEvent): Promise<void> {
+    const key = noticeKey(event);
+    const context: INoticeContext = { notebook: await this.notebookOf(event.kernel_id) };
+    if (event.action === 'extended' && this.kept.delete(key)) {
+      this.onChange(); // this tab's own keep-alive, already confirmed with its reply
+      return;
+    }
     if (event.action === 'warning' || event.action === 'memory-warning') {
+      this.kept.delete(key);
       this.announced.add(announcementId(event.kernel_id, event.deadline));
+      this.shown.set(key, { kernelId: event.kernel_id, deadline: event.deadline, at: Date.now() });
+      if (event.action === 'warning' && event.kernel_id === null) {
+        this.planLastSave(event.deadline);
+      }
+    } else {
+      this.forget(key);
     }
-    const notice = idleNotice(event, Date.now());
+    if (event.action === 'culled' && event.kernel_id === null) {
+      // The server is being stopped: one last save, if it still answers.
+      context.saveFailed = !(await this.save(LAST_SAVE_TIMEOUT_MS));
+      context.savedAt = this.savedAt;
+      this.onCulled(event.reason);
+    }
+    const notice = idleNotice(event, Date.now(), context);
     if (notice.saveNotebooks) {
-      await saveAll(this.app);
+      await this.save();
     }
-    this.show(
-      notice.key,
-      notice.type,
-      notice.message,
-      notice.autoClose,
-      this.actions(event, notice)
-    );
+    this.show(key, notice.type, notice.message, notice.autoClose, this.actions(event, notice));
     this.onChange();
+  }
+
+  /** Save every open notebook; true when it worked (within `timeoutMs`, if given). */
+  private async save(timeoutMs?: number): Promise<boolean> {
+    const saving = saveAll(this.app);
+    const saved = timeoutMs
+      ? await Promise.race([
+          saving,
+          new Promise<boolean>(resolve => setTimeout(() => resolve(false), timeoutMs))
+        ])
+      : await saving;
+    if (saved) {
+      this.savedAt = Date.now();
+    }
+    return saved;
+  }
+
+  private planLastSave(deadline: string | null): void {
+    clearTimeout(this.saveTimer);
+    const left = secondsUntil(deadline, Date.now());
+    if (left === null) {
+      return;
+    }
+    this.saveTimer = setTimeout(
+      () => void this.save(),
+      Math.max(0, left * 1000 - SAVE_BEFORE_CULL_MS)
+    );
+  }
+
+  /** The warning under `key` is over (kept, extended, culled, or no longer true). */
+  private forget(key: string): void {
+    if (this.shown.delete(key) && key === noticeKey({ kernel_id: null })) {
+      clearTimeout(this.saveTimer);
+    }
+  }
+
+  /** The path of the notebook whose kernel this is, when this lab has it open. */
+  private async notebookOf(kernelId: string | null): Promise<string | null> {
+    if (!kernelId) {
+      return null;
+    }
+    const sessions = this.app.serviceManager.sessions;
+    for (const session of sessions.running()) {
+      if (session.kernel?.id === kernelId) {
+        return session.path.split('/').pop() || session.path;
+      }
+    }
+    return null;
   }
 
   private actions(event: IIdleEvent, notice: IIdleNotice): Notification.IAction[] {
@@ -82,19 +182,34 @@ export class IdleNotifier {
   }
 
   private async keepWorking(event: IIdleEvent, key: string): Promise<void> {
+    // One confirmation: this reply's, with the new deadline; the server's "extended" event
+    // for the same keep-alive then finds nothing left to say.
+    this.forget(key);
+    this.kept.add(key);
     try {
       const reply = await this.api.keepalive(event.kernel_id ? { kernel_id: event.kernel_id } : {});
+      const deadlines = reply.kernels
+        .filter(kernel => !event.kernel_id || kernel.id === event.kernel_id)
+        .map(kernel => secondsUntil(kernel.deadline, Date.now()))
+        .filter((left): left is number => left !== null);
+      const until = deadlines.length
+        ? ` for another ${formatDuration(Math.min(...deadlines))}`
+        : '';
       const left = reply.extension_left_seconds;
       const extra =
         left !== null && left !== undefined
           ? ` (${Math.floor(left / 60)} min of extensions left)`
           : '';
-      this.show(key, 'success', `Keeping your GPU${extra}.`, 5000, []);
+      this.show(key, 'success', `Keeping your GPU${until}${extra}.`, 5000, []);
     } catch (error) {
+      this.kept.delete(key);
       this.show(key, 'error', refusalMessage(error, 'Keeping the GPU'), false, []);
     }
     this.onChange();
   }
+
+  /** Keys whose keep-alive this tab asked for: their "extended" event is already told. */
+  private readonly kept = new Set<string>();
 
   private async release(key: string): Promise<void> {
     this.show(key, 'info', 'Saving notebooks, then releasing the GPU…', false, []);
@@ -102,6 +217,7 @@ export class IdleNotifier {
     if (refused) {
       this.show(key, 'error', refused, false, []);
     } else {
+      this.forget(key);
       this.show(key, 'info', 'GPU released; this server is stopping.', false, []);
     }
   }
@@ -118,5 +234,13 @@ export class IdleNotifier {
       return;
     }
     this.ids.set(key, Notification.emit(message, type, { autoClose, actions }));
+  }
+
+  private dismiss(key: string): void {
+    const id = this.ids.get(key);
+    if (id) {
+      Notification.dismiss(id);
+      this.ids.delete(key);
+    }
   }
 }

@@ -1,5 +1,5 @@
 // Pure logic for idle notifications: what each event from the server means to the user.
-import { formatDuration, secondsUntil } from './format';
+import { formatClock, formatDuration, secondsUntil } from './format';
 import { IDLE_SCHEMA_ID, type IIdleEvent, type IStatus, type IdleAction } from './types';
 
 export type NoticeType = 'warning' | 'success' | 'error' | 'info';
@@ -20,6 +20,63 @@ export interface IIdleNotice {
   saveNotebooks: boolean;
   /** Milliseconds, or false for a sticky notification. */
   autoClose: number | false;
+}
+
+/** What this tab knows beyond the event itself. */
+export interface INoticeContext {
+  /** The notebook whose kernel the event is about (from the lab's sessions). */
+  notebook?: string | null;
+  /**
+   * A server's cull: when this tab last saved the open notebooks (ms since the epoch),
+   * and whether its save at the cull itself failed (edits after the last save are lost).
+   */
+  savedAt?: number | null;
+  saveFailed?: boolean;
+}
+
+/**
+ * JupyterLab cuts a notification's message at 140 characters (the rest shows as "…"): every
+ * message here fits, with a notebook name of up to NAME_MAX characters.
+ */
+export const TOAST_MAX = 140;
+export const NAME_MAX = 20;
+
+/** A notebook's file name, shortened in the middle to fit a toast. */
+export function shortName(path: string): string {
+  const name = path.split('/').pop() || path;
+  if (name.length <= NAME_MAX) {
+    return name;
+  }
+  const keep = NAME_MAX - 1;
+  return `${name.slice(0, Math.ceil(keep / 2))}…${name.slice(name.length - Math.floor(keep / 2))}`;
+}
+
+/** "the kernel of analysis.ipynb", or "this kernel" when the tab does not know it. */
+function kernelName(context: INoticeContext): string {
+  return context.notebook ? `the kernel of ${shortName(context.notebook)}` : 'this kernel';
+}
+
+function capitalized(text: string): string {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+/** The memory cap's reason ("kernel uses 5324 MiB of GPU memory, …") about `which`. */
+function memoryText(which: string, reason: string | null): string {
+  const what = reason
+    ? reason.replace(/^kernel /, '')
+    : "uses more GPU memory than this slice's cap";
+  return `${capitalized(which)} ${what}.`;
+}
+
+/** What a person reads about their notebooks once the server has been stopped. */
+function afterServerCull(context: INoticeContext): string {
+  const at = context.savedAt ? formatClock(context.savedAt) : null;
+  if (context.saveFailed) {
+    return at
+      ? ` Edits after ${at} were not saved: copy them from this page.`
+      : ' Notebooks could not be saved: copy your edits from this page.';
+  }
+  return at ? ` Notebooks saved at ${at}.` : ' Saved notebooks are kept.';
 }
 
 const ACTIONS: IdleAction[] = ['warning', 'extended', 'culled', 'memory-warning', 'memory-culled'];
@@ -51,24 +108,29 @@ export function noticeKey(event: Pick<IIdleEvent, 'kernel_id'>): string {
   return `gpuslice-idle-${event.kernel_id ?? 'server'}`;
 }
 
-export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
+export function idleNotice(
+  event: IIdleEvent,
+  now: number,
+  context: INoticeContext = {}
+): IIdleNotice {
   const key = noticeKey(event);
   const left = secondsUntil(event.deadline, now);
   const kernel = event.kernel_id !== null;
-  const because = event.reason ? ` (${event.reason})` : '';
+  const which = kernelName(context);
   switch (event.action) {
     case 'warning': {
       const idle = event.idle_seconds !== null ? ` for ${formatDuration(event.idle_seconds)}` : '';
       const when = left !== null ? `in ${formatDuration(left)}` : 'soon';
       // A kernel's cull frees the GPU memory it holds; the server keeps its slice. A
-      // server's cull gives the slice back to the pool.
+      // server's cull gives the slice back, and takes what was typed since the last save
+      // with it: this tab saves again just before the deadline (IdleNotifier), and says so.
       const outcome = kernel
-        ? `this kernel will be shut down ${when} to free its GPU memory (this server keeps its GPU slice)`
-        : `this server will be stopped ${when} and its GPU slice given back for others`;
+        ? `${which} stops ${when} and loses its variables; the slice stays. Notebooks saved.`
+        : `this server stops ${when} and its slice goes back to the pool. Notebooks saved, and again just before.`;
       return {
         key,
         type: 'warning',
-        message: `Your GPU has been idle${idle}: ${outcome}. Open notebooks were saved.`,
+        message: `GPU idle${idle}: ${outcome}`,
         actions: kernel ? 'keep' : 'keep-or-release',
         saveNotebooks: true,
         autoClose: false
@@ -81,9 +143,11 @@ export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
       return {
         key,
         type: 'warning',
-        message: follows
-          ? `GPU memory is over this slice's cap${because}. Open notebooks were saved.`
-          : `GPU memory is over this slice's cap${because}. Nothing is stopped, but others on this GPU may run out of memory: please free some.`,
+        message:
+          memoryText(which, event.reason) +
+          (follows
+            ? ' Notebooks saved.'
+            : ' Nothing is stopped; others on this GPU may run short.'),
         actions: 'release',
         saveNotebooks: follows,
         autoClose: false
@@ -104,7 +168,7 @@ export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
       return {
         key,
         type: 'error',
-        message: `The kernel went over this slice's GPU memory cap${because}. This server keeps its GPU slice; your saved notebooks are kept.`,
+        message: memoryText(which, event.reason) + ' The slice stays.',
         actions: 'none',
         saveNotebooks: false,
         autoClose: false
@@ -114,8 +178,9 @@ export function idleNotice(event: IIdleEvent, now: number): IIdleNotice {
         key,
         type: 'error',
         message: kernel
-          ? `The kernel was shut down${because || ' (idle)'}, freeing its GPU memory; this server keeps its GPU slice. Your saved notebooks are kept.`
-          : `The server was stopped and its GPU slice given back${because || ' (idle)'}. Your saved notebooks are kept.`,
+          ? `${capitalized(which)} was shut down, idle on the GPU: its variables are gone (run the notebook again). The slice stays.`
+          : 'Server stopped, idle on the GPU; its slice went back to the pool.' +
+            afterServerCull(context),
         actions: 'none',
         saveNotebooks: false,
         autoClose: false
@@ -163,4 +228,45 @@ export function missedWarnings(
 
 export function announcementId(kernelId: string | null, deadline: string | null): string {
   return `${kernelId ?? 'server'}@${deadline ?? ''}`;
+}
+
+/** A warning this tab shows: whose (a kernel's id, or null: the server's) and its deadline. */
+export interface IShownWarning {
+  kernelId: string | null;
+  deadline: string | null;
+}
+
+/**
+ * Shown warnings that a status no longer backs, with why: `resumed` (the kernel, or under
+ * the server action every kernel, is no longer warned: it was used again, so its idle timer
+ * restarted) or `gone` (the kernel was shut down by its owner). A warning whose deadline
+ * has passed is left to the cull's own event. The status must have been asked for after
+ * the warning was shown (an earlier one predates it).
+ */
+export function staleWarnings(
+  status: Pick<IStatus, 'kernels' | 'exempt'>,
+  shown: ReadonlyMap<string, IShownWarning>,
+  now: number
+): { key: string; why: 'resumed' | 'gone' }[] {
+  const stale: { key: string; why: 'resumed' | 'gone' }[] = [];
+  for (const [key, warning] of shown) {
+    const left = secondsUntil(warning.deadline, now);
+    if (left !== null && left <= 0) {
+      continue;
+    }
+    if (warning.kernelId === null) {
+      // the server's warning: its kernels carry it; without kernels the status cannot say
+      if (status.kernels.length && !status.kernels.some(kernel => kernel.warning)) {
+        stale.push({ key, why: 'resumed' });
+      }
+      continue;
+    }
+    const kernel = status.kernels.find(k => k.id === warning.kernelId);
+    if (!kernel) {
+      stale.push({ key, why: 'gone' });
+    } else if (!kernel.warning) {
+      stale.push({ key, why: 'resumed' });
+    }
+  }
+  return stale;
 }

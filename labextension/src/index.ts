@@ -71,9 +71,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     let status: GpuStatusItem | null = null;
     const released = (): void => status?.released();
-    const notifier = new IdleNotifier(app, api, () => void status?.refresh(), released);
+    const notifier = new IdleNotifier(
+      app,
+      api,
+      () => void status?.refresh(),
+      released,
+      reason => status?.culled(reason)
+    );
     if (statusBar) {
-      status = new GpuStatusItem(api, current => notifier.syncFromStatus(current));
+      status = new GpuStatusItem(api, (current, requestedAt) =>
+        notifier.syncFromStatus(current, requestedAt)
+      );
       statusBar.registerStatusItem('gpuslice:status', {
         item: status,
         align: 'left',

@@ -21,14 +21,17 @@ export const RELEASED_TEXT =
   'Your notebooks are saved and the GPU slice is back in the pool; this server is stopping. ' +
   'To work on a GPU again, start your server from the hub: it asks which slice you want.';
 
-export async function saveAll(app: JupyterFrontEnd): Promise<void> {
+/** Save every open document; false when a save failed (the lab shows which and why). */
+export async function saveAll(app: JupyterFrontEnd): Promise<boolean> {
   if (!app.commands.hasCommand(SAVE_ALL)) {
-    return;
+    return false;
   }
   try {
     await app.commands.execute(SAVE_ALL);
+    return true;
   } catch (error) {
-    console.warn('gpuslice: saving notebooks before releasing the GPU failed', error);
+    console.warn('gpuslice: saving the open notebooks failed', error);
+    return false;
   }
 }
 

@@ -16,7 +16,7 @@ export class GpuStatusItem extends Widget {
 
   constructor(
     private readonly api: GpusliceApi,
-    private readonly onStatus: (status: IStatus) => void = () => undefined
+    private readonly onStatus: (status: IStatus, requestedAt: number) => void = () => undefined
   ) {
     super();
     this.addClass('jp-gpuslice-status');
@@ -43,19 +43,27 @@ export class GpuStatusItem extends Widget {
 
   /** Poll now (after a keep-alive, the deadline moved). */
   async refresh(): Promise<void> {
-    if (this.isDisposed) {
+    if (this.isDisposed || this.stopped) {
       return;
     }
+    const requestedAt = Date.now();
     try {
-      this.status = await this.api.status();
+      const status = await this.api.status();
+      if (this.stopped) {
+        return; // the server went (released or culled) while this poll was out
+      }
+      this.status = status;
       this.fetchedAt = Date.now();
       this.render();
-      this.onStatus(this.status);
+      this.onStatus(status, requestedAt);
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) {
         // No gpuslice server extension here: nothing to show, and no point polling.
         this.stop();
         this.hide();
+        return;
+      }
+      if (this.stopped) {
         return;
       }
       this.label.textContent = 'GPU ?';
@@ -65,12 +73,27 @@ export class GpuStatusItem extends Widget {
 
   /** The slice was given back and the server is stopping: nothing more to poll or count. */
   released(): void {
+    this.stopWith(
+      'GPU released',
+      'This server gave its GPU slice back and is stopping. Start your server from the hub ' +
+        'to get a GPU again.'
+    );
+  }
+
+  /** The server was culled for idleness: say so, and poll no more (it is going away). */
+  culled(reason: string | null): void {
+    this.stopWith(
+      'GPU released (idle)',
+      `This server was stopped because its GPU was idle${reason ? ` (${reason})` : ''}, and ` +
+        'its GPU slice given back. Start your server from the hub to get a GPU again.'
+    );
+  }
+
+  private stopWith(text: string, title: string): void {
     this.stop();
     this.status = null;
-    this.label.textContent = 'GPU released';
-    this.node.title =
-      'This server gave its GPU slice back and is stopping. Start your server from the hub ' +
-      'to get a GPU again.';
+    this.label.textContent = text;
+    this.node.title = title;
     this.removeClass('jp-gpuslice-status-warning');
   }
 
@@ -86,7 +109,10 @@ export class GpuStatusItem extends Widget {
     this.toggleClass('jp-gpuslice-status-simulated', view.simulated);
   }
 
+  private stopped = false;
+
   private stop(): void {
+    this.stopped = true;
     this.poller.stop();
     window.clearInterval(this.tickTimer);
   }

@@ -98,7 +98,11 @@ export function statusView(status: IStatus, now: number): IStatusView {
   const near =
     nearest !== null && (nearest.kernel.warning || lead === null || nearest.seconds <= lead);
   if (near && nearest) {
-    parts.push(`idle ${formatCountdown(nearest.seconds)}`);
+    // what goes at the deadline: the whole server (its slice with it), or one kernel
+    const server = status.policy?.action === 'server' || nearest.kernel.id === '';
+    parts.push(
+      `idle: ${server ? 'server stops' : 'kernel stops'} in ${formatCountdown(nearest.seconds)}`
+    );
   }
   const title = [
     `Slice: ${name} (${slice.profile}, ${KIND_NAMES[slice.kind] ?? slice.kind}${slice.simulated ? ', SIMULATED GPU' : ''})`,

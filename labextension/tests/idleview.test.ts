@@ -1,5 +1,14 @@
-import { announcementId, asIdleEvent, idleNotice, missedWarnings } from '../src/idleview';
-import { IDLE_SCHEMA_ID } from '../src/types';
+import {
+  announcementId,
+  asIdleEvent,
+  idleNotice,
+  missedWarnings,
+  NAME_MAX,
+  shortName,
+  staleWarnings,
+  TOAST_MAX
+} from '../src/idleview';
+import { IDLE_SCHEMA_ID, type IIdleEvent } from '../src/types';
 
 const NOW = Date.parse('2026-01-01T12:00:00Z');
 
@@ -45,9 +54,9 @@ describe('idle events', () => {
     });
     expect(notice.message).toContain('idle for 25m 00s');
     expect(notice.message).toContain('in 5m 00s');
-    // a kernel's cull frees its memory; the server keeps its slice
-    expect(notice.message).toContain('this kernel will be shut down');
-    expect(notice.message).toContain('this server keeps its GPU slice');
+    // a kernel's cull frees its memory, and its variables; the server keeps its slice
+    expect(notice.message).toContain('this kernel stops in 5m 00s and loses its variables');
+    expect(notice.message).toContain('the slice stays');
     const server = idleNotice(
       {
         action: 'warning',
@@ -59,8 +68,46 @@ describe('idle events', () => {
       NOW
     );
     expect(server.actions).toBe('keep-or-release');
-    expect(server.message).toContain('this server will be stopped in 5m 00s');
-    expect(server.message).toContain('GPU slice given back');
+    expect(server.message).toContain('this server stops in 5m 00s');
+    expect(server.message).toContain('its slice goes back to the pool');
+    // what is typed after the warning is saved again before the stop (IdleNotifier)
+    expect(server.message).toContain('Notebooks saved, and again just before.');
+  });
+
+  it('names the notebook whose kernel it is, when the tab knows it', () => {
+    const event = {
+      action: 'warning' as const,
+      kernel_id: 'k1',
+      deadline: '2026-01-01T12:05:00Z',
+      reason: null,
+      idle_seconds: 1500
+    };
+    expect(idleNotice(event, NOW, { notebook: 'analysis.ipynb' }).message).toContain(
+      'the kernel of analysis.ipynb stops in 5m 00s'
+    );
+    const culled = idleNotice({ ...event, action: 'culled' }, NOW, { notebook: 'analysis.ipynb' });
+    expect(culled.message).toMatch(/^The kernel of analysis\.ipynb was shut down/);
+    expect(culled.message).toContain('its variables are gone');
+  });
+
+  it("says what became of the notebooks at a server's cull", () => {
+    const event = {
+      action: 'culled' as const,
+      kernel_id: null,
+      deadline: null,
+      reason: 'idle',
+      idle_seconds: 1800
+    };
+    const savedAt = new Date(2026, 0, 1, 14, 3, 7).getTime();
+    expect(idleNotice(event, NOW, { savedAt }).message).toContain('Notebooks saved at 14:03:07.');
+    const failed = idleNotice(event, NOW, { savedAt, saveFailed: true }).message;
+    expect(failed).toContain('Edits after 14:03:07 were not saved: copy them from this page.');
+    expect(failed).not.toContain('saved at');
+    expect(idleNotice(event, NOW, { saveFailed: true }).message).toContain(
+      'Notebooks could not be saved'
+    );
+    // a tab that saved nothing does not claim a time
+    expect(idleNotice(event, NOW).message).toContain('Saved notebooks are kept.');
   });
 
   it('updates the same notification on extended and culled', () => {
@@ -92,14 +139,14 @@ describe('idle events', () => {
       autoClose: false,
       saveNotebooks: false
     });
-    expect(culled.message).toContain('The server was stopped and its GPU slice given back');
-    expect(culled.message).toContain('idle for 30m');
+    expect(culled.message).toContain('Server stopped, idle on the GPU');
+    expect(culled.message).toContain('its slice went back to the pool');
     const kernelCulled = idleNotice(
       { action: 'culled', kernel_id: 'k1', deadline: null, reason: null, idle_seconds: 1800 },
       NOW
     );
-    expect(kernelCulled.message).toContain('The kernel was shut down (idle)');
-    expect(kernelCulled.message).toContain('this server keeps its GPU slice');
+    expect(kernelCulled.message).toContain('This kernel was shut down, idle on the GPU');
+    expect(kernelCulled.message).toContain('The slice stays');
     expect(kernelCulled.message).not.toContain('given back');
   });
 
@@ -109,13 +156,13 @@ describe('idle events', () => {
         action: 'memory-warning',
         kernel_id: 'k2',
         deadline: null,
-        reason: '5.2 GiB of 4 GiB',
+        reason: 'kernel is over its GPU memory cap (5324 of 4096 MiB)',
         idle_seconds: null
       },
       NOW
     );
     expect(warn.actions).toBe('release');
-    expect(warn.message).toContain('over this slice');
+    expect(warn.message).toContain('This kernel is over its GPU memory cap (5324 of 4096 MiB).');
     // warn only (no deadline): nothing will be stopped, and the notice says so
     expect(warn.message).toContain('Nothing is stopped');
     expect(warn.saveNotebooks).toBe(false);
@@ -124,12 +171,13 @@ describe('idle events', () => {
         action: 'memory-warning',
         kernel_id: 'k2',
         deadline: '2026-01-01T12:01:00Z',
-        reason: 'kernel uses 5000 MiB; it will be interrupted in 60 s unless it frees memory',
+        reason:
+          'kernel is over its GPU memory cap (5000 of 4096 MiB); interrupted in 60 s if still over',
         idle_seconds: null
       },
       NOW
     );
-    expect(acting.message).toContain('it will be interrupted in 60 s');
+    expect(acting.message).toContain('interrupted in 60 s if still over');
     expect(acting.message).not.toContain('shut down');
     expect(acting.saveNotebooks).toBe(true);
     const culled = idleNotice(
@@ -137,14 +185,58 @@ describe('idle events', () => {
         action: 'memory-culled',
         kernel_id: 'k2',
         deadline: null,
-        reason: 'kernel uses 5000 MiB; it was interrupted',
+        reason: 'kernel is over its GPU memory cap (5000 of 4096 MiB); it was interrupted',
         idle_seconds: null
       },
       NOW
     );
-    expect(culled.message).toContain('over this slice');
-    expect(culled.message).toContain('it was interrupted');
+    expect(culled.message).toContain('(5000 of 4096 MiB); it was interrupted.');
     expect(culled.message).not.toContain('shut down');
+  });
+});
+
+describe('fitting a JupyterLab toast', () => {
+  it('shortens a long notebook name in the middle', () => {
+    expect(shortName('dir/analysis.ipynb')).toBe('analysis.ipynb');
+    const long = shortName('a_very_long_experiment_name_for_the_sweep_42.ipynb');
+    expect(long).toHaveLength(NAME_MAX);
+    expect(long).toMatch(/^a_very_lo.*….*_42\.ipynb$/);
+  });
+
+  it('never writes a message JupyterLab would cut', () => {
+    // the longest of each: hours-long durations, a long notebook name, the memory cap's
+    // longest reasons (as server_ext/gpuslice/extension/memcap.py writes them)
+    const context = {
+      notebook: 'a_very_long_experiment_name_for_the_sweep_42.ipynb',
+      savedAt: NOW,
+      saveFailed: true
+    };
+    const reasons: Record<string, string | null> = {
+      warning: null,
+      extended: null,
+      culled: null,
+      'memory-warning':
+        'kernel is over its GPU memory cap (123456 of 123456 MiB); interrupted in 3600 s if still over',
+      'memory-culled': 'kernel is over its GPU memory cap (123456 of 123456 MiB); it was shut down'
+    };
+    for (const [action, reason] of Object.entries(reasons)) {
+      for (const kernel_id of ['k1', null]) {
+        for (const failed of [true, false]) {
+          const notice = idleNotice(
+            {
+              action: action as IIdleEvent['action'],
+              kernel_id,
+              deadline: '2026-01-02T11:59:59Z',
+              reason,
+              idle_seconds: 359999
+            },
+            NOW,
+            { ...context, saveFailed: failed }
+          );
+          expect(notice.message.length).toBeLessThanOrEqual(TOAST_MAX);
+        }
+      }
+    }
   });
 });
 
@@ -209,5 +301,53 @@ describe('missedWarnings', () => {
     // the server's own event already said it: nothing more
     const seen = new Set([announcementId(null, kernel.deadline)]);
     expect(missedWarnings({ kernels: [kernel, other], exempt: false, policy }, seen)).toEqual([]);
+  });
+});
+
+describe('staleWarnings', () => {
+  const warned = {
+    id: 'k1',
+    name: 'python3',
+    execution_state: 'idle',
+    utilization: 0,
+    memory_mib: 0,
+    idle_seconds: 1500,
+    deadline: '2026-01-01T12:05:00Z',
+    warning: true,
+    exempt: false
+  };
+  const shown = new Map([
+    ['gpuslice-idle-k1', { kernelId: 'k1', deadline: '2026-01-01T12:05:00Z' }]
+  ]);
+
+  it('keeps a warning the status still backs', () => {
+    expect(staleWarnings({ kernels: [warned], exempt: false }, shown, NOW)).toEqual([]);
+  });
+
+  it('takes down a warning whose kernel is used again, or was shut down', () => {
+    const used = { ...warned, warning: false, idle_seconds: 0 };
+    expect(staleWarnings({ kernels: [used], exempt: false }, shown, NOW)).toEqual([
+      { key: 'gpuslice-idle-k1', why: 'resumed' }
+    ]);
+    expect(staleWarnings({ kernels: [], exempt: false }, shown, NOW)).toEqual([
+      { key: 'gpuslice-idle-k1', why: 'gone' }
+    ]);
+  });
+
+  it("leaves a passed deadline to the cull's own event", () => {
+    const late = Date.parse('2026-01-01T12:05:01Z');
+    expect(staleWarnings({ kernels: [], exempt: false }, shown, late)).toEqual([]);
+  });
+
+  it("judges the server's warning by all its kernels, and not without any", () => {
+    const server = new Map([
+      ['gpuslice-idle-server', { kernelId: null, deadline: '2026-01-01T12:05:00Z' }]
+    ]);
+    const other = { ...warned, id: 'k2', warning: false };
+    expect(staleWarnings({ kernels: [warned, other], exempt: false }, server, NOW)).toEqual([]);
+    expect(
+      staleWarnings({ kernels: [{ ...warned, warning: false }, other], exempt: false }, server, NOW)
+    ).toEqual([{ key: 'gpuslice-idle-server', why: 'resumed' }]);
+    expect(staleWarnings({ kernels: [], exempt: false }, server, NOW)).toEqual([]);
   });
 });

@@ -54,7 +54,7 @@ describe('statusView', () => {
       NOW
     );
     expect(view.countdown).toBe(250);
-    expect(view.text).toContain('idle 4:10');
+    expect(view.text).toContain('idle: kernel stops in 4:10');
   });
 
   it('shows the countdown for a warned kernel even beyond the lead', () => {
@@ -62,7 +62,7 @@ describe('statusView', () => {
       status([kernel({ deadline: '2026-01-01T12:10:00Z', warning: true })]),
       NOW
     );
-    expect(view.text).toContain('idle 10:00');
+    expect(view.text).toContain('idle: kernel stops in 10:00');
   });
 
   it('counts down to a server-wide deadline', () => {
@@ -73,7 +73,7 @@ describe('statusView', () => {
       NOW
     );
     expect(view.countdown).toBe(120);
-    expect(view.text).toContain('idle 2:00');
+    expect(view.text).toContain('idle: server stops in 2:00');
   });
 
   it('shows no countdown for an exempt server', () => {

@@ -24,6 +24,10 @@ from gpuslice_hub.client import ServiceClient, ServiceError
 from .env import slice_env
 from .form import TEMPLATE, render_form
 
+# the release reason of a server the hub stopped (the service replaces it with its own
+# record when it asked for that stop)
+STOPPED = "server stopped"
+
 
 class SliceRefused(web.HTTPError):
     """A spawn the service refused. As an HTTP error (4xx, or 503 while the service is
@@ -252,6 +256,7 @@ class GPUSliceMixin(Spawner):
 
     async def start(self) -> Any:
         self._spawn_log.events.clear()
+        self.last_stop = None
         profile = self._chosen_profile()
         if self.allocation_id:
             # left over from a spawn that never stopped cleanly: give it back first
@@ -317,7 +322,30 @@ class GPUSliceMixin(Spawner):
             await super().stop(now=now)  # type: ignore[misc]
         finally:
             self._stopping = False
-            await self._release("server stopped")
+            released = await self._release(STOPPED)
+            # The service keeps why it asked the hub for this stop (an idle cull, a silent
+            # server, the owner's release): the release answers with it, and the hub's
+            # "not running" page tells the person who comes back (see stop_notice).
+            released = released or {}
+            why = released.get("release_reason")
+            if why and why != STOPPED:
+                self.last_stop = {"reason": why, "at": released.get("released_at")}
+
+    # Why gpuslice last stopped this server, until its next start: {"reason", "at"}.
+    last_stop: dict[str, Any] | None = None
+
+    def stop_notice(self) -> str | None:
+        """One sentence for the hub's "Server not running" page when gpuslice had the
+        server stopped (templates/hub/not_running.html), else None."""
+        if not self.last_stop or not self.last_stop.get("reason"):
+            return None
+        at = str(self.last_stop.get("at") or "")
+        when = f" on {at[:10]} at {at[11:16]} UTC" if len(at) >= 16 else ""
+        return (
+            f"gpuslice stopped this server{when} and gave its GPU slice back to the pool "
+            f"({self.last_stop['reason']}). Files you saved are kept; what was only in memory "
+            "(variables, unsaved edits) is gone. Start it again to get a GPU slice."
+        )
 
     async def poll(self) -> int | None:
         status = await super().poll()  # type: ignore[misc]
@@ -327,11 +355,13 @@ class GPUSliceMixin(Spawner):
             await self._release(f"server exited (status {status})")
         return status  # type: ignore[no-any-return]
 
-    async def _release(self, reason: str) -> None:
+    async def _release(self, reason: str) -> dict[str, Any] | None:
+        """Give the slice back; the service's record of it (None when nothing was held,
+        or the release failed and is retried later)."""
         if not self.allocation_id:
-            return
+            return None
         try:
-            await self.client.release(self.allocation_id, reason)
+            released = await self.client.release(self.allocation_id, reason)
         except ServiceError as e:
             # Keep the id: the next start or stop retries, and the service's reconciler
             # releases it anyway once the server is gone.
@@ -341,9 +371,10 @@ class GPUSliceMixin(Spawner):
                 self.allocation_id,
                 e,
             )
-            return
+            return None
         self.allocation_id = 0
         self.grant = None
+        return released
 
     grant: dict[str, Any] | None = None
 
@@ -364,6 +395,8 @@ class GPUSliceMixin(Spawner):
         if self.allocation_id:
             state["gpuslice_allocation_id"] = self.allocation_id
             state["gpuslice_grant"] = json.dumps(self.grant) if self.grant else None
+        if self.last_stop:
+            state["gpuslice_last_stop"] = self.last_stop
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -371,6 +404,8 @@ class GPUSliceMixin(Spawner):
         self.allocation_id = int(state.get("gpuslice_allocation_id") or 0)
         raw = state.get("gpuslice_grant")
         self.grant = json.loads(raw) if raw else None
+        last_stop = state.get("gpuslice_last_stop")
+        self.last_stop = last_stop if isinstance(last_stop, dict) else None
 
     def clear_state(self) -> None:
         super().clear_state()  # type: ignore[misc]

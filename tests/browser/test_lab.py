@@ -130,20 +130,21 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         assert "edited before" not in notebook.read_text()
 
         # Idle: the server warns; the lab shows a sticky notification and saves the notebook.
-        toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
+        toast = page.locator(".Toastify__toast", has_text="GPU idle for")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         keep = toast.get_by_role("button", name="Keep working")
         assert keep.is_visible()
         # a kernel's warning: the server keeps its slice, and "release" (which would stop
         # the whole server, and other notebooks' running work) is not offered there
-        assert "this kernel will be shut down" in toast.inner_text()
+        # it names the notebook whose kernel goes
+        assert "the kernel of analysis.ipynb stops in" in toast.inner_text()
         assert not toast.get_by_role("button", name="Save and release GPU").count()
         wait_for(
             lambda: "edited before the warning" in notebook.read_text(),
             timeout=20,
             what="the open notebook saved when the warning arrived",
         )
-        page.wait_for_function(f"() => {STATUS_TEXT}.includes('idle ')")
+        page.wait_for_function(f"() => {STATUS_TEXT}.includes('idle: kernel stops in ')")
         assert "jp-gpuslice-status-warning" in (status.get_attribute("class") or "")
         settled(toast)
         page.screenshot(path=str(screenshot_path(tmp_path, "lab-idle-warning.png")))
@@ -167,7 +168,7 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         assert after["kernels"][0]["id"] == kernel["id"]  # the kernel was not culled
         # The warning goes (Toastify removes it after its exit animation).
         wait_for(
-            lambda: not page.locator(".Toastify__toast", has_text="Your GPU has been idle").count(),
+            lambda: not page.locator(".Toastify__toast", has_text="GPU idle for").count(),
             timeout=10,
             what="the warning to go once the user kept working",
         )
@@ -222,14 +223,14 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
         type_into_first_cell(page, "  # unsaved work")
 
-        toast = page.locator(".Toastify__toast", has_text="Your GPU has been idle")
+        toast = page.locator(".Toastify__toast", has_text="GPU idle for")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
-        assert "this server will be stopped" in toast.inner_text()
+        assert "this server stops in" in toast.inner_text()
         # two status polls later (the first one's warnings shown by the second), still one
         for _ in range(2):
             with page.expect_response(lambda r: "gpuslice/api/status" in r.url, timeout=20_000):
                 pass
-        assert page.locator(".Toastify__toast", has_text="Your GPU has been idle").count() == 1
+        assert page.locator(".Toastify__toast", has_text="GPU idle for").count() == 1
         toast.get_by_role("button", name="Save and release GPU").click()
         done = page.locator(".jp-Dialog", has_text="GPU released")
         done.wait_for(timeout=30_000)
@@ -245,3 +246,46 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         timeout=30,
         what="ann's slice released",
     )
+
+
+def test_an_idle_server_is_culled_with_what_was_typed_after_its_warning(
+    hub_factory: Any, tmp_path: Path
+) -> None:
+    sync_api = need_browser_and_labextension()
+    # under the server action the cull stops the server, and with it anything unsaved
+    hub, _token, notebook = start(hub_factory, tmp_path, action="server")
+    with chromium(sync_api, tmp_path) as page:
+        spawn_in_browser(page, hub, "ann", "share-250")
+        page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
+        toast = page.locator(".Toastify__toast", has_text="GPU idle for")
+        toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
+        assert "Notebooks saved, and again just before." in toast.inner_text()
+        # Typing is not GPU use: the cull still comes. What was typed goes with the server
+        # unless the tab saves it before.
+        type_into_first_cell(page, "  # typed after the warning")
+        polls: list[float] = []
+        page.on(
+            "request",
+            lambda r: polls.append(time.monotonic()) if "gpuslice/api/status" in r.url else None,
+        )
+        culled = page.locator(".Toastify__toast", has_text="Server stopped, idle on the GPU")
+        culled.wait_for(state="visible", timeout=(WARNING_LEAD + 60) * 1000)
+        culled_at = time.monotonic()
+        text = culled.inner_text()
+        assert "typed after the warning" in notebook.read_text()
+        # the message names when the notebooks were last saved (and if the very last save
+        # lost the race with the stop, says what that means)
+        assert re.search(r"(Notebooks saved at|Edits after) \d\d:\d\d:\d\d", text), text
+        # the status bar says so, and how to get a GPU again, and polls no more
+        page.wait_for_function(f"() => {STATUS_TEXT} === 'GPU released (idle)'")
+        status_title = page.locator(".jp-gpuslice-status").get_attribute("title") or ""
+        assert "Start your server from the hub" in status_title, status_title
+        hub.wait_gone("ann", timeout=60)
+        wait_for(lambda: time.monotonic() - culled_at > 6, 20, "a poll interval")
+        assert [t for t in polls if t > culled_at + 0.5] == []
+        # Coming back to the server's address: the hub's page says why it is not running.
+        page.goto(f"{hub.url}/user/ann/lab")
+        notice = page.locator("#gpuslice-stopped")
+        notice.wait_for(timeout=30_000)
+        assert "culled for idleness" in notice.inner_text()
+        assert page.locator("#start").is_visible()

@@ -225,7 +225,27 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
     assert active_allocations(hub, "ann") == []
     # the release says it was an idle cull (the spawner only knows its server stopped)
     released = hub.api("GET", f"/api/allocations/{held[0]['id']}", hub.service_token).json()
-    assert released["release_reason"].startswith("idle-culled: "), released
+    assert released["release_reason"].startswith("culled for idleness: "), released
+    # Who comes back reads why on the hub's "Server not running" page.
+    page = requests.get(
+        f"{hub.url}/hub/user/ann/", headers={"Authorization": f"token {ann.token}"}, timeout=30
+    )
+    assert page.status_code == 424, page.text[:500]
+    notice = re.search(r'<p id="gpuslice-stopped"[^>]*>\s*(.*?)\s*</p>', page.text, re.S)
+    assert notice, page.text
+    assert "gpuslice stopped this server on " in notice.group(1)
+    assert "culled for idleness: GPU idle for" in notice.group(1)
+    assert "Server not running" in page.text  # the hub's own page, with its launch button
+    # A new start forgets it, and a stop that was not gpuslice's says nothing of the kind.
+    assert hub.spawn("ann", {"profile": PROFILE}).status_code in (201, 202)
+    hub.wait_ready("ann")
+    stopped = hub.hub_api("DELETE", "/users/ann/server")
+    assert stopped.status_code in (202, 204), stopped.text
+    hub.wait_gone("ann")
+    page = requests.get(
+        f"{hub.url}/hub/user/ann/", headers={"Authorization": f"token {ann.token}"}, timeout=30
+    )
+    assert page.status_code == 424 and 'id="gpuslice-stopped"' not in page.text, page.text
     recorded = idle_events(hub, "ann")
     # The server is warned its idle timeout less the lead after it starts. On a loaded
     # machine the spawn can take that long before this test starts its kernel: that start

@@ -161,8 +161,8 @@ def test_memory_cap_warns_then_acts_on_that_kernel_only():
     cap = MemoryCap(1000, "shutdown", grace=30)
     [w] = cap.observe(0, {"a": 500 * MiB, "b": 2000 * MiB})
     assert (w.action, w.kernel_id, w.deadline) == ("memory-warning", "b", 30)
-    assert "2000 MiB" in w.reason and "1000 MiB" in w.reason
-    assert w.reason.endswith("it will be shut down in 30 s unless it frees memory")
+    assert "(2000 of 1000 MiB)" in w.reason
+    assert w.reason.endswith("; shut down in 30 s if still over")
     assert cap.observe(29, {"a": 500 * MiB, "b": 2000 * MiB}) == []
     [c] = cap.observe(30, {"a": 500 * MiB, "b": 2000 * MiB})
     assert (c.action, c.kernel_id) == ("memory-culled", "b")
@@ -178,7 +178,7 @@ def test_memory_cap_warn_only_never_acts():
     [w] = cap.observe(0, big)
     assert w.action == "memory-warning" and w.deadline is None
     # the reason promises nothing that will not happen
-    assert w.reason == "kernel uses 5000 MiB of GPU memory, over its share's cap of 1000 MiB"
+    assert w.reason == "kernel is over its GPU memory cap (5000 of 1000 MiB)"
     assert all(cap.observe(t, big) == [] for t in range(1, 100))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from traitlets.config import Config
@@ -93,7 +94,13 @@ def test_hub_config_is_merged_whatever_the_order():
     c.JupyterHub.services = [{"name": "prom", "api_token": "t"}]
     c.JupyterHub.load_roles = [*c.JupyterHub.load_roles, {"name": "ops", "scopes": ["admin:users"]}]
     c.JupyterHub.custom_scopes = {"custom:later": {"description": "x"}}
+    c.JupyterHub.template_paths = ["/srv/site-templates"]
     assert sorted(s["name"] for s in c.JupyterHub.services) == ["gpuslice", "prom"]
+    # the "Server not running" page that says why gpuslice stopped a server, after the
+    # site's own templates (theirs win), and a folder that has it
+    site, pages = c.JupyterHub.template_paths
+    assert site == "/srv/site-templates"
+    assert (Path(pages) / "not_running.html").is_file()
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     # the site's user role keeps its scope and gains the service access
     assert roles["user"]["scopes"] == [

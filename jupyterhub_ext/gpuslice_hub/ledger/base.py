@@ -50,7 +50,7 @@ PURPOSES = ("interactive", "batch")
 _INSERT_EVENT = Lean(insert(EVENTS).returning(EVENTS.c.id))
 # Events of a stop the service asked for, and how a release that follows one reads.
 RECLAIM_KINDS = {
-    "idle-culled": "idle-culled",
+    "idle-culled": "culled for idleness",
     "release-requested": "released by its owner",
     "reclaim-silent": "reclaimed: its server stopped reporting",
 }

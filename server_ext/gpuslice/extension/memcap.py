@@ -40,7 +40,8 @@ class MemoryCap:
             if used is None or used <= self.cap_bytes:
                 self._over_since.pop(kid, None)
                 continue
-            what = f"uses {used // MiB} MiB of GPU memory, over its share's cap of {cap_mib} MiB"
+            # short: the lab shows it in a toast of at most 140 characters
+            what = f"is over its GPU memory cap ({used // MiB} of {cap_mib} MiB)"
             since = self._over_since.get(kid)
             if since is None:
                 self._over_since[kid] = now
@@ -48,7 +49,7 @@ class MemoryCap:
                 then = (
                     ""
                     if self.action == "warn"
-                    else f"; it will be {self._verb()} in {self.grace:g} s unless it frees memory"
+                    else f"; {self._verb()} in {self.grace:g} s if still over"
                 )
                 decisions.append(
                     Decision(

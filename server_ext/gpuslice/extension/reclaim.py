@@ -139,9 +139,8 @@ class Reclaimer:
             CULLED,
             kernel,
             deadline,
-            f"GPU idle for {state.idle_seconds:.0f} s (timeout {self.policy.idle_timeout:.0f} s"
-            + (f", extended by {w.used:.0f} s" if w.used else "")
-            + ")",
+            f"GPU idle for {state.idle_seconds:.0f} s, past its {self.policy.idle_timeout:.0f} s "
+            "timeout" + (f" and {w.used:.0f} s of keep-alives" if w.used else ""),
             state.idle_seconds,
         )
 
@@ -201,9 +200,12 @@ class Reclaimer:
         if seconds is None:
             seconds = min(self.policy.idle_timeout, left)
         if seconds <= 0 or seconds > left:
+            # (short: the lab shows it in a toast of at most 140 characters)
+            most = self.policy.max_extension
             raise ExtensionRefused(
-                f"keep-alive of {seconds:g} s refused: at most {left:g} s more may be added "
-                f"to this idle period (the admin's maximum is {self.policy.max_extension:g} s)",
+                f"this idle period already has the maximum {most:g} s of keep-alives"
+                if left <= 0
+                else f"at most {left:g} s more of keep-alive (the maximum is {most:g} s)",
                 left,
             )
         decisions = []
