@@ -39,5 +39,14 @@ class ServiceClient(JSONClient):
                 return None
             raise
 
+    async def server_allocations(self, user: str, server_name: str) -> list[dict[str, Any]]:
+        """The active slices the ledger has for one of ``user``'s servers."""
+        reply = await self.request("GET", "api/allocations", query={"user": user})
+        return [
+            a
+            for a in reply.get("allocations", [])
+            if a.get("purpose") == "interactive" and a.get("server_name") == server_name
+        ]
+
     async def allocation(self, alloc_id: int) -> dict[str, Any]:
         return await self.request("GET", f"api/allocations/{alloc_id}")

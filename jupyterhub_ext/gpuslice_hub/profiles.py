@@ -13,6 +13,14 @@ from .errors import ConfigError
 from .placement import Request
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+NAME_MAX = 255  # the ledger's column
+
+
+def is_profile_name(value: object) -> bool:
+    """Whether ``value`` could name a profile (whether one is configured is another matter)."""
+    return isinstance(value, str) and len(value) <= NAME_MAX and bool(_NAME.match(value))
+
+
 KINDS = ("mig", "share", "gpu")
 
 _ALLOWED_KEYS = {
@@ -120,9 +128,11 @@ def parse_profile(raw: Any, key: str) -> Profile:
             f"{key}.{sorted(unknown)[0]}", f"unknown key; known: {sorted(_ALLOWED_KEYS)}"
         )
     name = raw.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not is_profile_name(name):
         raise ConfigError(
-            f"{key}.name", f"must be a lowercase name like 'mig-1g.18gb', got {name!r}"
+            f"{key}.name",
+            f"must be a lowercase name like 'mig-1g.18gb' (at most {NAME_MAX} characters), "
+            f"got {name!r}",
         )
     kind = raw.get("kind")
     if kind not in KINDS:

@@ -37,10 +37,20 @@ class Limit:
             return "no limit"
         parts = []
         if self.max_slices is not None:
-            parts.append(f"{used.slices:g} of {self.max_slices:g} slices")
+            parts.append(f"{used.slices:g} of {_count(self.max_slices, 'slice')}")
         if self.max_milli is not None:
-            parts.append(f"{used.milli / 1000:g} of {self.max_milli / 1000:g} GPUs")
+            parts.append(f"{used.milli / 1000:g} of {_count(self.max_milli / 1000, 'GPU')}")
         return " and ".join(parts) + " in use"
+
+    def refusal(self, used: Usage, want: Usage) -> str:
+        """What is held and what the request needs, in the terms of the limits it exceeds
+        (a request larger than the whole quota must not read as a contradiction)."""
+        needs = []
+        if self.max_slices is not None and used.slices + want.slices > self.max_slices + 1e-9:
+            needs.append(_count(want.slices, "slice"))
+        if self.max_milli is not None and used.milli + want.milli > self.max_milli:
+            needs.append(_count(want.milli / 1000, "GPU"))
+        return f"{self.describe(used)}; this needs {' and '.join(needs)}"
 
     def standing(self, used: Usage) -> dict[str, Any]:
         """This limit and what is held against it, for the people it limits."""
@@ -51,6 +61,10 @@ class Limit:
             "used_milli": used.milli,
             "text": self.describe(used),
         }
+
+
+def _count(value: float, unit: str) -> str:
+    return f"{value:g} {unit}" + ("" if value == 1 else "s")
 
 
 @dataclass
@@ -116,7 +130,7 @@ class Quotas:
         by_user, by_group = held.users.get(user, Usage()), held.groups
         limit = self.users.get(user, self.default_user)
         if limit is not None and not limit.room(by_user, want):
-            return f"over your quota ({limit.describe(by_user)})"
+            return f"over your quota ({limit.refusal(by_user, want)})"
         mine = sorted(g for g in set(groups) if g in self.groups)
         if not mine:
             return Charge(None)
@@ -130,7 +144,8 @@ class Quotas:
                 ):
                     return Charge(lender, borrowed=True)
         g = mine[0]
-        return f"over the quota of group {g} ({self.groups[g].describe(by_group.get(g, Usage()))})"
+        held_by_group = by_group.get(g, Usage())
+        return f"over the quota of group {g} ({self.groups[g].refusal(held_by_group, want)})"
 
     def standing(self, user: str, groups: Iterable[str], held: Held) -> list[dict[str, Any]]:
         """Every quota that limits *user* (their own, then their groups'), with its use."""

@@ -20,6 +20,7 @@ from tornado import web
 from traitlets import Float, Instance, Integer, List, Unicode, default
 
 from gpuslice_hub.client import ServiceClient, ServiceError
+from gpuslice_hub.profiles import is_profile_name
 
 from .env import slice_env
 from .form import TEMPLATE, render_form
@@ -226,9 +227,22 @@ class GPUSliceMixin(Spawner):
             raise SliceRefused(
                 f"Unknown spawn option {sorted(unknown)[0]!r}; only 'profile' is accepted.", 400
             )
-        profile = options.get("profile") or self.default_profile
-        if not isinstance(profile, str) or not profile:
+        profile = options.get("profile")
+        if profile is None or profile == "":
+            profile = self.default_profile  # not chosen (an empty form field): the default
+        elif not isinstance(profile, str):
+            # never replaced by the default: a forged option is refused, not reinterpreted
+            raise SliceRefused(
+                f"Spawn option 'profile' must be a profile name (a string), not "
+                f"{type(profile).__name__}.",
+                400,
+            )
+        if not profile:
             raise SliceRefused("No GPU slice was chosen: pick one in the spawn form.", 400)
+        if not is_profile_name(profile):
+            # (not sent on to the service, nor written whole to the log: it may be megabytes)
+            shown = profile if len(profile) <= 40 else profile[:40] + "…"
+            raise SliceRefused(f"There is no GPU profile named {shown!r}.", 400)
         return profile
 
     # -- progress --------------------------------------------------------------------------
@@ -254,13 +268,31 @@ class GPUSliceMixin(Spawner):
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    # How many starts of each (user, server) began in this hub: a sweep after a cancelled
+    # spawn must not take a later start's slice. Per server, not per spawner object: the
+    # hub may make a new one for the next start.
+    _starts_of: ClassVar[dict[tuple[str, str], int]] = {}
+
+    @property
+    def _starts(self) -> int:
+        return self._starts_of.get(self._server_key, 0)
+
+    @property
+    def _server_key(self) -> tuple[str, str]:
+        return (self.user.name, self.name)  # type: ignore[attr-defined]
+
     async def start(self) -> Any:
+        self._starts_of[self._server_key] = self._starts + 1
         self._spawn_log.events.clear()
         self.last_stop = None
         profile = self._chosen_profile()
         if self.allocation_id:
             # left over from a spawn that never stopped cleanly: give it back first
             await self._release("replaced by a new spawn")
+        else:
+            # one the service granted after its spawn was given up (this server is starting,
+            # so nothing else can hold it): the owner's new spawn must not be refused for it
+            await self._release_unrecorded("left by a spawn that did not finish")
         self._progress(10, f"Requesting a {profile} slice from gpuslice")
         grant = await self._allocate(profile)
         self.allocation_id = grant["id"]
@@ -294,7 +326,14 @@ class GPUSliceMixin(Spawner):
                     wait_seconds=max(0.0, deadline - loop.time()),
                     **({"overcommit": False} if self.engine_counts_shares else {}),
                 )
+            except asyncio.CancelledError:
+                # A stop, or the hub's start_timeout: the request is on its way and the
+                # service may still grant it. Nobody would hold that slice: look again.
+                self._background(self._sweep_after_cancel())
+                raise
             except ServiceError as e:
+                if not 400 <= e.status < 500:  # no answer: it may have been granted
+                    self._background(self._sweep_after_cancel())
                 refused = refusal(e, self.log)  # type: ignore[attr-defined]
                 self._progress(100, f"Refused: {refused.message}")
                 raise refused from None
@@ -318,10 +357,14 @@ class GPUSliceMixin(Spawner):
     async def stop(self, now: bool = False) -> None:
         # Launchers poll from inside stop() to see the process go; that is not a crash.
         self._stopping = True
+        recorded = bool(self.allocation_id)
         try:
             await super().stop(now=now)  # type: ignore[misc]
         finally:
             self._stopping = False
+            if not recorded:
+                # stopped while its spawn waited for the slice (the spawn is cancelled)
+                await self._release_unrecorded("its server stopped before the slice was recorded")
             released = await self._release(STOPPED)
             # The service keeps why it asked the hub for this stop (an idle cull, a silent
             # server, the owner's release): the release answers with it, and the hub's
@@ -375,6 +418,50 @@ class GPUSliceMixin(Spawner):
         self.allocation_id = 0
         self.grant = None
         return released
+
+    async def _release_unrecorded(self, reason: str, starts: int | None = None) -> None:
+        """Release what the ledger holds for this server without this spawner having its id:
+        a spawn cancelled (a stop, the hub's start_timeout) or without an answer after the
+        service granted it. Only while this server is neither running nor starting.
+
+        ``starts``: :attr:`_starts` when the caller decided to look; nothing is released if a
+        start has begun since (what was listed may then be that start's own slice)."""
+        try:
+            held = await self.client.server_allocations(
+                self.user.name,  # type: ignore[attr-defined]
+                self.name,  # type: ignore[attr-defined]
+            )
+            if starts is not None and starts != self._starts:
+                return
+            for alloc in held:
+                await self.client.release(alloc["id"], reason)
+        except ServiceError as e:
+            self.log.warning(  # type: ignore[attr-defined]
+                "could not release the slices an unfinished spawn of %s left: %s (the gpuslice "
+                "service frees them itself when its reconciler next finds the server gone)",
+                self._log_name,
+                e,
+            )
+
+    async def _sweep_after_cancel(self) -> None:
+        """After a cancelled spawn: release a slice the service granted too late, once it
+        has had time to answer (soon, then after the client's own timeout)."""
+        starts = self._starts
+        for delay in (1.0, self.service_timeout):
+            await asyncio.sleep(delay)
+            if starts != self._starts:
+                return  # started again; that start released what was left (see start())
+            await self._release_unrecorded(
+                "its spawn was given up before the slice was granted", starts
+            )
+
+    # background tasks (kept referenced until done)
+    _tasks: ClassVar[set[asyncio.Task[None]]] = set()
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     grant: dict[str, Any] | None = None
 

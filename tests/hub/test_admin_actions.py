@@ -110,7 +110,7 @@ def test_a_quota_change_applies_to_the_next_allocation_and_reset_restores_the_co
     assert r.status_code == 200, r.text
     assert r.json()["set_by"] == "admin" and r.json()["max_slices"] == 1
     refused = allocate(clean, "ann", "b")
-    assert refused.status_code == 429 and "1 of 1 slices" in refused.json()["message"]
+    assert refused.status_code == 429 and "1 of 1 slice in use" in refused.json()["message"]
     quotas = clean.api("GET", "/api/admin/quotas", admin).json()
     assert quotas["config"]["users"] == {}
     assert quotas["effective"]["users"]["ann"]["max_slices"] == 1

@@ -185,6 +185,12 @@ def test_failed_start_releases_the_slice(spawn_hub):
         ({"profile": "everything"}, "unknown profile"),
         ({}, "No GPU slice was chosen"),
         ({"profile": "share-250", "image": "evil"}, "Unknown spawn option 'image'"),
+        # a wrong type is refused as such, never taken for "not chosen" (and the default)
+        ({"profile": False}, "must be a profile name (a string), not bool"),
+        ({"profile": ["share-250"]}, "must be a profile name (a string), not list"),
+        # a name no profile could have is refused by the spawner: not sent on to the service
+        # (whose size limits it would hit), nor written whole to the hub's log
+        ({"profile": "p" * 300_000}, "There is no GPU profile named 'pppppppp"),
     ],
 )
 def test_forged_user_options_are_refused_not_replaced(spawn_hub, options, needle):
@@ -200,6 +206,7 @@ def test_forged_user_options_are_refused_not_replaced(spawn_hub, options, needle
     assert allocations(hub, user) == []
     # a refusal is one line in the hub's log, not a traceback
     assert "SliceRefused" not in hub.log()
+    assert "p" * 1000 not in hub.log()
 
 
 def test_an_outage_of_the_service_reads_as_one_and_hides_its_address(hub_factory):
@@ -221,3 +228,35 @@ def test_an_outage_of_the_service_reads_as_one_and_hides_its_address(hub_factory
     # the admin finds the address and the error in the hub's log
     assert f"127.0.0.1:{internal}" in hub.log()
     hub.wait_gone("gil")
+    # The service, answering again, grants the request the spawner gave up on: nobody
+    # would hold that slice, so it is given back at once (not after the reconciler's
+    # grace), and the owner's next spawn, of another profile, is not refused for it.
+    wait_for(lambda: allocations(hub, "gil") == [], 30, "the slice nobody waited for")
+    events = hub.api("GET", "/api/events?user=gil", hub.service_token).json()["events"]
+    assert [e["kind"] for e in events].count("allocated") == 1, events
+    assert hub.spawn("gil", {"profile": "gpu-1"}).status_code in (201, 202)
+    hub.wait_ready("gil")
+    held = [a["profile"] for a in allocations(hub, "gil")]
+    assert held == ["gpu-1"], [
+        (e["kind"], e["allocation_id"], e["profile"], e["reason"], e["actor"])
+        for e in hub.api("GET", "/api/events?user=gil", hub.service_token).json()["events"]
+    ]
+
+    # Stopped while its spawn waits for the service: no slice is left to nobody either.
+    hub.add_user("hal")
+    os.kill(service, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            spawning = pool.submit(hub.spawn, "hal", {"profile": "share-250"})
+            wait_for(
+                lambda: (m := hub.server_model("hal")) and m.get("pending") == "spawn",
+                30,
+                "hal's spawn to wait for the service",
+            )
+            stopping = hub.hub_api("DELETE", "/users/hal/server")
+            assert stopping.status_code in (202, 204), stopping.text
+            spawning.result(timeout=60)
+    finally:
+        os.kill(service, signal.SIGCONT)
+    hub.wait_gone("hal")
+    wait_for(lambda: allocations(hub, "hal") == [], 30, "the slice of a spawn that was stopped")

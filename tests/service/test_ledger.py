@@ -101,7 +101,7 @@ def test_forbidden_profile_and_quota_refusals_write_nothing_but_an_event(make_le
         ledger.allocate(ANN, "share-250", "b")
     assert (
         info.value.code == "over_quota"
-        and "over your quota (1 of 1 slices in use)" in info.value.message
+        and "over your quota (1 of 1 slice in use; this needs 1 slice)" in info.value.message
     )
     # physics: the 3g instance is 428 milli; a second slice would pass 500 milli
     ledger.allocate(PHYS, "mig-3g.40gb", "")
@@ -122,7 +122,9 @@ def test_availability_says_why_not(make_ledger):
     assert by_name["mig-1g.10gb"]["reason"] == "all in use (2 of 2 in use)"
     assert by_name["mig-3g.40gb"]["reason"] == "not allowed for your groups"
     assert by_name["share-250"]["free"] == 8
-    assert by_name["share-250"]["reason"] == "over your quota (2 of 2 slices in use)"
+    assert by_name["share-250"]["reason"] == (
+        "over your quota (2 of 2 slices in use; this needs 1 slice)"
+    )
     other = {p["name"]: p for p in ledger.availability("bob", ())}
     assert other["share-250"]["available"] and other["share-250"]["reason"] is None
 

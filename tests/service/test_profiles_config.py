@@ -86,7 +86,7 @@ def test_user_quota_counts_weighted_slices_and_milli():
     one = Usage(1, 250)
     assert q.check("ann", [], one, Held.of([holding("ann", None)])) == Charge(None)
     reason = q.check("ann", [], one, Held.of([holding("ann", None), holding("ann", None)]))
-    assert reason == "over your quota (2 of 2 slices in use)"
+    assert reason == "over your quota (2 of 2 slices in use; this needs 1 slice)"
     # vip has no slice limit but a milli limit: 1250 + 250 fits, 1250 + 500 does not
     held = [holding("vip", None, milli=1250)]
     assert q.check("vip", [], Usage(1, 250), Held.of(held)) == Charge(None)
@@ -115,6 +115,19 @@ def test_group_quota_and_borrowing_idle_quota():
     assert "group bio" in q.check("b2", ["bio"], want, Held.of([holding("b1", "bio")]))
     # a user in no group with a quota is not limited by group quotas
     assert q.check("x", ["other"], want, Held.of(used)) == Charge(None)
+
+
+def test_a_request_larger_than_the_whole_quota_says_what_it_needs():
+    q = parse_quotas(
+        {"groups": {"physics": {"max_milli": 1000}}, "users": {"tiny": {"max_milli": 100}}}
+    )
+    # nothing held: "0 of 1 GPU in use" alone would read as a contradiction
+    assert q.check("p1", ["physics"], Usage(1, 2000), Held.of([])) == (
+        "over the quota of group physics (0 of 1 GPU in use; this needs 2 GPUs)"
+    )
+    assert q.check("tiny", [], Usage(1, 250), Held.of([])) == (
+        "over your quota (0 of 0.1 GPUs in use; this needs 0.25 GPUs)"
+    )
 
 
 def test_standing_lists_every_quota_that_limits_a_user_with_its_use():

@@ -121,6 +121,6 @@ def test_a_quota_override_reaches_every_ledger_on_the_database(make_ledger) -> N
     AdminSettings(first.db).set_quota("user", "ann", 1, None, "admin", "one is enough")
     with pytest.raises(Refused) as refused:
         second.allocate(ann, "share-250", "b")
-    assert refused.value.code == "over_quota" and "1 of 1 slices" in refused.value.message
+    assert refused.value.code == "over_quota" and "1 of 1 slice in use" in refused.value.message
     assert AdminSettings(first.db).reset_quota("user", "ann", "admin", "")
     second.allocate(ann, "share-250", "b")

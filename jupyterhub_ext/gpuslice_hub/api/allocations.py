@@ -27,6 +27,13 @@ CREATE_FIELDS = {
 
 
 class AllocationsHandler(BaseHandler):
+    # set when the caller hangs up before the answer (tornado notices while the handler awaits)
+    caller_gone = False
+
+    def on_connection_close(self) -> None:
+        self.caller_gone = True
+        super().on_connection_close()
+
     @api_authenticated
     async def get(self) -> None:
         ident = self.identity()
@@ -122,6 +129,18 @@ class AllocationsHandler(BaseHandler):
                 purpose,
                 overcommit,
             )
+        if self.caller_gone and created:
+            # The spawner stopped waiting (its timeout, or the connection dropped): nobody
+            # will start a server on this slice or release it. Give it back now rather than
+            # leave it to the reconciler's grace, blocking the owner's next spawn meanwhile.
+            await self.service.short_writes.run(
+                "release",
+                self.ledger.release,
+                alloc["id"],
+                ident.name,
+                "the hub stopped waiting for this slice before it was granted",
+            )
+            return
         # What the single-user server needs to apply its idle policy and label the GPUs.
         alloc["idle_timeout"] = self.service.parsed_profiles[profile].idle_timeout
         # the name the spawn form showed, for the lab's status bar
