@@ -121,16 +121,18 @@ export function idleNotice(
     case 'warning': {
       const idle = event.idle_seconds !== null ? ` for ${formatDuration(event.idle_seconds)}` : '';
       const when = left !== null ? `in ${formatDuration(left)}` : 'soon';
+      // Whose idleness it is: under the kernel action one kernel may sit idle while another
+      // keeps the GPU busy, so "your GPU is idle" would be untrue.
       // A kernel's cull frees the GPU memory it holds; the server keeps its slice. A
       // server's cull gives the slice back, and takes what was typed since the last save
       // with it: this tab saves again just before the deadline (IdleNotifier), and says so.
-      const outcome = kernel
-        ? `${which} stops ${when} and loses its variables; the slice stays. Notebooks saved.`
-        : `this server stops ${when} and its slice goes back to the pool. Notebooks saved, and again just before.`;
+      const message = kernel
+        ? `${capitalized(which)}, idle on the GPU${idle}, stops ${when} and loses its variables; the slice stays. Notebooks saved.`
+        : `This server, idle on the GPU${idle}, stops ${when} and its slice goes back to the pool. Notebooks saved, and again just before.`;
       return {
         key,
         type: 'warning',
-        message: `GPU idle${idle}: ${outcome}`,
+        message,
         actions: kernel ? 'keep' : 'keep-or-release',
         saveNotebooks: true,
         autoClose: false

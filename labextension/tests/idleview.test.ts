@@ -52,10 +52,12 @@ describe('idle events', () => {
       saveNotebooks: true,
       autoClose: false
     });
-    expect(notice.message).toContain('idle for 25m 00s');
+    expect(notice.message).toContain('idle on the GPU for 25m 00s');
     expect(notice.message).toContain('in 5m 00s');
     // a kernel's cull frees its memory, and its variables; the server keeps its slice
-    expect(notice.message).toContain('this kernel stops in 5m 00s and loses its variables');
+    expect(notice.message).toMatch(
+      /^This kernel, idle on the GPU for 25m 00s, stops in 5m 00s and loses its variables/
+    );
     expect(notice.message).toContain('the slice stays');
     const server = idleNotice(
       {
@@ -68,7 +70,7 @@ describe('idle events', () => {
       NOW
     );
     expect(server.actions).toBe('keep-or-release');
-    expect(server.message).toContain('this server stops in 5m 00s');
+    expect(server.message).toContain('This server, idle on the GPU for 25m 00s, stops in 5m 00s');
     expect(server.message).toContain('its slice goes back to the pool');
     // what is typed after the warning is saved again before the stop (IdleNotifier)
     expect(server.message).toContain('Notebooks saved, and again just before.');
@@ -83,7 +85,7 @@ describe('idle events', () => {
       idle_seconds: 1500
     };
     expect(idleNotice(event, NOW, { notebook: 'analysis.ipynb' }).message).toContain(
-      'the kernel of analysis.ipynb stops in 5m 00s'
+      'The kernel of analysis.ipynb, idle on the GPU for 25m 00s, stops in 5m 00s'
     );
     const culled = idleNotice({ ...event, action: 'culled' }, NOW, { notebook: 'analysis.ipynb' });
     expect(culled.message).toMatch(/^The kernel of analysis\.ipynb was shut down/);

@@ -130,14 +130,14 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         assert "edited before" not in notebook.read_text()
 
         # Idle: the server warns; the lab shows a sticky notification and saves the notebook.
-        toast = page.locator(".Toastify__toast", has_text="GPU idle for")
+        toast = page.locator(".Toastify__toast", has_text="idle on the GPU for")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         keep = toast.get_by_role("button", name="Keep working")
         assert keep.is_visible()
         # a kernel's warning: the server keeps its slice, and "release" (which would stop
         # the whole server, and other notebooks' running work) is not offered there
         # it names the notebook whose kernel goes
-        assert "the kernel of analysis.ipynb stops in" in toast.inner_text()
+        assert "The kernel of analysis.ipynb, idle on the GPU" in toast.inner_text()
         assert not toast.get_by_role("button", name="Save and release GPU").count()
         wait_for(
             lambda: "edited before the warning" in notebook.read_text(),
@@ -168,7 +168,7 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         assert after["kernels"][0]["id"] == kernel["id"]  # the kernel was not culled
         # The warning goes (Toastify removes it after its exit animation).
         wait_for(
-            lambda: not page.locator(".Toastify__toast", has_text="GPU idle for").count(),
+            lambda: not page.locator(".Toastify__toast", has_text="idle on the GPU for").count(),
             timeout=10,
             what="the warning to go once the user kept working",
         )
@@ -223,14 +223,14 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
         type_into_first_cell(page, "  # unsaved work")
 
-        toast = page.locator(".Toastify__toast", has_text="GPU idle for")
+        toast = page.locator(".Toastify__toast", has_text="idle on the GPU for")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
-        assert "this server stops in" in toast.inner_text()
+        assert toast.inner_text().startswith("This server, idle on the GPU")
         # two status polls later (the first one's warnings shown by the second), still one
         for _ in range(2):
             with page.expect_response(lambda r: "gpuslice/api/status" in r.url, timeout=20_000):
                 pass
-        assert page.locator(".Toastify__toast", has_text="GPU idle for").count() == 1
+        assert page.locator(".Toastify__toast", has_text="idle on the GPU for").count() == 1
         toast.get_by_role("button", name="Save and release GPU").click()
         done = page.locator(".jp-Dialog", has_text="GPU released")
         done.wait_for(timeout=30_000)
@@ -257,7 +257,7 @@ def test_an_idle_server_is_culled_with_what_was_typed_after_its_warning(
     with chromium(sync_api, tmp_path) as page:
         spawn_in_browser(page, hub, "ann", "share-250")
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
-        toast = page.locator(".Toastify__toast", has_text="GPU idle for")
+        toast = page.locator(".Toastify__toast", has_text="idle on the GPU for")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         assert "Notebooks saved, and again just before." in toast.inner_text()
         # Typing is not GPU use: the cull still comes. What was typed goes with the server
