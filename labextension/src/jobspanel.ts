@@ -1,5 +1,5 @@
 // The Jobs panel (left sidebar): the user's batch jobs with live state, progress, logs,
-// and actions; notifies when a job it has seen running finishes.
+// and actions; notifies when a job it has seen running finishes or is preempted.
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import type { Message } from '@lumino/messaging';
@@ -13,8 +13,10 @@ import {
   checkpointAge,
   isTerminal,
   jobTimes,
+  lastPreemption,
   lostWork,
   newlyFinished,
+  newlyPreempted,
   outputNotebook,
   progress,
   sortJobs,
@@ -46,9 +48,24 @@ function el<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** A job's card, kept across polls: a poll updates its text, not the open log or buttons. */
+interface ICard {
+  card: HTMLElement;
+  info: HTMLElement;
+  buttons: HTMLElement;
+  /** What the buttons were built for: rebuilt only when it changes (a click must land). */
+  buttonsKey: string;
+  log: HTMLPreElement | null;
+}
+
+/** A notification's message cut to what JupyterLab shows whole (it cuts at 140). */
+const TOAST_MAX = 140;
+
 export class JobsPanel extends Widget {
   private jobs: IJob[] = [];
   private readonly seen = new Map<string, string>();
+  private readonly preempted = new Map<string, number>();
+  private readonly cards = new Map<string, ICard>();
   /** Jobs whose end was already announced (by an event or by a poll), to say it once. */
   private readonly notified = new Set<string>();
   private readonly logs = new Map<string, string>();
@@ -123,6 +140,21 @@ export class JobsPanel extends Widget {
   }
 
   private notifyFinished(jobs: IJob[]): void {
+    for (const job of newlyPreempted(this.preempted, jobs)) {
+      // (the panel's card says why and what became of the work; this says that it happened)
+      const name = job.name || String(job.id);
+      const reason = lastPreemption(job, Date.now()).replace(/^(being )?preempted[^:]*: ?/, '');
+      const long = `GPU job ${name} is preempted (${reason}); it runs again when a slice is free.`;
+      Notification.warning(
+        long.length <= TOAST_MAX
+          ? long
+          : `GPU job ${name} is preempted; it runs again when a slice is free.`,
+        { autoClose: 10000 }
+      );
+    }
+    for (const job of jobs) {
+      this.preempted.set(String(job.id), job.preemptions ?? 0);
+    }
     for (const job of newlyFinished(this.seen, jobs)) {
       this.announce({
         job_id: String(job.id),
@@ -196,87 +228,154 @@ export class JobsPanel extends Widget {
 
   private render(): void {
     if (this.loaded && !this.jobs.length) {
+      this.cards.clear();
       this.list.replaceChildren(
         el('p', 'jp-gpuslice-jobs-empty', 'No jobs yet. Use "Submit as GPU job" on a notebook.')
       );
       return;
     }
-    this.list.replaceChildren(...this.jobs.map(job => this.renderJob(job)));
+    const shown = this.jobs.map(job => this.renderJob(job));
+    const ids = new Set(this.jobs.map(job => String(job.id)));
+    for (const id of [...this.cards.keys()]) {
+      if (!ids.has(id)) {
+        this.cards.delete(id);
+      }
+    }
+    // Moving a card loses its log's scroll position and any selection: only when the
+    // order changed (a new job, one gone).
+    const current = [...this.list.children];
+    if (current.length !== shown.length || shown.some((card, i) => current[i] !== card)) {
+      this.list.replaceChildren(...shown);
+    }
   }
 
   private renderJob(job: IJob): HTMLElement {
+    const id = String(job.id);
+    let entry = this.cards.get(id);
+    if (!entry) {
+      const card = el('div', 'jp-gpuslice-job');
+      card.dataset.jobId = id;
+      const info = el('div', 'jp-gpuslice-job-info');
+      const buttons = el('div', 'jp-gpuslice-job-actions');
+      card.append(info, buttons);
+      entry = { card, info, buttons, buttonsKey: '', log: null };
+      this.cards.set(id, entry);
+    }
+    entry.card.dataset.state = job.state;
+    entry.info.replaceChildren(...this.jobInfo(job));
+    this.renderButtons(entry, job);
+    this.renderLog(entry, job);
+    return entry.card;
+  }
+
+  /** The card's text: name and state, where and how, progress, times, why it waits. */
+  private jobInfo(job: IJob): HTMLElement[] {
     const now = Date.now();
-    const card = el('div', 'jp-gpuslice-job');
-    card.dataset.jobId = String(job.id);
-    card.dataset.state = job.state;
     const badge = stateBadge(job.state);
     const head = el('div', 'jp-gpuslice-job-head');
     head.append(
       el('span', 'jp-gpuslice-job-name', job.name || String(job.id)),
       el('span', `jp-gpuslice-badge jp-gpuslice-badge-${badge.tone}`, badge.label)
     );
-    card.append(head);
     const window = job.time_window ? ` · window ${job.time_window}` : '';
     const burst = job.on_burst ? ' · in the burst partition' : '';
-    card.append(
+    const parts = [
+      head,
       el(
         'div',
         'jp-gpuslice-job-meta',
         `${job.profile} · ${job.priority}${window}${burst} · #${job.id}`
       )
-    );
-
+    ];
     const prog = progress(job);
     const bar = el('div', 'jp-gpuslice-progress');
     const fill = el('div', 'jp-gpuslice-progress-fill');
     fill.style.width = `${Math.round((prog.fraction ?? 0) * 100)}%`;
     bar.append(fill);
-    card.append(bar, el('div', 'jp-gpuslice-job-progress', prog.text));
+    parts.push(bar, el('div', 'jp-gpuslice-job-progress', prog.text));
 
     const details = [jobTimes(job, now), checkpointAge(job, now), lostWork(job)];
     if (job.max_runtime) {
       details.push(`max ${formatDuration(job.max_runtime)}`);
     }
-    card.append(el('div', 'jp-gpuslice-job-details', details.filter(Boolean).join(' · ')));
+    parts.push(el('div', 'jp-gpuslice-job-details', details.filter(Boolean).join(' · ')));
+    const preemption = lastPreemption(job, now);
+    if (preemption) {
+      parts.push(el('div', 'jp-gpuslice-job-preemption', preemption));
+    }
     if (job.waiting_reason && !badge.terminal) {
-      card.append(el('div', 'jp-gpuslice-job-waiting', `waiting: ${job.waiting_reason}`));
+      parts.push(el('div', 'jp-gpuslice-job-waiting', `waiting: ${job.waiting_reason}`));
     }
     if (job.error) {
-      card.append(el('div', 'jp-gpuslice-job-error', job.error));
+      parts.push(el('div', 'jp-gpuslice-job-error', job.error));
     }
+    return parts;
+  }
 
-    const buttons = el('div', 'jp-gpuslice-job-actions');
+  private renderButtons(entry: ICard, job: IJob): void {
+    const id = String(job.id);
+    const terminal = stateBadge(job.state).terminal;
+    const output = outputNotebook(job);
+    const key = [this.openLogs.has(id), output, terminal].join('|');
+    if (key === entry.buttonsKey) {
+      return;
+    }
+    entry.buttonsKey = key;
+    entry.buttons.replaceChildren();
+    // (the handlers read the latest job of this id: the buttons outlive a poll)
+    const latest = (): IJob => this.jobs.find(j => String(j.id) === id) ?? job;
     const button = (label: string, onClick: () => void): void => {
       const node = el('button', 'jp-mod-styled', label);
       node.onclick = onClick;
-      buttons.append(node);
+      entry.buttons.append(node);
     };
-    const id = String(job.id);
     button(this.openLogs.has(id) ? 'Hide log' : 'Log', () => {
       if (!this.openLogs.delete(id)) {
         this.openLogs.add(id);
       }
       void this.refresh();
     });
-    const output = outputNotebook(job);
     if (output) {
       button('Open output', () => this.options.openOutput(output));
     }
-    if (!badge.terminal) {
-      button('Cancel', () => void this.confirmCancel(job));
+    if (!terminal) {
+      button('Cancel', () => void this.confirmCancel(latest()));
     } else {
       button(
         'Resubmit',
         () => void this.act('Resubmitting the job', () => this.options.api.resubmit(job.id))
       );
     }
-    card.append(buttons);
+  }
 
-    if (this.openLogs.has(id)) {
-      const log = el('pre', 'jp-gpuslice-job-log', this.logs.get(id) ?? job.log_tail ?? '');
-      card.append(log);
-      requestAnimationFrame(() => (log.scrollTop = log.scrollHeight));
+  /**
+   * The open log: its text replaced only when it changed (a selection survives), and
+   * kept at the bottom only if it was there (someone reading earlier output stays put).
+   */
+  private renderLog(entry: ICard, job: IJob): void {
+    const id = String(job.id);
+    if (!this.openLogs.has(id)) {
+      entry.log?.remove();
+      entry.log = null;
+      return;
     }
-    return card;
+    const text = this.logs.get(id) ?? job.log_tail ?? '';
+    let log = entry.log;
+    if (!log) {
+      log = el('pre', 'jp-gpuslice-job-log', text);
+      entry.log = log;
+      entry.card.append(log);
+      const opened = log;
+      requestAnimationFrame(() => (opened.scrollTop = opened.scrollHeight));
+      return;
+    }
+    if (log.textContent === text) {
+      return;
+    }
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.textContent = text;
+    if (atBottom) {
+      log.scrollTop = log.scrollHeight;
+    }
   }
 }

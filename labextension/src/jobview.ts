@@ -78,10 +78,11 @@ export function checkpointAge(
 
 /** When it was submitted, started and finished, and how long it ran or has waited. */
 export function jobTimes(
-  job: Pick<IJob, 'state' | 'submitted_at' | 'started_at' | 'finished_at'>,
+  job: Pick<IJob, 'state' | 'submitted_at' | 'started_at' | 'finished_at'> &
+    Partial<Pick<IJob, 'run_seconds' | 'attempt_started_at'>>,
   now: number
 ): string {
-  const ago = (at: string | null) => {
+  const ago = (at: string | null | undefined) => {
     const s = secondsSince(at, now);
     return s === null ? null : `${formatDuration(s)} ago`;
   };
@@ -95,16 +96,68 @@ export function jobTimes(
     const waited = span(job.submitted_at, isTerminal(job.state) ? job.finished_at : null);
     return submitted ? `submitted ${submitted}` + (waited ? `, waited ${waited}` : '') : '';
   }
-  const ran = span(job.started_at, isTerminal(job.state) ? job.finished_at : null);
+  if (job.state === 'starting' && !job.run_seconds) {
+    // placed on its slice, its runner not yet running: nothing has run for any time
+    return `placed ${ago(job.attempt_started_at ?? job.started_at) ?? ''}, starting`;
+  }
+  if (job.run_seconds === undefined) {
+    // (a service without run times: the span since the first start)
+    const ran = span(job.started_at, isTerminal(job.state) ? job.finished_at : null);
+    if (isTerminal(job.state)) {
+      const ended = ago(job.finished_at);
+      return [ended ? `ended ${ended}` : null, ran ? `ran ${ran}` : null]
+        .filter(Boolean)
+        .join(', ');
+    }
+    return `started ${ago(job.started_at) ?? ''}` + (ran ? `, running ${ran}` : '');
+  }
+  // Time on a GPU, not since the first start: a preempted job waits in the queue between
+  // runs, and that wait is not run time (nor counted against its max runtime).
+  const before = job.run_seconds;
+  const current = secondsSince(job.attempt_started_at, now);
   if (isTerminal(job.state)) {
     const ended = ago(job.finished_at);
-    return [ended ? `ended ${ended}` : null, ran ? `ran ${ran}` : null].filter(Boolean).join(', ');
+    return [ended ? `ended ${ended}` : null, `ran ${formatDuration(before)}`]
+      .filter(Boolean)
+      .join(', ');
+  }
+  if (current === null) {
+    // back in the queue after a run (preempted, or its runner died)
+    return `waiting to run again, ran ${formatDuration(before)} so far`;
   }
   if (job.state === 'starting') {
-    // placed on its slice, its runner not yet running: nothing has run for any time
-    return `placed ${ago(job.started_at) ?? ''}, starting`;
+    return `placed ${ago(job.attempt_started_at) ?? ''}, starting, ran ${formatDuration(before)} before`;
   }
-  return `started ${ago(job.started_at) ?? ''}` + (ran ? `, running ${ran}` : '');
+  if (before) {
+    return `running ${formatDuration(current)} this run, ${formatDuration(before + current)} in all`;
+  }
+  return `started ${ago(job.started_at) ?? ''}, running ${formatDuration(current)}`;
+}
+
+/**
+ * The latest preemption, as the service recorded it: why, and what became of the work
+ * ("checkpointed and exited; 0.1s of work to redo"). Empty when never preempted.
+ */
+export function lastPreemption(job: Pick<IJob, 'state' | 'transitions'>, now: number): string {
+  const history = job.transitions ?? [];
+  let at = -1;
+  history.forEach((t, i) => {
+    if (t.state === 'preempting') {
+      at = i;
+    }
+  });
+  if (at < 0) {
+    return '';
+  }
+  const asked = history[at];
+  const why = asked.reason ? `: ${asked.reason}` : '';
+  if (job.state === 'preempting') {
+    return `being preempted${why}`;
+  }
+  const done = history.slice(at + 1).find(t => t.state === 'preempted');
+  const when = secondsSince(done?.at ?? asked.at, now);
+  const ago = when === null ? '' : ` ${formatDuration(when)} ago`;
+  return `preempted${ago}${why}` + (done?.reason ? ` — ${done.reason}` : '');
 }
 
 /** What cancelling ``job`` costs, asked before it is cancelled. */
@@ -119,14 +172,36 @@ export function cancelQuestion(
   return `Cancel ${which}? It is stopped now, and its work ${since} is lost.`;
 }
 
-export function lostWork(job: Pick<IJob, 'lost_work_seconds' | 'restarts'>): string {
+export function lostWork(
+  job: Pick<IJob, 'lost_work_seconds' | 'restarts'> & { preemptions?: number }
+): string {
+  // restarts count every requeue: preemptions and runs whose runner died
   const restarts = job.restarts ?? 0;
+  const preemptions = Math.min(job.preemptions ?? 0, restarts);
+  const crashes = restarts - preemptions;
   const lost = job.lost_work_seconds ?? 0;
   if (!restarts && !lost) {
     return '';
   }
-  const plural = restarts === 1 ? '' : 's';
-  return `${restarts} restart${plural}, ${formatDuration(lost)} of work lost`;
+  const times = (n: number) => (n === 1 ? 'once' : n === 2 ? 'twice' : `${n} times`);
+  return [
+    preemptions ? `preempted ${times(preemptions)}` : null,
+    crashes ? `restarted after a crash ${times(crashes)}` : null,
+    `${formatDuration(lost)} of work lost`
+  ]
+    .filter(Boolean)
+    .join(', ');
+}
+
+/**
+ * Jobs preempted since the previous poll (their count went up): `previous` maps a job's id
+ * to its count then. Jobs seen for the first time are not reported.
+ */
+export function newlyPreempted(previous: Map<string, number>, jobs: IJob[]): IJob[] {
+  return jobs.filter(job => {
+    const before = previous.get(String(job.id));
+    return before !== undefined && (job.preemptions ?? 0) > before;
+  });
 }
 
 /**

@@ -194,7 +194,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       if (reply.jobs) {
         // say what an empty field means, in the server's own figures
         const jobs = reply.jobs;
-        this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime)`;
+        this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime, and 24h)`;
         this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
         this.runtimeLimit = jobs.max_runtime_limit ?? null;
         this.showWindows(jobs.windows ?? [], jobs.class_windows ?? {});

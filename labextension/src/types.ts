@@ -147,6 +147,10 @@ export interface IJob {
   restarts: number;
   preemptions?: number;
   lost_work_seconds: number | null;
+  /** Seconds on a GPU of the runs that ended (the current one not included). */
+  run_seconds?: number;
+  /** When the current run began; null while none is on. */
+  attempt_started_at?: string | null;
   cells_done: number | null;
   cells_total: number | null;
   last_checkpoint_at: string | null;

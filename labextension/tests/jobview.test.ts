@@ -3,7 +3,9 @@ import {
   cancelQuestion,
   checkpointAge,
   isTerminal,
+  lastPreemption,
   lostWork,
+  newlyPreempted,
   newlyFinished,
   jobTimes,
   outputNotebook,
@@ -99,10 +101,16 @@ describe('job presentation', () => {
       expect(checkpointAge({ state, last_checkpoint_at: null }, now)).toBe('');
     }
     expect(lostWork({ restarts: 0, lost_work_seconds: 0 })).toBe('');
-    expect(lostWork({ restarts: 2, lost_work_seconds: 95 })).toBe(
-      '2 restarts, 1m 35s of work lost'
+    // restarts count preemptions and crashes alike: the panel tells them apart
+    expect(lostWork({ restarts: 2, preemptions: 0, lost_work_seconds: 95 })).toBe(
+      'restarted after a crash twice, 1m 35s of work lost'
     );
-    expect(lostWork({ restarts: 1, lost_work_seconds: 0 })).toBe('1 restart, 0s of work lost');
+    expect(lostWork({ restarts: 1, preemptions: 1, lost_work_seconds: 0 })).toBe(
+      'preempted once, 0s of work lost'
+    );
+    expect(lostWork({ restarts: 4, preemptions: 3, lost_work_seconds: 5 })).toBe(
+      'preempted 3 times, restarted after a crash once, 5s of work lost'
+    );
   });
 
   it('reports only jobs seen unfinished that are now finished', () => {
@@ -184,6 +192,90 @@ describe('job outputs and events', () => {
         now
       )
     ).toBe('ended 4m 30s ago, ran 3m 30s');
+  });
+
+  it('counts time on a GPU, not the wait in the queue between runs', () => {
+    const now = Date.parse('2026-01-01T12:10:00Z');
+    const first = {
+      submitted_at: '2026-01-01T12:00:00Z',
+      started_at: '2026-01-01T12:01:00Z',
+      finished_at: null
+    };
+    // preempted after 2 minutes and back in the queue: the wait is not run time
+    expect(
+      jobTimes({ ...first, state: 'queued', run_seconds: 120, attempt_started_at: null }, now)
+    ).toBe('waiting to run again, ran 2m 00s so far');
+    // running again for 3 minutes
+    expect(
+      jobTimes(
+        {
+          ...first,
+          state: 'running',
+          run_seconds: 120,
+          attempt_started_at: '2026-01-01T12:07:00Z'
+        },
+        now
+      )
+    ).toBe('running 3m 00s this run, 5m 00s in all');
+    // a first run
+    expect(
+      jobTimes(
+        { ...first, state: 'running', run_seconds: 0, attempt_started_at: first.started_at },
+        now
+      )
+    ).toBe('started 9m 00s ago, running 9m 00s');
+    // finished: the runs' total, not the time since the first start
+    expect(
+      jobTimes(
+        {
+          ...first,
+          state: 'completed',
+          finished_at: '2026-01-01T12:09:00Z',
+          run_seconds: 300,
+          attempt_started_at: null
+        },
+        now
+      )
+    ).toBe('ended 1m 00s ago, ran 5m 00s');
+  });
+
+  it('says when and why a job was last preempted, and what became of its work', () => {
+    const now = Date.parse('2026-01-01T12:10:00Z');
+    const transitions = [
+      { state: 'running', at: '2026-01-01T12:01:00Z', reason: 'started' },
+      {
+        state: 'preempting',
+        at: '2026-01-01T12:03:00Z',
+        reason: "mig-3g.40gb needed by another user's interactive server"
+      },
+      {
+        state: 'preempted',
+        at: '2026-01-01T12:04:00Z',
+        reason: 'checkpointed and exited; 0.1s of work to redo'
+      },
+      { state: 'queued', at: '2026-01-01T12:04:00Z', reason: 'requeued after preemption' }
+    ];
+    expect(lastPreemption({ state: 'queued', transitions }, now)).toBe(
+      "preempted 6m 00s ago: mig-3g.40gb needed by another user's interactive server — checkpointed and exited; 0.1s of work to redo"
+    );
+    expect(lastPreemption({ state: 'preempting', transitions: transitions.slice(0, 2) }, now)).toBe(
+      "being preempted: mig-3g.40gb needed by another user's interactive server"
+    );
+    expect(lastPreemption({ state: 'running', transitions: transitions.slice(0, 1) }, now)).toBe(
+      ''
+    );
+  });
+
+  it('reports a preemption once, and not for jobs first seen', () => {
+    const job = (id: string, preemptions: number) =>
+      ({ id, preemptions }) as unknown as Parameters<typeof newlyPreempted>[1][number];
+    const previous = new Map([
+      ['a', 0],
+      ['b', 1]
+    ]);
+    expect(
+      newlyPreempted(previous, [job('a', 1), job('b', 1), job('c', 2)]).map(j => j.id)
+    ).toEqual(['a']);
   });
 
   it('reads the job-finished event and ignores others', () => {

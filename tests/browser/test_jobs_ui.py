@@ -192,6 +192,23 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
             timeout=30,
             what="the job's log in the panel",
         )
+        # The open log survives the panel's polls: the same node, its selection kept (each
+        # poll once rebuilt it, scrolled it to the bottom and dropped what was selected).
+        page.evaluate(
+            """() => {
+                const log = document.querySelector('.jp-gpuslice-job-log');
+                log.dataset.marked = 'yes';
+                window.getSelection().selectAllChildren(log);
+            }"""
+        )
+        for _ in range(2):
+            with page.expect_response(lambda r: "gpuslice/api/jobs" in r.url, timeout=20_000):
+                pass
+        kept = page.evaluate(
+            """() => [document.querySelector('.jp-gpuslice-job-log')?.dataset.marked,
+                      window.getSelection().toString().length]"""
+        )
+        assert kept[0] == "yes" and kept[1] > 0, kept
         done = page.locator(".Toastify__toast", has_text="GPU job train completed.")
         done.wait_for(timeout=60_000)
         settled(done)

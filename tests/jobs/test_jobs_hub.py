@@ -10,6 +10,7 @@ import json
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -231,6 +232,10 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
     assert hub.api("GET", "/api/allocations", hub.service_token).json()["allocations"] == []
 
 
+def at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
 def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jobs_hub):
     hub = jobs_hub
     alice, _bob = hub.add_user("alice"), hub.add_user("bob")
@@ -274,6 +279,9 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     for what, text in (("job", j), ("log", log), ("events", events)):
         assert "bob" not in json.dumps(text), (what, text)
     assert j["restarts"] == 1 and j["lost_work_seconds"] < 5
+    # back in the queue: no run is on, and the run so far is counted once
+    assert j["attempt_started_at"] is None and j["run_seconds"] > 0, j
+    first_run = j["run_seconds"]
     # the spawner was told to wait (202) while the job checkpointed
     assert "202 POST /services/gpuslice/api/allocations" in hub.log()
 
@@ -282,6 +290,11 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     hub.wait_gone("bob")
     done = wait_state(hub, alice, job_id, ("completed", "failed"), timeout=180)
     assert done["state"] == "completed", done
+    # time on a GPU: both runs, and not the wait in the queue between them
+    span = (at(done["finished_at"]) - at(done["started_at"])).total_seconds()
+    restarted = [t for t in done["transitions"] if t["state"] == "starting"][-1]
+    waited = (at(restarted["at"]) - at(j["transitions"][-1]["at"])).total_seconds()
+    assert first_run < done["run_seconds"] <= span - waited + 1, (done, span, waited)
     result = output_result(hub, alice, job_id)
     assert 0 < result["first_step"] < steps
     np.testing.assert_array_equal(result["w"], expected_w(steps, lr))
@@ -365,8 +378,11 @@ def test_high_priority_job_preempts_preemptible_never_normal(jobs_hub):
     preempting = [t for t in j["transitions"] if t["state"] == "preempting"]
     assert preempting and f"job {high} (high) needs its slice" in preempting[0]["reason"]
     assert j["state"] in ("queued", "starting", "running") and j["restarts"] == 1
-    wait_state(hub, alice, low, "running")
-    assert hub.api("DELETE", f"/api/jobs/{low}", alice).json()["state"] == "cancelled"
+    before = wait_state(hub, alice, low, "running")["run_seconds"]
+    cancelled = hub.api("DELETE", f"/api/jobs/{low}", alice).json()
+    assert cancelled["state"] == "cancelled"
+    # the run the cancel stopped counts as time on a GPU too
+    assert cancelled["run_seconds"] > before, cancelled
     log = hub.api("GET", f"/api/jobs/{low}/log", alice).json()["log"]
     assert "service: cancelled by alice; stopping it" in log, log
 

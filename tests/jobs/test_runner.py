@@ -98,6 +98,34 @@ def test_printed_output_reaches_the_log_while_the_cell_runs(tmp_path: Path):
     assert proc.returncode == 0
 
 
+def test_a_cell_without_checkpoints_is_let_finish_and_saved_once(tmp_path: Path):
+    # a cell that never calls gpuslice.checkpoint: the signal cannot stop it mid-cell
+    cells = [
+        "import os, time\nprint('waiting', flush=True)\n"
+        "deadline = time.time() + 60\n"
+        "while not os.path.exists('go') and time.time() < deadline:\n    time.sleep(0.05)",
+        "x = 1",
+    ]
+    jd = make_job_dir(tmp_path / "job", cells=cells)
+    proc = start_runner(jd)
+    wait_for(lambda: "[cell 1] waiting" in (jd / "job.log").read_text(), 60, "cell 1 to run")
+    os.kill(proc.pid, signal.SIGTERM)
+    log = wait_for(
+        lambda: "preemption signal" in (t := (jd / "job.log").read_text()) and t,
+        30,
+        "the runner to take the signal",
+    )
+    # what the log says is what happens: no "checkpointing" of a cell that cannot
+    assert "the run stops at this cell's next gpuslice.checkpoint step, or at the end" in log
+    (jd / "go").touch()
+    proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED
+    log = (jd / "job.log").read_text()
+    # the boundary is saved once (it once was twice, the same line twice in the log)
+    assert log.count("namespace snapshot after cell 1:") == 1, log
+    assert "preempted before cell 2" in log
+
+
 def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: Path):
     params = {"steps": 300, "delay": 0.01}
     ref = make_job_dir(tmp_path / "ref", parameters={"steps": 300})

@@ -655,6 +655,9 @@ class JobManager(LoggingConfigurable):
             kind = "job-cancelled-by-owner" if actor == job.user else "job-cancel-requested"
             record_admin_event(s, kind, job.user, actor, reason, detail)
             why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
+            if was_active and job.attempt_started_at is not None:
+                # the run it stops counts as time on the GPU, as an ended run's does
+                job.run_seconds += max(0.0, (utcnow() - job.attempt_started_at).total_seconds())
             transition(s, job, "cancelled", why)
             job.allocation_ids = []
         if was_active:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..db.jobs_models import JobRow
 from ..serialize import iso
+from .states import ACTIVE
 
 
 def output_path(job: JobRow) -> str:
@@ -33,6 +34,11 @@ def job_json(job: Any, log_tail: str = "", transitions: list[Any] | None = None)
         "restarts": job.restarts,
         "preemptions": job.preemptions,
         "lost_work_seconds": round(job.lost_work_seconds, 3),
+        # Time on a GPU: the ended runs' total, and when the current run began (null while
+        # none runs). ``started_at`` is the first run's start: it counts queued time after
+        # a preemption, and the max runtime is checked against these instead.
+        "run_seconds": round(job.run_seconds or 0.0, 3),
+        "attempt_started_at": iso(job.attempt_started_at) if job.state in ACTIVE else None,
         "cells_done": job.cells_done,
         "cells_total": job.cells_total,
         "last_checkpoint_at": iso(job.last_checkpoint_at),

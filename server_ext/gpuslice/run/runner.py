@@ -57,6 +57,8 @@ class Runner:
         self.spec = self.jd.spec()
         self.interval = float(self.spec.get("checkpoint_interval", 600))
         self.preempt_at: float | None = None
+        # the cells done at the last namespace snapshot this run took (None: none yet)
+        self.snapshot_cells: int | None = None
         self.last_snapshot = 0.0
         self.client: NotebookClient | None = None
         self.kernel_ready = False
@@ -127,7 +129,14 @@ class Runner:
         if self.preempt_at is not None:
             return
         self.preempt_at = time.time()
-        self.jd.log(f"preemption signal {signal.Signals(signum).name}: checkpointing")
+        # (what happens depends on the cell: say it, not "checkpointing", which a cell that
+        # never calls gpuslice.checkpoint does not do)
+        self.jd.log(
+            f"preemption signal {signal.Signals(signum).name}: the run stops at this cell's "
+            "next gpuslice.checkpoint step, or at the end of the cell, after saving; if "
+            "neither comes within the grace period it is killed, and the work since the last "
+            "save is redone"
+        )
         self._forward()
 
     def _forward(self) -> None:
@@ -172,6 +181,7 @@ class Runner:
             return
         write_json_atomic(self.jd.namespace_meta_path, {"cells_done": cells_done, **report})
         self.last_snapshot = time.time()
+        self.snapshot_cells = cells_done
         self.jd.write_state(last_checkpoint_at=self.last_snapshot)
         msg = f"namespace snapshot after cell {cells_done}: {report['bytes']} bytes"
         self.jd.log(f"{msg} in {report['seconds']}s")
@@ -340,7 +350,8 @@ class Runner:
 
     async def _preempted(self, n: int, at_boundary: bool) -> int:
         now = time.time()
-        if at_boundary and self.is_python:
+        if at_boundary and self.is_python and self.snapshot_cells != n:
+            # (the cell loop may have just taken this very snapshot, seeing the signal)
             await self._snapshot(n)
         lost = self._lost_work(now)
         where = f"before cell {n + 1}" if at_boundary else f"in cell {n + 1}"
