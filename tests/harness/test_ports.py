@@ -27,6 +27,7 @@ def test_a_port_in_use_is_not_picked(monkeypatch):
     monkeypatch.setattr(ports, "_ephemeral_low", lambda: ports.LOW + 64)
     monkeypatch.setattr(ports, "_handed_out", set())
     held: list[socket.socket] = []
+    others: set[int] = set()
     try:
         for port in range(ports.LOW, ports.LOW + 64):
             if port % 8:
@@ -36,11 +37,14 @@ def test_a_port_in_use_is_not_picked(monkeypatch):
                     s.listen()
                     held.append(s)
                 except OSError:
-                    s.close()  # (in use already: not free either way)
+                    # in use by another process (the suite's other worker): it may be let
+                    # go before the picking, and then be rightly picked
+                    s.close()
+                    others.add(port)
         busy = {s.getsockname()[1] for s in held}
         picked = ports.free_ports(4) + ports.free_ports(4)
         assert len(set(picked)) == 8 and not set(picked) & busy
-        assert all(p % 8 == 0 for p in picked)
+        assert all(p % 8 == 0 or p in others for p in picked), (picked, others)
     finally:
         for s in held:
             s.close()
