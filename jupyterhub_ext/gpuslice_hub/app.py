@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -636,7 +637,9 @@ class GPUSliceService(Application):
             gres = SlurmGresConfig(parent=self)
             hosts = read_slurm_hosts(gres.value(), gres.gpu_memory_mib)
             self.log.log(level, "inventory from Slurm: %s", ", ".join(h["name"] for h in hosts))
-            return discover("static", hosts)
+            # declared from what Slurm said; named for where it came from (what the start
+            # line, /api/health and the admin panel show)
+            return dataclasses.replace(discover("static", hosts), backend="slurm")
         if self.gpu_backend == "kubernetes":
             if self.hosts:
                 raise ConfigError(
@@ -646,7 +649,7 @@ class GPUSliceService(Application):
             self.log.log(
                 level, "inventory from Kubernetes: %s", ", ".join(h["name"] for h in hosts)
             )
-            return discover("static", hosts)
+            return dataclasses.replace(discover("static", hosts), backend="kubernetes")
         try:
             return discover(self.gpu_backend, hosts or None)
         except ConfigError:

@@ -489,6 +489,28 @@ def test_a_requeued_job_cancelled_in_slurm_is_cancelled_not_taken_for_completed(
     job = row(jobs, a)
     assert job.state == "cancelled" and "cancelled in Slurm" in job.transitions[-1].reason
     assert len(slurm.scripts) == 1
+    assert job.waiting_reason is None  # (it said "Resources" while it waited)
+
+
+def test_a_running_job_scancelled_in_slurm_is_cancelled_not_resubmitted(tmp_path):
+    _, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1")
+    scheduler.tick()
+    assert row(jobs, a).state in ("starting", "running")  # (placed, whether or not it said so)
+    # scancel sends the batch script SIGTERM: the runner takes it for a preemption and
+    # exits 75; Slurm then says CANCELLED, with that exit code (as a real slurmctld does)
+    state_json(jobs, a, status="preempted", lost_work_seconds=0.1)
+    slurm.set(sid(jobs, a), "CANCELLED", nodes="", exit_code=75)
+    for _ in range(3):
+        scheduler.tick()
+    job = row(jobs, a)
+    assert job.state == "cancelled", [(t.state, t.reason) for t in job.transitions]
+    assert job.transitions[-1].reason == "cancelled in Slurm, outside gpuslice"
+    assert job.preemptions == 0 and job.restarts == 0
+    assert len(slurm.scripts) == 1  # not handed to Slurm again
+    assert job.allocation_ids == []
 
 
 def test_sbatch_that_cannot_be_run_is_said_and_tried_again_not_a_traceback_per_pass(tmp_path):

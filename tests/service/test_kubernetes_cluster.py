@@ -266,6 +266,7 @@ def test_the_service_reads_its_hosts_from_the_cluster_and_refuses_hand_written_o
     # read at start (load_settings); the NVML names of the models come from them
     service.parsed_profiles = parse_profiles(config.GPUSliceService.profiles)
     inventory = service.discover()
+    assert inventory.backend == "kubernetes"  # named for where it came from
     assert [h.name for h in inventory.hosts] == ["gpu-a", "gpu-b"]
     assert {g.model for g in inventory.hosts[0].gpus} == {A100}
     config.GPUSliceService.hosts = hosts_from_nodes(NODES, RES, {})

@@ -107,6 +107,8 @@ def test_the_service_reads_its_hosts_from_slurm_and_refuses_hand_written_ones(
     inventory = GPUSliceService(config=config).discover()
     (host,) = inventory.hosts
     assert host.name == slurm.node.name and len(host.gpus) == 3
+    # named for where it came from (the start line, /api/health and the admin panel say it)
+    assert inventory.backend == "slurm" and not inventory.simulated
     config.GPUSliceService.hosts = slurm_hosts(slurm.node.name)
     with pytest.raises(ConfigError) as e:
         GPUSliceService(config=config).discover()

@@ -425,6 +425,13 @@ class Scheduler:
             if code == EXIT_FAILED:
                 row.error = str(runner.get("error") or "the runner exited with status 1")
                 transition(s, row, "failed", row.error)
+            elif status.state == "CANCELLED" and row.state != "preempting":
+                # Cancelled in the engine by someone else than gpuslice (scancel): the runner
+                # took the signal for a preemption and exited so, but nothing requeues the
+                # run there, and a requeue here would resubmit what its owner or an admin
+                # stopped, again and again.
+                engine = getattr(self.jobs.backend, "engine", self.jobs.backend.name)
+                transition(s, row, "cancelled", f"cancelled in {engine}, outside gpuslice")
             elif code == EXIT_PREEMPTED or row.state == "preempting" or outside:
                 self._requeue_preempted(s, row, runner, now, code, outside)
             else:

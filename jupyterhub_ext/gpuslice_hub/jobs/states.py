@@ -60,6 +60,8 @@ def _moved(job: Any, state: str, now: datetime) -> dict[str, Any]:
     out: dict[str, Any] = {"state": state}
     if state in TERMINAL:
         out["finished_at"] = now
+        # why it waited is over too (a job cancelled while pending kept "Resources")
+        out["waiting_reason"] = None
     if state not in ACTIVE:
         out.update(_burst_run_ended(job, now))
     return out
