@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pwd
 import stat
@@ -13,6 +14,8 @@ import pytest
 from gpuslice_hub.errors import Refused
 from gpuslice_hub.jobs.accounts import Account
 from gpuslice_hub.jobs.jobdirs import create_job_dir, read_notebook
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.ledger import Caller
 
 
 def _submitted() -> dict:
@@ -105,3 +108,31 @@ def test_the_service_account_is_looked_up_once_per_effective_uid(monkeypatch):
     other = Account.current()
     assert looked == [me.uid, 4242]
     assert Account.current() is other
+
+
+def test_a_folder_left_at_a_new_jobs_place_is_set_aside_not_a_failure_per_submission(
+    tmp_path, caplog
+):
+    # another ledger's job 1 over the same jobs_root (the admin changed db_url): every
+    # submission failed on its folder, with a 500, for good
+    from tests.jobs.test_burst import FakeSlurm
+    from tests.jobs.test_jobs_hub import nb_json
+    from tests.service.conftest import build_ledger
+
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite")
+    root = tmp_path / "jobs"
+    (root / "1").mkdir(parents=True)
+    (root / "1" / "output.ipynb").write_text("the other ledger's result")
+    jobs = JobManager(ledger, ledger.db, FakeSlurm(), root)  # type: ignore[arg-type]
+    jobs.run_jobs_as_service_user = True
+    try:
+        with caplog.at_level(logging.WARNING):
+            job = jobs.submit(
+                Caller("ann", (), "ann"), {"notebook": nb_json(["1"]), "profile": "gpu-1"}
+            )
+        assert job["id"] == 1 and (root / "1" / "input.ipynb").is_file()
+        (aside,) = root.glob("1.stale-*")
+        assert (aside / "output.ipynb").read_text() == "the other ledger's result"  # kept
+        assert f"moved that folder to {aside}" in caplog.text
+    finally:
+        ledger.db.dispose()

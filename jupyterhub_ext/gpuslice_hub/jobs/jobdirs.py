@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,18 @@ def _short(value: Any) -> str:
         if isinstance(value, list)
         else (type(value).__name__)
     )
+
+
+def set_aside_stale(folder: Path) -> Path | None:
+    """Move a folder already at a new job's place out of the way, kept (where it went, or
+    None). No job of this ledger has the id: the folder was left by another ledger over the
+    same ``jobs_root`` (a new ``db_url``), or by a submission that failed once its folder was
+    made. Without this, every submission after it fails on the same id."""
+    if not (folder.exists() or folder.is_symlink()):
+        return None
+    aside = folder.with_name(f"{folder.name}.stale-{time.strftime('%Y%m%dT%H%M%S')}")
+    folder.rename(aside)
+    return aside
 
 
 def create_job_dir(

@@ -36,7 +36,7 @@ from ..profiles import Profile
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
 from .job_writes import record_transition, write_job
-from .jobdirs import create_job_dir, read_notebook
+from .jobdirs import create_job_dir, read_notebook, set_aside_stale
 from .ordering import queue_order
 from .params import validate_parameters
 from .serialize import job_json
@@ -407,6 +407,14 @@ class JobManager(LoggingConfigurable):
             ).scalar_one()
             reason = f"submitted by {caller.actor}"
             record_transition(conn, job_id, None, "queued", now, reason)
+            stale = set_aside_stale(self.root / str(job_id))
+            if stale is not None:
+                self.log.warning(
+                    "job %s: its folder's place was taken (by another ledger's job over the "
+                    "same jobs_root, or a submission that failed): moved that folder to %s",
+                    job_id,
+                    stale,
+                )
             job_dir = create_job_dir(
                 self.root,
                 job_id,
