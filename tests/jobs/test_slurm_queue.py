@@ -160,8 +160,11 @@ def test_a_profile_asks_slurm_for_its_gres_on_no_particular_node():
     assert profile_sbatch_options(profiles["mig"], 3, gres) == ["--gres=gpu:1g.10gb:3"]
     assert profile_sbatch_options(profiles["share"], 1, gres) == ["--gres=shard:2"]
     assert profile_sbatch_options(profiles["two"], 1, gres) == ["--gres=gpu:a100:2"]
-    # a profile open to every model: Slurm picks one
-    assert profile_sbatch_options(profiles["any"], 2, gres) == ["--gres=gpu:2"]
+    # a profile open to every model: the cluster's one whole-GPU type (an untyped "gpu"
+    # may be given MIG instances), and Slurm picks among several only when there are
+    assert profile_sbatch_options(profiles["any"], 2, gres) == ["--gres=gpu:a100:2"]
+    two = SlurmGres(gpu_types={A100: "a100", "NVIDIA L4": "l4"})
+    assert profile_sbatch_options(profiles["any"], 2, two) == ["--gres=gpu:2"]
 
 
 def test_jobs_go_to_slurm_at_once_and_wait_there_in_its_order_with_its_reason(tmp_path):
@@ -171,7 +174,7 @@ def test_jobs_go_to_slurm_at_once_and_wait_there_in_its_order_with_its_reason(tm
     assert [cmd[0] for cmd in slurm.commands] == ["sbatch"] * 3  # one query: none yet
     # each as its owner, with its profile's gres, its class's partition and QOS, no node
     script_a, script_b = slurm.scripts[sid(jobs, a)], slurm.scripts[sid(jobs, b)]
-    assert "#SBATCH --gres=gpu:1" in script_a and "#SBATCH --partition=scavenge" in script_a
+    assert "#SBATCH --gres=gpu:a100:1" in script_a and "#SBATCH --partition=scavenge" in script_a
     assert "#SBATCH --gres=shard:2" in script_b and "#SBATCH --qos=urgent" in script_b
     assert "--nodelist" not in script_a + script_b
     assert row(jobs, a).waiting_reason == f"submitted to Slurm as job {sid(jobs, a)}"
@@ -471,6 +474,11 @@ def test_profiles_whose_models_slurm_cannot_ask_for_are_said_at_start():
     gaps = slurm_model_gaps(profiles, SlurmGres(gpu_types={A100: "a100"}))
     assert [g.split(":")[0] for g in gaps] == ["profile either", "profile quarter"]
     assert "Slurm may run them on other GPUs" in gaps[0]
+    # a whole GPU of any model asks for the one type; with two, nothing says which
+    two = SlurmGres(gpu_types={A100: "a100", "NVIDIA L4": "l4"})
+    gaps = slurm_model_gaps(profiles, two)
+    assert [g.split(":")[0] for g in gaps] == ["profile either", "profile quarter", "profile any"]
+    assert "may satisfy with a MIG instance's gres" in gaps[-1]
 
 
 def test_a_requeued_job_cancelled_in_slurm_is_cancelled_not_taken_for_completed(tmp_path):

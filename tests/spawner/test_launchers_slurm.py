@@ -52,6 +52,18 @@ def test_whole_gpus_typed_per_model_or_untyped():
     assert gres_spec(GPUS) == "gpu:2"
 
 
+def test_a_gpu_of_any_model_asks_for_the_one_whole_gpu_type():
+    # a batch job's whole GPU, no model named (Slurm picks the node): an untyped "gpu:1"
+    # was given MIG instances (gpu:1g.10gb) on a real cluster, counted as whole GPUs
+    anyone = grant("gpu", assignment(gpu_model=None), host="")
+    assert gres_spec(anyone, SlurmGres(gpu_types={H100: "h100"})) == "gpu:h100:1"
+    # with several types nothing says which: untyped (and the service warns at start)
+    two = SlurmGres(gpu_types={H100: "h100", "NVIDIA A100-SXM4-80GB": "a100"})
+    assert gres_spec(anyone, two) == "gpu:1"
+    # a grant that names a model keeps it, typed or not
+    assert gres_spec(GPUS, two) == "gpu:h100:2"
+
+
 def test_share_as_shards_scales_milli_to_shards_per_gpu():
     assert gres_spec(SHARE) == "shard:2"  # 250/1000 of 8
     assert gres_spec(SHARE, SlurmGres(shards_per_gpu=16)) == "shard:4"

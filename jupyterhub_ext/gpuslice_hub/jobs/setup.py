@@ -71,7 +71,17 @@ def slurm_model_gaps(profiles: Mapping[str, Profile], gres: SlurmGres) -> list[s
     or untyped GPUs, and Slurm may run them on any model (the ledger then cannot record
     them there, and the mirror of Slurm's holdings holds the GPU instead)."""
     gaps = []
+    types = set(gres.gpu_types.values())
     for profile in profiles.values():
+        if profile.kind == "gpu" and not profile.models and len(types) > 1:
+            # (with one type its jobs ask for that type: see gres_counts)
+            gaps.append(
+                f"profile {profile.name}: its batch jobs ask Slurm for an untyped GPU (the "
+                f"profile names no model, and {len(types)} GPU types are configured), which "
+                "Slurm may satisfy with a MIG instance's gres or any model: give the profile "
+                "one model in 'models'"
+            )
+            continue
         if not profile.models or profile.kind == "mig":
             continue
         typed = profile.kind == "gpu" and len(profile.models) == 1

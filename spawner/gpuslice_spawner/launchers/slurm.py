@@ -98,8 +98,13 @@ def gres_counts(grant: Mapping[str, Any], config: SlurmGres | None = None) -> Co
                 raise ValueError(f"MIG assignment without mig_profile: {dict(a)!r}")
             counts[f"{cfg.gpu}:{_token(a['mig_profile'], 'MIG profile')}"] += 1
     elif kind == "gpu":
+        whole = set(cfg.gpu_types.values())
         for a in assignments:
             gtype = cfg.gpu_types.get(str(a.get("gpu_model")))
+            if a.get("gpu_model") is None and len(whole) == 1:
+                # Any model (a batch job's, where Slurm picks the node): the cluster's one
+                # whole-GPU type. An untyped "gpu" may be given a MIG instance's gres.
+                (gtype,) = whole
             counts[f"{cfg.gpu}:{_token(gtype, 'GPU type')}" if gtype else cfg.gpu] += 1
     elif kind == "share":
         if len(assignments) != 1:
