@@ -157,13 +157,62 @@ def share_sections(c: Any, config_file: str) -> None:
     for section in SHARED_SECTIONS:
         if section not in loaded:
             continue
+        shared = _SharedSection.install(c, section, config_file)
         for key, value in loaded[section].items():
-            if key in c[section] and c[section][key] != value:
-                raise ValueError(
-                    f"c.{section}.{key} is {c[section][key]!r} in the hub's config but "
-                    f"{value!r} in {config_file}: set it in {config_file} only"
-                )
-            c[section][key] = value
+            shared.share(key, value)
+
+
+class _SharedSection(Config):
+    """A section of :data:`SHARED_SECTIONS` in the hub's ``c``: a key the service's config
+    file sets may be set in jupyterhub_config.py to the same value only, before or after
+    :func:`configure_jupyterhub` (a later line would otherwise win there silently)."""
+
+    _shared: dict[str, Any]
+    _name: str
+    _file: str
+
+    @classmethod
+    def install(cls, c: Any, name: str, config_file: str) -> _SharedSection:
+        current = c[name]
+        if isinstance(current, cls):
+            return current
+        section = cls()
+        object.__setattr__(section, "_shared", {})
+        object.__setattr__(section, "_name", name)
+        object.__setattr__(section, "_file", config_file)
+        for key, value in current.items():
+            dict.__setitem__(section, key, value)
+        c[name] = section
+        return section
+
+    def share(self, key: str, value: Any) -> None:
+        self._shared[key] = value
+        if key in self:
+            self._check(key, self[key])
+        super().__setitem__(key, value)
+
+    def _check(self, key: str, value: Any) -> None:
+        if key in self._shared and self._shared[key] != value:
+            raise ValueError(
+                f"c.{self._name}.{key} is {value!r} in the hub's config but "
+                f"{self._shared[key]!r} in {self._file}: set it in {self._file} only"
+            )
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if hasattr(self, "_shared"):
+            self._check(key, value)
+        super().__setitem__(key, value)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key in ("_shared", "_name", "_file"):
+            object.__setattr__(self, key, value)
+            return
+        super().__setattr__(key, value)
+
+    def __getattr__(self, key: str) -> Any:
+        if key in ("_shared", "_name", "_file"):
+            raise AttributeError(key)
+        return super().__getattr__(key)
 
 
 def hub_templates() -> str:

@@ -68,6 +68,16 @@ def test_the_slurm_gres_names_are_set_once_for_servers_and_jobs(tmp_path):
     clash.SlurmGresConfig.shards_per_gpu = 8
     with pytest.raises(ValueError, match="shards_per_gpu"):
         configure_jupyterhub(clash, config_file=str(service_config))
+    # ... whether the hub's line comes before configure_jupyterhub or after it (the guide's
+    # examples set the spawner's options after it)
+    c.SlurmGresConfig.shards_per_gpu = 16
+    with pytest.raises(ValueError, match=r"shards_per_gpu is 4 in the hub's config but 16"):
+        c.SlurmGresConfig.shards_per_gpu = 4
+    c.SlurmGresConfig.share_gres = "mps"  # a key the service's file leaves alone: the hub's
+    loaded = Config()
+    loaded.merge(c)  # what the hub loads
+    assert loaded.SlurmGresConfig.shards_per_gpu == 16
+    assert SlurmGresConfig(config=loaded).value().share == "mps"
 
 
 def test_a_service_config_the_hub_cannot_run_does_not_stop_the_hub(tmp_path, caplog):
