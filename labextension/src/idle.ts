@@ -1,8 +1,10 @@
 // Idle warnings: a sticky notification per kernel, driven by the server's idle events.
 import type { JupyterFrontEnd } from '@jupyterlab/application';
 import { Notification } from '@jupyterlab/apputils';
+import type { INotebookTracker } from '@jupyterlab/notebook';
 
 import type { GpusliceApi } from './api';
+import { usedLast } from './activetab';
 import { formatDuration, secondsUntil } from './format';
 import {
   announcementId,
@@ -17,17 +19,17 @@ import {
   type NoticeType
 } from './idleview';
 import { refusalMessage } from './refusal';
-import { releaseGpu, saveAll } from './release';
+import { kernelNotebooks } from './sessions';
+import { releaseGpu, saveNotebooks, unsavedNotebooks } from './release';
 import type { IIdleEvent, IStatus } from './types';
 
 /**
  * How long before a server's idle deadline this tab saves the open notebooks again: what
  * is typed after the warning (typing is not GPU use) would otherwise go with the server.
+ * Never at the cull itself: the server is stopped under a save, and jupyter_server writes
+ * a file in place (a save cut short left it empty).
  */
 export const SAVE_BEFORE_CULL_MS = 10_000;
-
-/** The most a save at the cull may take: the server is going away under it. */
-const LAST_SAVE_TIMEOUT_MS = 10_000;
 
 export class IdleNotifier {
   private readonly ids = new Map<string, string>();
@@ -42,6 +44,7 @@ export class IdleNotifier {
 
   constructor(
     private readonly app: JupyterFrontEnd,
+    private readonly tracker: INotebookTracker | null,
     private readonly api: GpusliceApi,
     private readonly onChange: () => void,
     private readonly onReleased: () => void = () => undefined,
@@ -82,7 +85,7 @@ export class IdleNotifier {
 
   async handle(event: IIdleEvent): Promise<void> {
     const key = noticeKey(event);
-    const context: INoticeContext = { notebook: await this.notebookOf(event.kernel_id) };
+    const context: INoticeContext = { notebook: this.notebookOf(event.kernel_id) };
     if (event.action === 'extended' && this.kept.delete(key)) {
       this.onChange(); // this tab's own keep-alive, already confirmed with its reply
       return;
@@ -98,28 +101,25 @@ export class IdleNotifier {
       this.forget(key);
     }
     if (event.action === 'culled' && event.kernel_id === null) {
-      // The server is being stopped: one last save, if it still answers.
-      context.saveFailed = !(await this.save(LAST_SAVE_TIMEOUT_MS));
+      // The server is being stopped: no save now (see SAVE_BEFORE_CULL_MS); say what the
+      // last one kept, and whether this tab holds edits made since.
       context.savedAt = this.savedAt;
+      context.unsaved = unsavedNotebooks(this.tracker).length > 0;
+      context.otherTabSaves = !usedLast();
       this.onCulled(event.reason);
     }
     const notice = idleNotice(event, Date.now(), context);
+    // shown first: a save may wait on a question of JupyterLab's ("File Changed")
+    this.show(key, notice.type, notice.message, notice.autoClose, this.actions(event, notice));
+    this.onChange();
     if (notice.saveNotebooks) {
       await this.save();
     }
-    this.show(key, notice.type, notice.message, notice.autoClose, this.actions(event, notice));
-    this.onChange();
   }
 
-  /** Save every open notebook; true when it worked (within `timeoutMs`, if given). */
-  private async save(timeoutMs?: number): Promise<boolean> {
-    const saving = saveAll(this.app);
-    const saved = timeoutMs
-      ? await Promise.race([
-          saving,
-          new Promise<boolean>(resolve => setTimeout(() => resolve(false), timeoutMs))
-        ])
-      : await saving;
+  /** Save the open notebooks with unsaved changes; true when it worked. */
+  private async save(): Promise<boolean> {
+    const saved = await saveNotebooks(this.tracker);
     if (saved) {
       this.savedAt = Date.now();
     }
@@ -133,9 +133,26 @@ export class IdleNotifier {
       return;
     }
     this.saveTimer = setTimeout(
-      () => void this.save(),
+      () => void this.saveBeforeCull(),
       Math.max(0, left * 1000 - SAVE_BEFORE_CULL_MS)
     );
+  }
+
+  /**
+   * The planned save, if the server still means to stop: a hidden tab polls nothing and
+   * may hold a warning that was taken back (a keep-alive or work in another tab).
+   */
+  private async saveBeforeCull(): Promise<void> {
+    try {
+      const status = await this.api.status();
+      this.syncFromStatus(status);
+    } catch {
+      // the server does not answer: nothing can be saved there anyway
+      return;
+    }
+    if (this.shown.has(noticeKey({ kernel_id: null }))) {
+      await this.save();
+    }
   }
 
   /** The warning under `key` is over (kept, extended, culled, or no longer true). */
@@ -145,18 +162,9 @@ export class IdleNotifier {
     }
   }
 
-  /** The path of the notebook whose kernel this is, when this lab has it open. */
-  private async notebookOf(kernelId: string | null): Promise<string | null> {
-    if (!kernelId) {
-      return null;
-    }
-    const sessions = this.app.serviceManager.sessions;
-    for (const session of sessions.running()) {
-      if (session.kernel?.id === kernelId) {
-        return session.path.split('/').pop() || session.path;
-      }
-    }
-    return null;
+  /** The notebook whose kernel this is, when this lab knows it. */
+  private notebookOf(kernelId: string | null): string | null {
+    return kernelId ? (kernelNotebooks(this.app).get(kernelId) ?? null) : null;
   }
 
   private actions(event: IIdleEvent, notice: IIdleNotice): Notification.IAction[] {
@@ -213,7 +221,7 @@ export class IdleNotifier {
 
   private async release(key: string): Promise<void> {
     this.show(key, 'info', 'Saving notebooks, then releasing the GPU…', false, []);
-    const refused = await releaseGpu(this.app, this.api, this.onReleased);
+    const refused = await releaseGpu(this.tracker, this.api, this.onReleased);
     if (refused) {
       this.show(key, 'error', refused, false, []);
     } else {

@@ -28,10 +28,12 @@ export interface INoticeContext {
   notebook?: string | null;
   /**
    * A server's cull: when this tab last saved the open notebooks (ms since the epoch),
-   * and whether its save at the cull itself failed (edits after the last save are lost).
+   * and whether it holds edits made since (they went with the server).
    */
   savedAt?: number | null;
-  saveFailed?: boolean;
+  unsaved?: boolean;
+  /** Another tab of this server, the one used last, does the saving (activetab.ts). */
+  otherTabSaves?: boolean;
 }
 
 /**
@@ -70,11 +72,14 @@ function memoryText(which: string, reason: string | null): string {
 
 /** What a person reads about their notebooks once the server has been stopped. */
 function afterServerCull(context: INoticeContext): string {
+  if (context.otherTabSaves) {
+    return ' Saving was left to the tab used last.';
+  }
   const at = context.savedAt ? formatClock(context.savedAt) : null;
-  if (context.saveFailed) {
+  if (context.unsaved) {
     return at
       ? ` Edits after ${at} were not saved: copy them from this page.`
-      : ' Notebooks could not be saved: copy your edits from this page.';
+      : ' Unsaved edits were not saved: copy them from this page.';
   }
   return at ? ` Notebooks saved at ${at}.` : ' Saved notebooks are kept.';
 }
@@ -240,10 +245,11 @@ export interface IShownWarning {
 
 /**
  * Shown warnings that a status no longer backs, with why: `resumed` (the kernel, or under
- * the server action every kernel, is no longer warned: it was used again, so its idle timer
- * restarted) or `gone` (the kernel was shut down by its owner). A warning whose deadline
- * has passed is left to the cull's own event. The status must have been asked for after
- * the warning was shown (an earlier one predates it).
+ * the server action every kernel, is no longer warned and its deadline moved on: it was
+ * used or kept alive, even if that is only seen after the old deadline) or `gone` (the
+ * kernel was shut down by its owner before its deadline). A kernel past its deadline that
+ * is gone, or not yet moved on, is left to the cull's own event. The status must have been
+ * asked for after the warning was shown (an earlier one predates it).
  */
 export function staleWarnings(
   status: Pick<IStatus, 'kernels' | 'exempt'>,
@@ -253,20 +259,24 @@ export function staleWarnings(
   const stale: { key: string; why: 'resumed' | 'gone' }[] = [];
   for (const [key, warning] of shown) {
     const left = secondsUntil(warning.deadline, now);
-    if (left !== null && left <= 0) {
-      continue;
-    }
+    // (a kernel being culled is not warned either, but its deadline stays where it was)
+    const movedOn = (kernel: IStatus['kernels'][number]) =>
+      !kernel.warning &&
+      (kernel.deadline === null ||
+        (Date.parse(kernel.deadline) || 0) > (Date.parse(warning.deadline ?? '') || 0) + 1000);
     if (warning.kernelId === null) {
       // the server's warning: its kernels carry it; without kernels the status cannot say
-      if (status.kernels.length && !status.kernels.some(kernel => kernel.warning)) {
+      if (status.kernels.length && status.kernels.every(movedOn)) {
         stale.push({ key, why: 'resumed' });
       }
       continue;
     }
     const kernel = status.kernels.find(k => k.id === warning.kernelId);
     if (!kernel) {
-      stale.push({ key, why: 'gone' });
-    } else if (!kernel.warning) {
+      if (left === null || left > 0) {
+        stale.push({ key, why: 'gone' });
+      }
+    } else if (movedOn(kernel)) {
       stale.push({ key, why: 'resumed' });
     }
   }

@@ -7,11 +7,13 @@ import { INotebookTracker, type NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon, ToolbarButton } from '@jupyterlab/ui-components';
 
+import { watchUse } from './activetab';
 import { createApi } from './connection';
 import { IdleNotifier } from './idle';
 import { JobsPanel } from './jobspanel';
 import { confirmRelease, releaseGpu } from './release';
 import { pollIntervals } from './pollsettings';
+import { kernelNotebooks } from './sessions';
 import { GpuStatusItem } from './statusbar';
 import { submitJob } from './submit';
 
@@ -68,19 +70,23 @@ const plugin: JupyterFrontEndPlugin<void> = {
     settingRegistry: ISettingRegistry | null
   ) => {
     const api = createApi(app.serviceManager.serverSettings);
+    watchUse(); // which of this server's tabs saves for the idle warnings (activetab.ts)
 
     let status: GpuStatusItem | null = null;
     const released = (): void => status?.released();
     const notifier = new IdleNotifier(
       app,
+      tracker,
       api,
       () => void status?.refresh(),
       released,
       reason => status?.culled(reason)
     );
     if (statusBar) {
-      status = new GpuStatusItem(api, (current, requestedAt) =>
-        notifier.syncFromStatus(current, requestedAt)
+      status = new GpuStatusItem(
+        api,
+        (current, requestedAt) => notifier.syncFromStatus(current, requestedAt),
+        () => kernelNotebooks(app)
       );
       statusBar.registerStatusItem('gpuslice:status', {
         item: status,
@@ -176,7 +182,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!(await confirmRelease())) {
           return;
         }
-        const refused = await releaseGpu(app, api, released);
+        const refused = await releaseGpu(tracker, api, released);
         if (refused) {
           Notification.error(refused, { autoClose: false });
         }

@@ -1,13 +1,12 @@
 // Giving the GPU back on purpose: save, release, then say what happened and how to get a
 // GPU again (the server stops with its slice, so the lab is about to lose its server).
-import type { JupyterFrontEnd } from '@jupyterlab/application';
+import type { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 
 import type { GpusliceApi } from './api';
+import { usedLast } from './activetab';
 import { refusalMessage } from './refusal';
-
-export const SAVE_ALL = 'docmanager:save-all';
 
 /** Where a person starts a server again: the hub's home page (null outside a hub). */
 export function hubHomeUrl(hubPrefix: string | undefined): string | null {
@@ -18,16 +17,35 @@ export function hubHomeUrl(hubPrefix: string | undefined): string | null {
 }
 
 export const RELEASED_TEXT =
-  'Your notebooks are saved and the GPU slice is back in the pool; this server is stopping. ' +
+  'Your notebooks are saved and this server is stopping; its GPU slice goes back to the pool ' +
+  'as it stops. ' +
   'To work on a GPU again, start your server from the hub: it asks which slice you want.';
 
-/** Save every open document; false when a save failed (the lab shows which and why). */
-export async function saveAll(app: JupyterFrontEnd): Promise<boolean> {
-  if (!app.commands.hasCommand(SAVE_ALL)) {
-    return false;
+/**
+ * Save the open notebooks that have unsaved changes, one at a time; false when a save
+ * failed (JupyterLab shows which and why). Only from the tab used last among this server's
+ * tabs, and only changed notebooks: another tab's copy must not be written over the one
+ * being worked on. And never two at once (a lock of this server's, where the browser has
+ * Web Locks): jupyter_server writes a file in place, so two tabs saving together left it
+ * half one copy and half the other, not valid JSON.
+ */
+export async function saveNotebooks(tracker: INotebookTracker | null): Promise<boolean> {
+  if (!usedLast()) {
+    return true; // another tab of this server was used since: it saves (see activetab.ts)
   }
+  const save = async (): Promise<void> => {
+    for (const context of unsavedNotebooks(tracker)) {
+      await context.save();
+    }
+  };
   try {
-    await app.commands.execute(SAVE_ALL);
+    const locks = (navigator as Navigator & { locks?: LockManager }).locks;
+    if (locks) {
+      const name = `gpuslice-save:${PageConfig.getBaseUrl()}`;
+      await locks.request(name, save);
+    } else {
+      await save();
+    }
     return true;
   } catch (error) {
     console.warn('gpuslice: saving the open notebooks failed', error);
@@ -35,16 +53,28 @@ export async function saveAll(app: JupyterFrontEnd): Promise<boolean> {
   }
 }
 
+/** The open notebooks (one context per file) with unsaved changes. */
+export function unsavedNotebooks(tracker: INotebookTracker | null): NotebookPanel['context'][] {
+  const found = new Map<string, NotebookPanel['context']>();
+  tracker?.forEach(panel => {
+    const context = panel.context;
+    if (context.model.dirty && !context.model.readOnly && !found.has(context.path)) {
+      found.set(context.path, context);
+    }
+  });
+  return [...found.values()];
+}
+
 /**
  * Save every open notebook, release the slice and tell the person. Resolves to null once
  * released, or to the reason it was not (shown by the caller).
  */
 export async function releaseGpu(
-  app: JupyterFrontEnd,
+  tracker: INotebookTracker | null,
   api: GpusliceApi,
   onReleased: () => void
 ): Promise<string | null> {
-  await saveAll(app);
+  await saveNotebooks(tracker);
   try {
     await api.release();
   } catch (error) {

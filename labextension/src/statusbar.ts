@@ -16,7 +16,8 @@ export class GpuStatusItem extends Widget {
 
   constructor(
     private readonly api: GpusliceApi,
-    private readonly onStatus: (status: IStatus, requestedAt: number) => void = () => undefined
+    private readonly onStatus: (status: IStatus, requestedAt: number) => void = () => undefined,
+    private readonly notebooks: () => ReadonlyMap<string, string> = () => new Map()
   ) {
     super();
     this.addClass('jp-gpuslice-status');
@@ -66,6 +67,9 @@ export class GpuStatusItem extends Widget {
       if (this.stopped) {
         return;
       }
+      // (and no countdown from the last answer: the tick would paint it again)
+      this.status = null;
+      this.removeClass('jp-gpuslice-status-warning');
       this.label.textContent = 'GPU ?';
       this.node.title = `GPU status unavailable: ${(error as Error).message}`;
     }
@@ -101,7 +105,7 @@ export class GpuStatusItem extends Widget {
     if (!this.status) {
       return;
     }
-    const view = statusView(this.status, Date.now());
+    const view = statusView(this.status, Date.now(), this.notebooks());
     this.label.textContent = view.text;
     this.node.title =
       view.title + `\nupdated ${Math.round((Date.now() - this.fetchedAt) / 1000)}s ago`;

@@ -56,7 +56,11 @@ function memoryText(used: number | null | undefined, cap: number | null | undefi
   return cap ? `${formatMemory(used ?? 0)} / ${formatMemory(cap)}` : formatMemory(used);
 }
 
-export function statusView(status: IStatus, now: number): IStatusView {
+export function statusView(
+  status: IStatus,
+  now: number,
+  notebooks: ReadonlyMap<string, string> = new Map()
+): IStatusView {
   const slice = status.slice;
   if (!slice) {
     return {
@@ -118,7 +122,8 @@ export function statusView(status: IStatus, now: number): IStatusView {
         : deadline === null
           ? 'no deadline'
           : `idle cull in ${formatCountdown(deadline)}`;
-      return `${kernel.name} (${kernel.execution_state}): ${formatPercent(kernel.utilization)}, ${formatMemory(kernel.memory_mib)}, ${tail}`;
+      const name = notebooks.get(kernel.id) ?? kernel.name;
+      return `${name} (${kernel.execution_state}): ${formatPercent(kernel.utilization)}, ${formatMemory(kernel.memory_mib)}, ${tail}`;
     })
   ].filter((line): line is string => line !== null);
   return {

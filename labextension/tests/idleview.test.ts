@@ -102,14 +102,18 @@ describe('idle events', () => {
     };
     const savedAt = new Date(2026, 0, 1, 14, 3, 7).getTime();
     expect(idleNotice(event, NOW, { savedAt }).message).toContain('Notebooks saved at 14:03:07.');
-    const failed = idleNotice(event, NOW, { savedAt, saveFailed: true }).message;
+    const failed = idleNotice(event, NOW, { savedAt, unsaved: true }).message;
     expect(failed).toContain('Edits after 14:03:07 were not saved: copy them from this page.');
     expect(failed).not.toContain('saved at');
-    expect(idleNotice(event, NOW, { saveFailed: true }).message).toContain(
-      'Notebooks could not be saved'
+    expect(idleNotice(event, NOW, { unsaved: true }).message).toContain(
+      'Unsaved edits were not saved: copy them from this page.'
     );
     // a tab that saved nothing does not claim a time
     expect(idleNotice(event, NOW).message).toContain('Saved notebooks are kept.');
+    // nor does one that left the saving to the tab used last (its own copy is not saved)
+    const other = idleNotice(event, NOW, { unsaved: true, otherTabSaves: true }).message;
+    expect(other).toContain('Saving was left to the tab used last.');
+    expect(other).not.toContain('copy them');
   });
 
   it('updates the same notification on extended and culled', () => {
@@ -211,7 +215,7 @@ describe('fitting a JupyterLab toast', () => {
     const context = {
       notebook: 'a_very_long_experiment_name_for_the_sweep_42.ipynb',
       savedAt: NOW,
-      saveFailed: true
+      unsaved: true
     };
     const reasons: Record<string, string | null> = {
       warning: null,
@@ -233,7 +237,7 @@ describe('fitting a JupyterLab toast', () => {
               idle_seconds: 359999
             },
             NOW,
-            { ...context, saveFailed: failed }
+            { ...context, unsaved: failed }
           );
           expect(notice.message.length).toBeLessThanOrEqual(TOAST_MAX);
         }
@@ -327,7 +331,8 @@ describe('staleWarnings', () => {
   });
 
   it('takes down a warning whose kernel is used again, or was shut down', () => {
-    const used = { ...warned, warning: false, idle_seconds: 0 };
+    // used: no idle run (no deadline), or a new one with a later deadline
+    const used = { ...warned, warning: false, idle_seconds: 0, deadline: null };
     expect(staleWarnings({ kernels: [used], exempt: false }, shown, NOW)).toEqual([
       { key: 'gpuslice-idle-k1', why: 'resumed' }
     ]);
@@ -339,17 +344,30 @@ describe('staleWarnings', () => {
   it("leaves a passed deadline to the cull's own event", () => {
     const late = Date.parse('2026-01-01T12:05:01Z');
     expect(staleWarnings({ kernels: [], exempt: false }, shown, late)).toEqual([]);
+    // being culled: no longer warned, its deadline where it was
+    const culling = { ...warned, warning: false };
+    expect(staleWarnings({ kernels: [culling], exempt: false }, shown, late)).toEqual([]);
+  });
+
+  it('takes down a warning seen only after its deadline, once the kernel moved on', () => {
+    // a hidden tab polls nothing: it learns of the keep-alive made elsewhere late
+    const late = Date.parse('2026-01-01T12:06:00Z');
+    const kept = { ...warned, warning: false, deadline: '2026-01-01T12:35:00Z' };
+    expect(staleWarnings({ kernels: [kept], exempt: false }, shown, late)).toEqual([
+      { key: 'gpuslice-idle-k1', why: 'resumed' }
+    ]);
   });
 
   it("judges the server's warning by all its kernels, and not without any", () => {
     const server = new Map([
       ['gpuslice-idle-server', { kernelId: null, deadline: '2026-01-01T12:05:00Z' }]
     ]);
-    const other = { ...warned, id: 'k2', warning: false };
+    const other = { ...warned, id: 'k2', warning: false, deadline: null };
     expect(staleWarnings({ kernels: [warned, other], exempt: false }, server, NOW)).toEqual([]);
-    expect(
-      staleWarnings({ kernels: [{ ...warned, warning: false }, other], exempt: false }, server, NOW)
-    ).toEqual([{ key: 'gpuslice-idle-server', why: 'resumed' }]);
+    const kept = { ...warned, warning: false, deadline: '2026-01-01T12:30:00Z' };
+    expect(staleWarnings({ kernels: [kept, other], exempt: false }, server, NOW)).toEqual([
+      { key: 'gpuslice-idle-server', why: 'resumed' }
+    ]);
     expect(staleWarnings({ kernels: [], exempt: false }, server, NOW)).toEqual([]);
   });
 });

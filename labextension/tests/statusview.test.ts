@@ -45,6 +45,16 @@ describe('statusView', () => {
     expect(view.title).toContain('idle cull in 20:00');
   });
 
+  it('names each kernel by its notebook in the tooltip, where the lab knows it', () => {
+    const view = statusView(
+      status([kernel({ id: 'a', execution_state: 'busy' }), kernel({ id: 'b' })]),
+      NOW,
+      new Map([['a', 'train.ipynb']])
+    );
+    expect(view.title).toContain('train.ipynb (busy): ');
+    expect(view.title).toContain('python3 (idle): '); // (a kernel the lab has no session of)
+  });
+
   it('adds the idle countdown when the nearest deadline is within the warning lead', () => {
     const view = statusView(
       status([

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 import requests
 
@@ -256,10 +257,21 @@ def test_an_idle_server_is_culled_with_what_was_typed_after_its_warning(
     hub, _token, notebook = start(hub_factory, tmp_path, action="server")
     with chromium(sync_api, tmp_path) as page:
         spawn_in_browser(page, hub, "ann", "share-250")
+        # A second tab on the same notebook, unchanged in it: every save it made once went
+        # over the other tab's, at the same moment, and left the file not even JSON.
+        other = page.context.new_page()
+        other.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
+        type_into_first_cell(page, "  # typed before the warning")
         toast = page.locator(".Toastify__toast", has_text="idle on the GPU for")
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         assert "Notebooks saved, and again just before." in toast.inner_text()
+        other.locator(".Toastify__toast", has_text="idle on the GPU for").wait_for()
+        wait_for(
+            lambda: "typed before the warning" in notebook.read_text(),
+            timeout=20,
+            what="the changed notebook saved at the warning",
+        )
         # Typing is not GPU use: the cull still comes. What was typed goes with the server
         # unless the tab saves it before.
         type_into_first_cell(page, "  # typed after the warning")
@@ -272,10 +284,16 @@ def test_an_idle_server_is_culled_with_what_was_typed_after_its_warning(
         culled.wait_for(state="visible", timeout=(WARNING_LEAD + 60) * 1000)
         culled_at = time.monotonic()
         text = culled.inner_text()
-        assert "typed after the warning" in notebook.read_text()
-        # the message names when the notebooks were last saved (and if the very last save
-        # lost the race with the stop, says what that means)
-        assert re.search(r"(Notebooks saved at|Edits after) \d\d:\d\d:\d\d", text), text
+        # saved before the stop, whole (one tab wrote it, once, and not under the stop)
+        saved = nbformat.reads(notebook.read_text(), as_version=4)
+        assert "typed after the warning" in saved.cells[0].source, saved.cells[0].source
+        assert "typed before the warning" in saved.cells[0].source
+        # the message names when the notebooks were last saved, and nothing is left unsaved
+        assert re.search(r"Notebooks saved at \d\d:\d\d:\d\d\.", text), text
+        # the other tab, not the one used, saved nothing and says whose the saving was
+        gone = other.locator(".Toastify__toast", has_text="Server stopped, idle on the GPU")
+        gone.wait_for(state="visible", timeout=30_000)
+        assert "Saving was left to the tab used last." in gone.inner_text()
         # the status bar says so, and how to get a GPU again, and polls no more
         page.wait_for_function(f"() => {STATUS_TEXT} === 'GPU released (idle)'")
         status_title = page.locator(".jp-gpuslice-status").get_attribute("title") or ""
