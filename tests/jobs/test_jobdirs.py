@@ -125,6 +125,8 @@ def test_a_folder_left_at_a_new_jobs_place_is_set_aside_not_a_failure_per_submis
     (root / "1" / "output.ipynb").write_text("the other ledger's result")
     jobs = JobManager(ledger, ledger.db, FakeSlurm(), root)  # type: ignore[arg-type]
     jobs.run_jobs_as_service_user = True
+    # a logger of its own: the suite's traitlets applications stop theirs propagating
+    jobs.log = logging.getLogger("test-jobdirs")
     try:
         with caplog.at_level(logging.WARNING):
             job = jobs.submit(
