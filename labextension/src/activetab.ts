@@ -15,7 +15,7 @@ function read(): string | null {
   }
 }
 
-/** This tab is the one used last (focus, a key, a click, shown again). */
+/** This tab is the one used last (a key or a click in it: looking at a tab is not use). */
 export function markUsed(): void {
   try {
     window.localStorage.setItem(KEY, ME);
@@ -30,17 +30,15 @@ export function usedLast(): boolean {
   return last === null || last === ME;
 }
 
-/** Follow this tab's use from now on. */
+/**
+ * Follow this tab's use from now on. Typing or clicking marks it; opening, focusing or
+ * showing a tab does not (a glance at another tab must not leave the edits made in this
+ * one unsaved). Before any tab was used, every tab saves.
+ */
 export function watchUse(): void {
-  markUsed();
-  for (const event of ['focus', 'keydown', 'pointerdown']) {
+  for (const event of ['keydown', 'pointerdown']) {
     window.addEventListener(event, markUsed, { capture: true, passive: true });
   }
-  document.addEventListener('visibilitychange', () => {
-    if (document.visibilityState === 'visible') {
-      markUsed();
-    }
-  });
   // a closed tab saves nothing: the others count as used again
   window.addEventListener('pagehide', () => {
     try {

@@ -117,13 +117,11 @@ export class IdleNotifier {
     }
   }
 
-  /** Save the open notebooks with unsaved changes; true when it worked. */
-  private async save(): Promise<boolean> {
-    const saved = await saveNotebooks(this.tracker);
-    if (saved) {
-      this.savedAt = Date.now();
+  /** Save the open notebooks with unsaved changes (from this tab, if used last). */
+  private async save(): Promise<void> {
+    if ((await saveNotebooks(this.tracker)) === 'saved') {
+      this.savedAt = Date.now(); // (only a save this tab made: the cull's message names it)
     }
-    return saved;
   }
 
   private planLastSave(deadline: string | null): void {

@@ -22,16 +22,18 @@ export const RELEASED_TEXT =
   'To work on a GPU again, start your server from the hub: it asks which slice you want.';
 
 /**
- * Save the open notebooks that have unsaved changes, one at a time; false when a save
- * failed (JupyterLab shows which and why). Only from the tab used last among this server's
+ * Save the open notebooks that have unsaved changes, one at a time: 'saved', 'left' to
+ * another tab, or 'failed' (JupyterLab shows which and why). Only from the tab used last among this server's
  * tabs, and only changed notebooks: another tab's copy must not be written over the one
  * being worked on. And never two at once (a lock of this server's, where the browser has
  * Web Locks): jupyter_server writes a file in place, so two tabs saving together left it
  * half one copy and half the other, not valid JSON.
  */
-export async function saveNotebooks(tracker: INotebookTracker | null): Promise<boolean> {
+export async function saveNotebooks(
+  tracker: INotebookTracker | null
+): Promise<'saved' | 'left' | 'failed'> {
   if (!usedLast()) {
-    return true; // another tab of this server was used since: it saves (see activetab.ts)
+    return 'left'; // another tab of this server was used since: it saves (activetab.ts)
   }
   const save = async (): Promise<void> => {
     for (const context of unsavedNotebooks(tracker)) {
@@ -46,10 +48,10 @@ export async function saveNotebooks(tracker: INotebookTracker | null): Promise<b
     } else {
       await save();
     }
-    return true;
+    return 'saved';
   } catch (error) {
     console.warn('gpuslice: saving the open notebooks failed', error);
-    return false;
+    return 'failed';
   }
 }
 
