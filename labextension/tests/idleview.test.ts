@@ -12,6 +12,19 @@ import { IDLE_SCHEMA_ID, type IIdleEvent } from '../src/types';
 
 const NOW = Date.parse('2026-01-01T12:00:00Z');
 
+/** A kernel the status reports warned, its deadline 5 minutes after NOW. */
+const WARNED = {
+  id: 'k1',
+  name: 'python3',
+  execution_state: 'idle',
+  utilization: 0,
+  memory_mib: 0,
+  idle_seconds: 1500,
+  deadline: '2026-01-01T12:05:00Z' as string | null,
+  warning: true,
+  exempt: false
+};
+
 describe('idle events', () => {
   it('accepts only gpuslice idle events with a known action', () => {
     expect(asIdleEvent({ schema_id: 'https://example.org/other', action: 'warning' })).toBeNull();
@@ -247,17 +260,7 @@ describe('fitting a JupyterLab toast', () => {
 });
 
 describe('missedWarnings', () => {
-  const kernel = {
-    id: 'k1',
-    name: 'python3',
-    execution_state: 'idle',
-    utilization: 0,
-    memory_mib: 0,
-    idle_seconds: 1500,
-    deadline: '2026-01-01T12:05:00Z',
-    warning: true,
-    exempt: false
-  };
+  const kernel = WARNED;
 
   it('returns each warned (kernel, deadline) once', () => {
     const announced = new Set<string>();
@@ -311,17 +314,7 @@ describe('missedWarnings', () => {
 });
 
 describe('staleWarnings', () => {
-  const warned = {
-    id: 'k1',
-    name: 'python3',
-    execution_state: 'idle',
-    utilization: 0,
-    memory_mib: 0,
-    idle_seconds: 1500,
-    deadline: '2026-01-01T12:05:00Z',
-    warning: true,
-    exempt: false
-  };
+  const warned = WARNED;
   const shown = new Map([
     ['gpuslice-idle-k1', { kernelId: 'k1', deadline: '2026-01-01T12:05:00Z' }]
   ]);
