@@ -35,7 +35,7 @@ export class IdleNotifier {
   private readonly ids = new Map<string, string>();
   /** (kernel, deadline) warnings already shown, from events or from the status. */
   private readonly announced = new Set<string>();
-  /** The warnings on screen now, by notification key, and when each was shown. */
+  /** The idle warnings on screen now, by notification key, and when each was shown. */
   private readonly shown = new Map<string, IShownWarning & { at: number }>();
   /** The server's warning: the save planned just before its deadline. */
   private saveTimer: ReturnType<typeof setTimeout> | undefined;
@@ -93,9 +93,19 @@ export class IdleNotifier {
     if (event.action === 'warning' || event.action === 'memory-warning') {
       this.kept.delete(key);
       this.announced.add(announcementId(event.kernel_id, event.deadline));
-      this.shown.set(key, { kernelId: event.kernel_id, deadline: event.deadline, at: Date.now() });
-      if (event.action === 'warning' && event.kernel_id === null) {
-        this.planLastSave(event.deadline);
+      if (event.action === 'warning') {
+        // (an idle warning only: the status's warning flag and deadline are idleness's, and
+        // say nothing of a memory warning, which must not be taken down by them)
+        this.shown.set(key, {
+          kernelId: event.kernel_id,
+          deadline: event.deadline,
+          at: Date.now()
+        });
+        if (event.kernel_id === null) {
+          this.planLastSave(event.deadline);
+        }
+      } else {
+        this.forget(key);
       }
     } else {
       this.forget(key);

@@ -23,11 +23,11 @@ export const RELEASED_TEXT =
 
 /**
  * Save the open notebooks that have unsaved changes, one at a time: 'saved', 'left' to
- * another tab, or 'failed' (JupyterLab shows which and why). Only from the tab used last among this server's
- * tabs, and only changed notebooks: another tab's copy must not be written over the one
- * being worked on. And never two at once (a lock of this server's, where the browser has
- * Web Locks): jupyter_server writes a file in place, so two tabs saving together left it
- * half one copy and half the other, not valid JSON.
+ * another tab, or 'failed' (JupyterLab shows which and why). Only from the tab of this
+ * server typed or clicked in last (activetab.ts), and only changed notebooks: another
+ * tab's copy must not be written over the one being worked on. And never two at once (a
+ * lock of this server's, where the browser has Web Locks): jupyter_server writes a file in
+ * place, so two tabs saving together left it half one copy and half the other, not JSON.
  */
 export async function saveNotebooks(
   tracker: INotebookTracker | null
