@@ -18,11 +18,13 @@ import {
   newlyFinished,
   newlyPreempted,
   outputNotebook,
+  preemptionReason,
   progress,
   sortJobs,
   stateBadge,
   type IJobEvent
 } from './jobview';
+import { TOAST_MAX } from './idleview';
 import { pollIntervals } from './pollsettings';
 import { refusalMessage } from './refusal';
 import type { IJob } from './types';
@@ -57,9 +59,6 @@ interface ICard {
   buttonsKey: string;
   log: HTMLPreElement | null;
 }
-
-/** A notification's message cut to what JupyterLab shows whole (it cuts at 140). */
-const TOAST_MAX = 140;
 
 export class JobsPanel extends Widget {
   private jobs: IJob[] = [];
@@ -143,14 +142,12 @@ export class JobsPanel extends Widget {
     for (const job of newlyPreempted(this.preempted, jobs)) {
       // (the panel's card says why and what became of the work; this says that it happened)
       const name = job.name || String(job.id);
-      const reason = lastPreemption(job, Date.now()).replace(/^(being )?preempted[^:]*: ?/, '');
+      const reason = preemptionReason(job);
+      const short = `GPU job ${name} is preempted; it runs again when a slice is free.`;
       const long = `GPU job ${name} is preempted (${reason}); it runs again when a slice is free.`;
-      Notification.warning(
-        long.length <= TOAST_MAX
-          ? long
-          : `GPU job ${name} is preempted; it runs again when a slice is free.`,
-        { autoClose: 10000 }
-      );
+      Notification.warning(reason && long.length <= TOAST_MAX ? long : short, {
+        autoClose: 10000
+      });
     }
     for (const job of jobs) {
       this.preempted.set(String(job.id), job.preemptions ?? 0);

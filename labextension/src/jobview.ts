@@ -134,6 +134,12 @@ export function jobTimes(
   return `started ${ago(job.started_at) ?? ''}, running ${formatDuration(current)}`;
 }
 
+/** Why the job was last preempted, as the service recorded it (null: never, or not said). */
+export function preemptionReason(job: Pick<IJob, 'transitions'>): string | null {
+  const asked = [...(job.transitions ?? [])].reverse().find(t => t.state === 'preempting');
+  return asked?.reason || null;
+}
+
 /**
  * The latest preemption, as the service recorded it: why, and what became of the work
  * ("checkpointed and exited; 0.1s of work to redo"). Empty when never preempted.

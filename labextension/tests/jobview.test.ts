@@ -9,6 +9,7 @@ import {
   newlyFinished,
   jobTimes,
   outputNotebook,
+  preemptionReason,
   progress,
   sortJobs,
   stateBadge
@@ -264,6 +265,11 @@ describe('job outputs and events', () => {
     expect(lastPreemption({ state: 'running', transitions: transitions.slice(0, 1) }, now)).toBe(
       ''
     );
+    // the reason alone, for the notification
+    expect(preemptionReason({ transitions })).toBe(
+      "mig-3g.40gb needed by another user's interactive server"
+    );
+    expect(preemptionReason({ transitions: transitions.slice(0, 1) })).toBeNull();
   });
 
   it('reports a preemption once, and not for jobs first seen', () => {
