@@ -23,9 +23,14 @@ class Limit:
     borrow_from: tuple[str, ...] = ()
 
     def room(self, used: Usage, want: Usage) -> bool:
-        if self.max_slices is not None and used.slices + want.slices > self.max_slices + 1e-9:
-            return False
-        return self.max_milli is None or used.milli + want.milli <= self.max_milli
+        return not any(self._over(used, want))
+
+    def _over(self, used: Usage, want: Usage) -> tuple[bool, bool]:
+        """Whether ``want`` would take ``used`` past the slice limit, and the GPU limit.
+        (Booleans: ``room`` is asked for every profile and group on every request.)"""
+        slices = self.max_slices is not None and used.slices + want.slices > self.max_slices + 1e-9
+        milli = self.max_milli is not None and used.milli + want.milli > self.max_milli
+        return slices, milli
 
     @property
     def unbounded(self) -> bool:
@@ -45,11 +50,9 @@ class Limit:
     def refusal(self, used: Usage, want: Usage) -> str:
         """What is held and what the request needs, in the terms of the limits it exceeds
         (a request larger than the whole quota must not read as a contradiction)."""
-        needs = []
-        if self.max_slices is not None and used.slices + want.slices > self.max_slices + 1e-9:
-            needs.append(_count(want.slices, "slice"))
-        if self.max_milli is not None and used.milli + want.milli > self.max_milli:
-            needs.append(_count(want.milli / 1000, "GPU"))
+        slices, milli = self._over(used, want)
+        wants = ((slices, _count(want.slices, "slice")), (milli, _count(want.milli / 1000, "GPU")))
+        needs = [text for over, text in wants if over]
         return f"{self.describe(used)}; this needs {' and '.join(needs)}"
 
     def standing(self, used: Usage) -> dict[str, Any]:
