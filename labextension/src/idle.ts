@@ -20,7 +20,7 @@ import {
 } from './idleview';
 import { refusalMessage } from './refusal';
 import { kernelNotebooks } from './sessions';
-import { releaseGpu, saveNotebooks, unsavedNotebooks } from './release';
+import { releasedHere, releaseGpu, saveNotebooks, unsavedNotebooks } from './release';
 import type { IIdleEvent, IStatus } from './types';
 
 /**
@@ -86,6 +86,21 @@ export class IdleNotifier {
   async handle(event: IIdleEvent): Promise<void> {
     const key = noticeKey(event);
     const context: INoticeContext = { notebook: this.notebookOf(event.kernel_id) };
+    if (event.action === 'released') {
+      if (releasedHere()) {
+        return; // this tab's own release, told by its own dialog
+      }
+      // Released in another tab: this tab's warnings, and its save planned before the
+      // deadline, are over; the server is stopping.
+      for (const shown of [...this.shown.keys()]) {
+        this.forget(shown);
+      }
+      for (const other of [...this.ids.keys()].filter(id => id !== key)) {
+        this.dismiss(other);
+      }
+      context.unsaved = unsavedNotebooks(this.tracker).length > 0;
+      this.onReleased();
+    }
     if (event.action === 'extended' && this.kept.delete(key)) {
       this.onChange(); // this tab's own keep-alive, already confirmed with its reply
       return;

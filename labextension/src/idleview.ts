@@ -84,7 +84,14 @@ function afterServerCull(context: INoticeContext): string {
   return at ? ` Notebooks saved at ${at}.` : ' Saved notebooks are kept.';
 }
 
-const ACTIONS: IdleAction[] = ['warning', 'extended', 'culled', 'memory-warning', 'memory-culled'];
+const ACTIONS: IdleAction[] = [
+  'warning',
+  'extended',
+  'culled',
+  'memory-warning',
+  'memory-culled',
+  'released'
+];
 
 /** The event's data if it is a gpuslice idle event, else null. */
 export function asIdleEvent(event: {
@@ -188,6 +195,22 @@ export function idleNotice(
           ? `${capitalized(which)} was shut down, idle on the GPU: its variables are gone (run the notebook again). The slice stays.`
           : 'Server stopped, idle on the GPU; its slice went back to the pool.' +
             afterServerCull(context),
+        actions: 'none',
+        saveNotebooks: false,
+        autoClose: false
+      };
+    case 'released':
+      // Only another tab hears of it this way (the tab that released says so itself). It
+      // saves nothing now: the server is being stopped, and a save cut short empties the
+      // file; its own edits since its last save go with the server.
+      return {
+        key,
+        type: 'info',
+        message:
+          'GPU released in another tab; this server is stopping.' +
+          (context.unsaved
+            ? ' Unsaved edits here were not saved: copy them from this page.'
+            : ' Nothing here was left unsaved.'),
         actions: 'none',
         saveNotebooks: false,
         autoClose: false

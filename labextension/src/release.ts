@@ -67,6 +67,13 @@ export function unsavedNotebooks(tracker: INotebookTracker | null): NotebookPane
   return [...found.values()];
 }
 
+let releasing = false;
+
+/** Whether this tab asked for the release (every tab hears of it, this one knows). */
+export function releasedHere(): boolean {
+  return releasing;
+}
+
 /**
  * Save every open notebook, release the slice and tell the person. Resolves to null once
  * released, or to the reason it was not (shown by the caller).
@@ -77,9 +84,11 @@ export async function releaseGpu(
   onReleased: () => void
 ): Promise<string | null> {
   await saveNotebooks(tracker);
+  releasing = true; // (its event may come before the reply)
   try {
     await api.release();
   } catch (error) {
+    releasing = false;
     return refusalMessage(error, 'Releasing the GPU');
   }
   onReleased();

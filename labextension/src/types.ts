@@ -191,7 +191,8 @@ export const JOBS_SCHEMA_ID = 'https://events.gpuslice.dev/jobs/v1';
 
 export const IDLE_SCHEMA_ID = 'https://events.gpuslice.dev/idle/v1';
 
-export type IdleAction = 'warning' | 'extended' | 'culled' | 'memory-warning' | 'memory-culled';
+export type IdleAction =
+  'warning' | 'extended' | 'culled' | 'memory-warning' | 'memory-culled' | 'released';
 
 export interface IIdleEvent {
   action: IdleAction;

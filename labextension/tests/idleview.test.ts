@@ -129,6 +129,25 @@ describe('idle events', () => {
     expect(other).not.toContain('copy them');
   });
 
+  it('tells another tab that the GPU was released, and what became of its edits', () => {
+    const event = asIdleEvent({
+      schema_id: IDLE_SCHEMA_ID,
+      action: 'released',
+      kernel_id: null,
+      deadline: null,
+      reason: 'released by the user',
+      idle_seconds: 0
+    });
+    expect(event).not.toBeNull();
+    const notice = idleNotice(event!, NOW, { unsaved: true });
+    expect(notice).toMatchObject({ key: 'gpuslice-idle-server', type: 'info', actions: 'none' });
+    expect(notice.saveNotebooks).toBe(false); // never under the server's stop
+    expect(notice.message).toBe(
+      'GPU released in another tab; this server is stopping. Unsaved edits here were not saved: copy them from this page.'
+    );
+    expect(idleNotice(event!, NOW).message).toContain('Nothing here was left unsaved.');
+  });
+
   it('updates the same notification on extended and culled', () => {
     const extended = idleNotice(
       {
@@ -236,7 +255,8 @@ describe('fitting a JupyterLab toast', () => {
       culled: null,
       'memory-warning':
         'kernel is over its GPU memory cap (123456 of 123456 MiB); interrupted in 3600 s if still over',
-      'memory-culled': 'kernel is over its GPU memory cap (123456 of 123456 MiB); it was shut down'
+      'memory-culled': 'kernel is over its GPU memory cap (123456 of 123456 MiB); it was shut down',
+      released: 'released by the user'
     };
     for (const [action, reason] of Object.entries(reasons)) {
       for (const kernel_id of ['k1', null]) {

@@ -33,7 +33,9 @@ TERMINAL_JOB_STATES = frozenset({"completed", "failed", "cancelled", "timed-out"
 PRIORITY_CLASSES = {"preemptible": 0, "normal": 1, "high": 2}
 
 # -- what idle reclaim and the memory cap decide, as the service's event kinds ----------------
-# (the ``action`` values of the idle event schema, schemas/idle-v1.yaml, are the keys)
+# (the keys are the ``action`` values of the idle event schema, schemas/idle-v1.yaml, that a
+# server extension reports; its ``released`` is not reported: the service records the
+# release itself)
 IDLE_EVENT_KINDS = {
     "warning": "idle-warning",
     "extended": "idle-extended",

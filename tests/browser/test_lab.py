@@ -221,6 +221,9 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         held = hub.api("GET", "/api/allocations?user=ann", hub.service_token).json()
         assert [a["profile"] for a in held["allocations"]] == ["share-250"]
 
+        # a second tab of the server: the release made in the first must reach it too
+        other = page.context.new_page()
+        other.goto(f"{hub.url}/user/ann/lab")
         page.goto(f"{hub.url}/user/ann/lab/tree/analysis.ipynb")
         type_into_first_cell(page, "  # unsaved work")
 
@@ -232,10 +235,20 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
             with page.expect_response(lambda r: "gpuslice/api/status" in r.url, timeout=20_000):
                 pass
         assert page.locator(".Toastify__toast", has_text="idle on the GPU for").count() == 1
+        other_warning = other.locator(".Toastify__toast", has_text="idle on the GPU for")
+        other_warning.wait_for(state="visible", timeout=30_000)
         toast.get_by_role("button", name="Save and release GPU").click()
         done = page.locator(".jp-Dialog", has_text="GPU released")
         done.wait_for(timeout=30_000)
         assert "unsaved work" in notebook.read_text()
+        # The other tab: no countdown to a cull that will not come, and it says why. (It
+        # once kept its warning and showed 'GPU ?' once the server was gone.)
+        told = other.locator(".Toastify__toast", has_text="GPU released in another tab")
+        told.wait_for(state="visible", timeout=30_000)
+        other.wait_for_function(f"() => {STATUS_TEXT} === 'GPU released'", timeout=10_000)
+        wait_for(lambda: not other_warning.count(), 10, "the other tab's warning to go")
+        # the tab that released is not told it was another
+        assert not page.locator(".Toastify__toast", has_text="in another tab").count()
         hub.wait_gone("ann", timeout=60)
         # how to get a GPU again: the hub's home, where the server starts from the form
         done.get_by_role("button", name="Go to the hub").click()

@@ -549,6 +549,26 @@ def test_server_mode_asks_the_service_and_retries_when_it_is_down(fake_service, 
     assert not any(b and b.get("kind") == "idle-culled" for _, _, b, _ in fake_service.requests)
 
 
+@pytest.mark.parametrize("ext_config", [{"policy_from_service": True, "idle_action": "server"}])
+def test_a_release_is_told_to_every_tab_and_nothing_is_warned_or_culled_after(fake_service, env):
+    fake_service.policy = {"action": "server", "idle_timeout": 40, "warning_lead": 10}
+    env.run(env.monitor.refresh_policy())
+    env.start_kernel()
+    env.gpu([])
+    assert actions(env.tick_until_decision()) == [("warning", None)]
+    code, reply = env.fetch("gpuslice/api/release", "POST", {})
+    assert code == 202 and reply["released"] is True, reply
+    env.run(env.event_logger.gather_listeners())
+    # every tab's event stream hears it: the tabs that did not ask stop counting down
+    assert env.events[-1]["action"] == "released" and env.events[-1]["kernel_id"] is None
+    assert env.events[-1]["reason"] == "released by the user"
+    # still idle, past the old deadline, while the hub stops the server: no warning, no
+    # second reclaim of a slice already given back
+    assert env.tick(env.clock.t - env.start + 200) == []
+    reclaims = [b for _, p, b, _ in fake_service.requests if p.endswith("/reclaim")]
+    assert [b["voluntary"] for b in reclaims] == [True]
+
+
 @pytest.mark.parametrize("ext_config", [{"policy_from_service": True}])
 def test_unreachable_service_falls_back_to_the_local_policy(env):
     env.monitor.service.http = JSONClient("http://127.0.0.1:9/", "t", retry_delay=0.01)

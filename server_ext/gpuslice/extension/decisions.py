@@ -12,6 +12,9 @@ EXTENDED = "extended"
 CULLED = "culled"
 MEMORY_WARNING = "memory-warning"
 MEMORY_CULLED = "memory-culled"
+# Not a decision of the rules: the person gave the slice back ("Save and release GPU", in
+# one of the server's tabs); told to every tab, so that the others stop warning too.
+RELEASED = "released"
 
 # The service's event kind for each decision.
 SERVICE_KIND = IDLE_EVENT_KINDS

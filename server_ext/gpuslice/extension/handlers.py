@@ -90,6 +90,9 @@ class ReleaseHandler(GPUSliceHandler):
             reply = await service.reclaim("released by the user", voluntary=True)
         except ServiceError as e:
             raise web.HTTPError(502, f"the gpuslice service did not release the GPU: {e}") from e
+        # Every tab of this server hears it (the one that asked knows already): theirs
+        # would otherwise keep counting down to a cull that will not come.
+        self.monitor.released()
         self.set_status(202)
         self.finish(json.dumps({"released": True, **reply}))
 

@@ -17,7 +17,7 @@ from ..activity import SERVER_KEY, Activity, ActivityReport, ActivitySampler, Id
 from ..activity.usage import total_memory, total_utilization
 from ..idle_policy import IdlePolicy
 from . import events
-from .decisions import CULLED, EXTENDED, MEMORY_CULLED, Decision
+from .decisions import CULLED, EXTENDED, MEMORY_CULLED, RELEASED, Decision
 from .memcap import MemoryCap
 from .notifier import Notifier, notify
 from .reclaim import Reclaimer
@@ -83,6 +83,8 @@ class Monitor:
         self.source_error: str | None = None
         self.last_status_poll: float | None = None
         self.server_reclaimed = False
+        # the person gave the slice back: nothing is left to warn of or cull
+        self.user_released = False
         self.reclaim_retry = 300.0
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpuslice-sampler")
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -169,6 +171,8 @@ class Monitor:
             # single-user extension reports the latest to the hub, so jupyterhub-idle-culler
             # sees a server that trains silently as active. Idle, we leave it alone.
             self.web_settings["gpuslice_last_activity"] = datetime.now(UTC)
+        if self.user_released:
+            return []  # (usage was still counted above: the slice was held until now)
         decisions = self.reclaimer.observe(now, self.states, active)
         decisions += self.memcap.observe(
             now, {kid: a.memory_bytes for kid, a in report.kernels.items()}
@@ -199,6 +203,12 @@ class Monitor:
             self._background(self._report(d))
         if self.notifier is not None and d.action != EXTENDED and not self.tab_open(now):
             self._background(self._notify(d))
+
+    def released(self) -> None:
+        """The person gave the slice back; the hub stops this server shortly."""
+        self.server_reclaimed = self.user_released = True
+        events.emit(self.event_logger, Decision(RELEASED, None, None, "released by the user"))
+        self.log.info("gpuslice: released server: released by the user")
 
     async def _shutdown_kernel(self, kid: str | None) -> None:
         if kid is None or kid not in self.km:
