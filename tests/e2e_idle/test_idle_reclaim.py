@@ -236,6 +236,14 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
     assert "gpuslice stopped this server on " in notice.group(1)
     assert "culled for idleness: GPU idle for" in notice.group(1)
     assert "Server not running" in page.text  # the hub's own page, with its launch button
+    # and on the hub's home page, where a person starts servers from
+    home = hub.logged_in("ann").get(f"{hub.url}/hub/home", timeout=30)
+    assert home.status_code == 200, home.text[:500]
+    said = re.findall(
+        r'<p class="alert alert-info gpuslice-stopped"[^>]*>\s*(.*?)\s*</p>', home.text, re.S
+    )
+    assert len(said) == 1 and "culled for idleness: GPU idle for" in said[0], home.text
+    assert 'id="start"' in home.text  # the hub's own page, with its start button
     # A new start forgets it, and a stop that was not gpuslice's says nothing of the kind.
     assert hub.spawn("ann", {"profile": PROFILE}).status_code in (201, 202)
     hub.wait_ready("ann")
@@ -246,6 +254,8 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
         f"{hub.url}/hub/user/ann/", headers={"Authorization": f"token {ann.token}"}, timeout=30
     )
     assert page.status_code == 424 and 'id="gpuslice-stopped"' not in page.text, page.text
+    home = hub.logged_in("ann").get(f"{hub.url}/hub/home", timeout=30)
+    assert home.status_code == 200 and "gpuslice-stopped" not in home.text, home.text
     recorded = idle_events(hub, "ann")
     # The server is warned its idle timeout less the lead after it starts. On a loaded
     # machine the spawn can take that long before this test starts its kernel: that start

@@ -124,6 +124,19 @@ class Hub:
             f"{user}'s server to be ready",
         )
 
+    def logged_in(self, user: str) -> requests.Session:
+        """A session logged in to the hub as ``user`` through its login form: the hub's
+        HTML pages (home, spawn) take no API token."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=30)
+        r = s.post(
+            f"{self.url}/hub/login",
+            data={"username": user, "password": "test-password", "_xsrf": s.cookies.get("_xsrf")},
+            timeout=30,
+        )
+        assert r.ok, r.text
+        return s
+
     def wait_gone(self, user: str, server: str = "", timeout: float = 90) -> None:
         wait_for(
             lambda: self.server_model(user, server) is None, timeout, f"{user}'s server to stop"

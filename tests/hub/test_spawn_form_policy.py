@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import requests
 
 from gpuslice_spawner.form import render_form
 
@@ -22,15 +21,7 @@ c.GPUSliceService.idle_policy = {
 
 
 def spawn_page(hub, user: str) -> str:
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=30)
-    r = s.post(
-        f"{hub.url}/hub/login",
-        data={"username": user, "password": "test-password", "_xsrf": s.cookies.get("_xsrf")},
-        timeout=30,
-    )
-    assert r.ok, r.text
-    return s.get(f"{hub.url}/hub/spawn", timeout=30).text
+    return hub.logged_in(user).get(f"{hub.url}/hub/spawn", timeout=30).text
 
 
 def row(html: str, profile: str) -> str:

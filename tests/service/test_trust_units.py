@@ -111,6 +111,7 @@ def test_hub_config_is_merged_whatever_the_order():
     site, pages = c.JupyterHub.template_paths
     assert site == "/srv/site-templates"
     assert (Path(pages) / "not_running.html").is_file()
+    assert (Path(pages) / "home.html").is_file()
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     # the site's user role keeps its scope and gains the service access
     assert roles["user"]["scopes"] == [
