@@ -226,3 +226,32 @@ def test_the_same_claims_are_answered_while_the_files_stay_the_same(tmp_path: Pa
     ahead = files.claims(str(jd.root))
     assert files.claims(str(jd.root)) is not ahead
     assert not files.answers(str(jd.root), ahead)
+
+
+def preempted_how(scheduler: Scheduler, job_id: int) -> str:
+    history = scheduler.jobs.get(job_id)["transitions"]
+    return next(t["reason"] for t in history if t["state"] == "preempted")
+
+
+def test_a_run_that_died_during_its_grace_is_not_said_to_be_killed_after_it(running):
+    # found by a crash attack: a runner SIGKILLed by someone else while it was being
+    # preempted was recorded as "killed after the grace period", which the service had not
+    scheduler, backend, job_id, _folder, t0, _counts = running
+    scheduler.jobs.preempt(job_id, "admin", "an interactive server needs its slice")
+    with scheduler.jobs.db.reading() as s:
+        ref = s.get(JobRow, job_id).backend_ref  # type: ignore[union-attr]
+    backend.killed.append(ref)  # it dies, unasked
+    scheduler.tick(t0 + timedelta(seconds=2))  # requeued (and started again: room is free)
+    assert preempted_how(scheduler, job_id).startswith(
+        "stopped without a checkpoint before its grace period ended;"
+    )
+
+
+def test_a_run_killed_at_the_end_of_its_grace_is_said_to_be(running):
+    scheduler, backend, job_id, _folder, t0, _counts = running
+    scheduler.jobs.preempt(job_id, "admin", "an interactive server needs its slice")
+    past = t0 + timedelta(seconds=scheduler.jobs.preempt_grace + 5)
+    scheduler.tick(past)  # the grace is over: the service kills it
+    assert backend.killed
+    scheduler.tick(past + timedelta(seconds=1))
+    assert preempted_how(scheduler, job_id).startswith("killed after the grace period;")

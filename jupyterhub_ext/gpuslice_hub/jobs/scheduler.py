@@ -37,6 +37,7 @@ from .job_writes import write_job
 from .manager import CURRENT_ROW, JobManager
 from .ordering import queue_order
 from .queue_cache import NEWEST_TRANSITION, QueueCache
+from .recovery import LAUNCHING, recover
 from .refusals import KeptRefusals
 from .row_cache import RowCache
 from .runner_files import RunnerFiles
@@ -98,6 +99,11 @@ class Scheduler:
         self.pass_seconds: Histogram | None = None
 
     async def run_forever(self) -> None:
+        try:
+            # before the first pass: what a service that stopped mid-operation left undone
+            await asyncio.to_thread(recover, self.jobs)
+        except Exception:
+            self.log.exception("putting right what the last run of the service left undone failed")
         while True:
             try:
                 # In a worker thread: a pass reads job folders, asks the backend (Slurm
@@ -460,7 +466,14 @@ class Scheduler:
             how = "checkpointed and exited"
         else:
             lost = self._unsaved(row, runner, now)
-            how = "stopped without a checkpoint" if outside else "killed after the grace period"
+            deadline = row.preempt_deadline
+            if outside:
+                how = "stopped without a checkpoint"
+            elif deadline is not None and now < deadline:
+                # (not the service's kill, which comes only once the grace is over)
+                how = "stopped without a checkpoint before its grace period ended"
+            else:
+                how = "killed after the grace period"
         row.lost_work_seconds += lost
         transition(s, row, "preempted", f"{how}; {lost:.1f}s of work to redo")
         row.restarts += 1
@@ -918,6 +931,9 @@ class Scheduler:
             self._fail(queued, str(e), grants)
             return
         where = ", ".join(f"{g['host']}:{_devices(g)}" for g in grants)
+        # Names this start: the runner writes it into its state, so a state.json left by an
+        # earlier attempt (a crashed runner's "running") is never taken for this one's.
+        attempt = secrets.token_hex(8)
 
         def placed(row: Any) -> dict[str, Any]:
             return {
@@ -926,6 +942,15 @@ class Scheduler:
                 "started_at": row.started_at or now,
                 "waiting_reason": None,
                 "not_before": None,
+                # written before the backend is asked: a service that dies before its
+                # answer is recorded stops this attempt's run at its next start
+                # (recovery.py), rather than take it for a dead run and start another
+                "backend_ref": {
+                    LAUNCHING: True,
+                    "attempt_id": attempt,
+                    "uid": account.uid,
+                    "job_dir": row.job_dir,
+                },
             }
 
         with self.jobs.db.writing() as s:
@@ -940,9 +965,7 @@ class Scheduler:
             return
         assert job is not None
         env = self._env(job, grants, account)
-        # Names this start: the runner writes it into its state, so a state.json left by an
-        # earlier attempt (a crashed runner's "running") is never taken for this one's.
-        attempt = env[ATTEMPT_ID] = secrets.token_hex(8)
+        env[ATTEMPT_ID] = attempt
         try:
             ref = cast(PlacedBackend, self.jobs.backend).start(
                 job.id,

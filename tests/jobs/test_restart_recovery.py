@@ -1,0 +1,205 @@
+"""A service killed mid-operation, and started again (jobs/recovery.py): real runners (the
+local backend's subprocesses) over a real SQLite ledger. The kill is a BaseException
+raised where the service would die: what was committed before it stays, nothing after
+it runs, and a second JobManager on the same ledger is the restarted service.
+
+Found by an independent crash attack (SIGKILL of the real service at the moment a state
+was committed): a job cancelled, timed out or completed just before the kill kept its
+slice for good, and a start cut short left a runner nobody knew of, the job started
+again beside it."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from sqlalchemy import select
+
+from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
+from gpuslice_hub.jobs.backends.local import LocalBackend
+from gpuslice_hub.jobs.manager import JobManager
+from gpuslice_hub.jobs.recovery import recover
+from gpuslice_hub.jobs.runner_state import ATTEMPT_ID
+from gpuslice_hub.jobs.scheduler import Scheduler
+from gpuslice_hub.ledger import Caller
+from tests.harness.hub import wait_for
+from tests.jobs.full_cluster import PROFILES, hosts
+from tests.jobs.test_jobs_hub import nb_json
+from tests.service.conftest import build_ledger
+
+ANN = Caller("ann", (), "ann")
+SLEEPS = ["import time\ntime.sleep(120)"]
+
+
+class ServiceKilled(BaseException):
+    """The service dies here: no ``except Exception`` of its own runs."""
+
+
+class DiesAfterStarting(LocalBackend):
+    """The runner is started; the service dies before it records the run."""
+
+    def start(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        super().start(*args, **kwargs)
+        raise ServiceKilled
+
+
+class DiesBeforeKilling(LocalBackend):
+    """The service dies after committing a job's end, before stopping its run."""
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        raise ServiceKilled
+
+
+def service(tmp_path: Path, backend: LocalBackend) -> JobManager:
+    """The service's job side on the test's ledger (a second call: the restarted one)."""
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=hosts(1))
+    jobs = JobManager(ledger, ledger.db, backend, tmp_path / "jobs")
+    jobs.run_jobs_as_service_user = True
+    return jobs
+
+
+def submit(jobs: JobManager) -> int:
+    body = {"notebook": nb_json(SLEEPS), "profile": "gpu-1", "path": "sleep.ipynb"}
+    return int(jobs.submit(ANN, body)["id"])
+
+
+def row(jobs: JobManager, job_id: int) -> JobRow:
+    with jobs.db.reading() as s:
+        job = s.get(JobRow, job_id)
+        assert job is not None
+        s.expunge(job)
+        return job
+
+
+def reasons(jobs: JobManager, job_id: int) -> list[str]:
+    with jobs.db.reading() as s:
+        q = select(JobTransitionRow.reason).where(JobTransitionRow.job_id == job_id)
+        return list(s.scalars(q.order_by(JobTransitionRow.id)))
+
+
+def runs_of(job_id: int) -> list[psutil.Process]:
+    """The job's runner processes (each run's environment names the job)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if (
+                env.get("GPUSLICE_JOB_ID") == str(job_id)
+                and ATTEMPT_ID in env
+                and "gpuslice.run" in " ".join(proc.cmdline())
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def ended(procs: list[psutil.Process]) -> bool:
+    """Whether every one of ``procs`` has ended (a zombie here: the dead service's child,
+    which a real restart leaves to init)."""
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def batch_held(jobs: JobManager) -> list[dict[str, Any]]:
+    held = jobs.ledger.allocations(user=None, active_only=True, limit=100)
+    return [a for a in held if a["purpose"] == "batch"]
+
+
+@pytest.fixture
+def cleanup():
+    ids: list[int] = []
+    yield ids
+    for job_id in ids:
+        for proc in runs_of(job_id):
+            try:
+                tree = [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+
+
+def test_a_start_cut_short_is_stopped_and_queued_again_not_run_twice(tmp_path, cleanup):
+    jobs = service(tmp_path, DiesAfterStarting())
+    job_id = submit(jobs)
+    cleanup.append(job_id)
+    with pytest.raises(ServiceKilled):
+        Scheduler(jobs, simulated=True).tick()
+    assert row(jobs, job_id).state == "starting"
+    first = wait_for(lambda: runs_of(job_id), 30, "the runner the dead service started")
+
+    restarted = service(tmp_path, LocalBackend())
+    done = recover(restarted)
+    assert done == [f"job {job_id} was being started: its run stopped, and queued again"]
+    wait_for(lambda: ended(first), 30, "the unknown run stopped")
+    job = row(restarted, job_id)
+    # no crash counted, nothing held, and the history says what happened
+    assert (job.state, job.restarts, job.allocation_ids) == ("queued", 0, [])
+    assert reasons(restarted, job_id)[-1] == (
+        "the service stopped while starting its run; queued again"
+    )
+    assert batch_held(restarted) == []
+
+    # started again, once
+    Scheduler(restarted, simulated=True).tick()
+    job = row(restarted, job_id)
+    assert job.state == "starting" and job.backend_ref.get("pid")
+    assert "launching" not in job.backend_ref
+    runs = wait_for(lambda: runs_of(job_id), 30, "the new run")
+    assert [p.pid for p in runs] == [job.backend_ref["pid"]]
+    restarted.cancel(job_id, "ann")
+
+
+def test_a_job_ended_before_its_slice_went_back_has_its_run_stopped_and_slice_freed(
+    tmp_path, cleanup
+):
+    jobs = service(tmp_path, DiesBeforeKilling())
+    job_id = submit(jobs)
+    cleanup.append(job_id)
+    Scheduler(jobs, simulated=True).tick()
+    run = wait_for(lambda: runs_of(job_id), 30, "the job's runner")
+    held = batch_held(jobs)
+    assert [a["server_name"] for a in held] == [f"job-{job_id}"]
+    with pytest.raises(ServiceKilled):
+        jobs.cancel(job_id, "ann")  # committed; neither its kill nor its release ran
+    assert row(jobs, job_id).state == "cancelled"
+    assert batch_held(jobs) == held  # the leak: nothing else would ever release it
+
+    restarted = service(tmp_path, LocalBackend())
+    done = recover(restarted)
+    assert done == [f"allocation {held[0]['id']}, which job {job_id} no longer held, released"]
+    wait_for(lambda: ended(run), 30, "the cancelled job's run stopped")
+    assert batch_held(restarted) == []
+    released = restarted.ledger.get(held[0]["id"])
+    assert released["release_reason"] == (
+        f"job {job_id} no longer holds it (the service stopped first)"
+    )
+    assert row(restarted, job_id).state == "cancelled"
+
+
+def test_a_slice_allocated_for_a_job_never_moved_is_released(tmp_path, cleanup):
+    jobs = service(tmp_path, LocalBackend())
+    job_id = submit(jobs)
+    cleanup.append(job_id)
+    # the scheduler's allocation, committed before the job's move to starting
+    alloc, _ = jobs.ledger.allocate(ANN, "gpu-1", f"job-{job_id}", purpose="batch")
+    restarted = service(tmp_path, LocalBackend())
+    assert recover(restarted) == [
+        f"allocation {alloc['id']}, which job {job_id} no longer held, released"
+    ]
+    assert batch_held(restarted) == []
+    # what jobs do hold is left alone, and nothing is left to do a second time
+    Scheduler(restarted, simulated=True).tick()
+    assert [a["server_name"] for a in batch_held(restarted)] == [f"job-{job_id}"]
+    assert recover(restarted) == []
