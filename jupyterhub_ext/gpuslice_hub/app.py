@@ -251,7 +251,9 @@ class GPUSliceService(Application):
     reconcile_grace = Float(
         120.0,
         help="An allocation younger than this many seconds is never reconciled away "
-        "(its server may still be starting).",
+        "(its server may still be starting); a server whose stop the service asked the hub "
+        "for (an idle cull, its owner's release) and that still holds its slice this long "
+        "after is asked to stop again.",
     ).tag(config=True)
 
     reclaim_silent_after = Float(
@@ -386,13 +388,14 @@ class GPUSliceService(Application):
     slurm_synced_at: datetime | None = None
     # when the Kubernetes pods' holdings were last read and mirrored
     kubernetes_synced_at: datetime | None = None
-    _silent_reported: set[int]
+    # allocation id -> when finish_stops last asked the hub to stop its server
+    _stops_asked: dict[int, datetime]
     # the pages' templates, with the site's template_paths once the settings are loaded
     page_templates: jinja2.Environment
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self._silent_reported = set()
+        self._stops_asked = {}
         self.page_templates = page_environment()
 
     # what --help-all and --generate-config cover
@@ -988,15 +991,17 @@ class GPUSliceService(Application):
         stopped = []
         for item in found:
             a = item.allocation
-            if a.id not in self._silent_reported:
-                reason = (
-                    f"its server sent no usage report for {item.silent_seconds / 60:.0f} min "
-                    f"(idle timeout {item.idle_timeout / 60:.0f} min): idle reclaim cannot "
-                    "run in it"
-                )
-                detail = silent_detail(item)
-                self.ledger.record_event(SILENT_KIND, a.user, "service", reason, detail)
-                self._silent_reported.add(a.id)
+            reason = (
+                f"its server sent no usage report for {item.silent_seconds / 60:.0f} min "
+                f"(idle timeout {item.idle_timeout / 60:.0f} min): idle reclaim cannot "
+                "run in it"
+            )
+            detail = silent_detail(item)
+            # (once per slice, across the service's restarts: asked again, it is not new)
+            _event, new = self.ledger.record_stop_request(
+                SILENT_KIND, a.user, "service", reason, detail
+            )
+            if new:
                 self.log.warning("stopping %s's server %r: %s", a.user, a.server_name, reason)
             try:
                 await self.hub_api.stop_server(a.user, a.server_name)
@@ -1006,6 +1011,38 @@ class GPUSliceService(Application):
                     continue
             stopped.append(a.id)
         return stopped
+
+    async def finish_stops(self, now: datetime | None = None) -> list[int]:
+        """Ask the hub again to stop each server whose stop the service recorded (an idle
+        cull, its owner's release, a silent server's reclaim) more than ``reconcile_grace``
+        ago and that still holds its slice: the service may have stopped between recording
+        the request and asking the hub (a cull the person was told of, and a slice still
+        held), or the hub's stop did not happen. Each is asked at most once a grace."""
+        assert self.ledger is not None
+        now = now or utcnow()
+        grace = timedelta(seconds=self.reconcile_grace)
+        pending = await asyncio.to_thread(self.ledger.pending_stops, now - grace)
+        self._stops_asked = {i: t for i, t in self._stops_asked.items() if now - t < grace}
+        asked = []
+        for alloc_id, user, server in pending:
+            if alloc_id in self._stops_asked:
+                continue
+            self._stops_asked[alloc_id] = now
+            self.log.warning(
+                "asking the hub again to stop %s's server %r: its stop was requested and "
+                "it still holds allocation %d",
+                user,
+                server,
+                alloc_id,
+            )
+            try:
+                await self.hub_api.stop_server(user, server)
+            except JSONError as e:
+                if e.status != 404:  # already gone: the spawner releases the slice
+                    self.log.error("could not stop %s's server: %s", user, e)
+                    continue
+            asked.append(alloc_id)
+        return asked
 
     async def _watch_hold(self, stop: asyncio.Event, lost: list[LedgerInUse]) -> None:
         """Every ``owner.CHECK_SECONDS``: this service still holds its ledger, or takes it
@@ -1046,6 +1083,7 @@ class GPUSliceService(Application):
             try:
                 await self.reconcile_once()
                 await self.reclaim_silent()
+                await self.finish_stops()
             except Exception as e:
                 wait = min(retry, self.reconcile_interval)
                 retry = min(retry * 2, 30.0)

@@ -109,3 +109,51 @@ def test_after_a_clean_hub_restart_the_slices_of_stopped_servers_are_free_in_sec
         assert r.status_code in (200, 201), r.text
     finally:
         hub.stop()
+
+
+def test_a_cull_recorded_by_a_service_that_died_before_asking_the_hub_is_carried_out(
+    hub_factory,
+):
+    """Found by a crash attack: the service records a cull (the person's lab is told), then
+    asks the hub to stop the server. Killed in between, it left the server running on its
+    slice, and nothing ever stopped it. The restarted service asks the hub again once the
+    request is ``reconcile_grace`` old, and the spawner's release says it was a cull."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from gpuslice_hub.db.models import EventRow
+
+    hub = hub_factory(spawner="gpuslice-simple", reconcile_interval=0.5, reconcile_grace=3)
+    hub.add_user("ann")
+    assert hub.spawn("ann", {"profile": "share-250"}).status_code in (201, 202)
+    hub.wait_ready("ann")
+    (alloc,) = active_allocations(hub).values()
+    # what the killed service committed: the cull's record, and nothing after it
+    engine = create_engine(f"sqlite:///{hub.workdir}/gpuslice.sqlite")
+    with Session(engine) as s, s.begin():
+        s.add(
+            EventRow(
+                kind="idle-culled",
+                user="ann",
+                actor="ann",
+                allocation_id=alloc["id"],
+                profile=alloc["profile"],
+                reason="GPU idle for 50 s, past its 50 s timeout",
+                detail={"allocation_id": alloc["id"], "reclaimed_gpu_hours": 0.001},
+            )
+        )
+    engine.dispose()
+    hub.wait_gone("ann", timeout=60)
+    released = wait_for(
+        lambda: (
+            (a := hub.api("GET", f"/api/allocations/{alloc['id']}", hub.service_token).json())
+            and a["state"] == "released"
+            and a
+        ),
+        30,
+        "ann's slice released",
+    )
+    assert released["release_reason"] == (
+        "culled for idleness: GPU idle for 50 s, past its 50 s timeout"
+    ), released
+    assert "asking the hub again to stop ann's server" in hub.log()

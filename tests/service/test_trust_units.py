@@ -15,8 +15,9 @@ from gpuslice.idle_policy import PolicyConfig
 from gpuslice.jsonbody import BodyError, parse_json_object
 from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.hubconfig import configure_jupyterhub
+from gpuslice_hub.idle import reclaim_record
 from gpuslice_hub.jobs.accounts import Account, forbidden_names, job_environment
-from gpuslice_hub.ledger import Caller
+from gpuslice_hub.ledger import RECLAIM_KINDS, Caller
 from gpuslice_hub.silent import find_silent
 
 
@@ -251,3 +252,33 @@ def test_a_server_token_is_confined_to_the_servers_its_scopes_name():
         set(),
     ):
         assert confined_servers("ann", scopes) is None, scopes
+
+
+def test_a_servers_stop_is_recorded_once_and_pending_while_its_slice_is_held(make_ledger):
+    """A cull, the server's retry of it, and a silent server's reclaim of the same slice are
+    one request to stop it: one event, counted once (a server whose reply was lost asked
+    again and its cull was counted twice). Until the slice goes, the request is pending."""
+    ledger = make_ledger()
+    ann = Caller("ann", (), "spawner")
+    alloc, _ = ledger.allocate(ann, "share-250", "", "interactive", 0, False)
+    other, _ = ledger.allocate(
+        Caller("bob", (), "spawner"), "share-250", "", "interactive", 0, False
+    )
+    kind, detail = reclaim_record(alloc, 60.0, voluntary=False)
+    first, new = ledger.record_stop_request(kind, "ann", "ann", "GPU idle for 60 s", detail)
+    assert new and first["kind"] == "idle-culled"
+    again, new = ledger.record_stop_request(kind, "ann", "ann", "GPU idle for 120 s", detail)
+    assert not new and again == first
+    silent = {**detail, "scope": "server"}
+    assert (
+        ledger.record_stop_request("reclaim-silent", "ann", "service", "quiet", silent)[1] is False
+    )
+    culls = [e for e in ledger.events(user="ann", limit=100) if e["kind"] in RECLAIM_KINDS]
+    assert [e["id"] for e in culls] == [first["id"]]
+
+    later = utcnow() + timedelta(seconds=1)
+    assert ledger.pending_stops(later) == [(alloc["id"], "ann", "")]
+    assert ledger.pending_stops(utcnow() - timedelta(seconds=60)) == []  # asked just now
+    ledger.release(alloc["id"], "spawner", "server stopped", server_stopped=True)
+    assert ledger.pending_stops(later) == []
+    assert ledger.get(other["id"])["state"] == "active"

@@ -79,7 +79,12 @@ class ReclaimHandler(BaseHandler):
             # The server says how long it sat idle; it cannot have been idle for longer
             # than the slice has existed, and what the service counts is bounded by that.
             kind, detail = reclaim_record(alloc, idle, voluntary)
-            return alloc, self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
+            # once per slice: a server that asks again (its first answer was lost, or the
+            # stop did not happen) has the hub asked again, and the cull counted once
+            event, _new = self.ledger.record_stop_request(
+                kind, alloc["user"], ident.name, reason, detail
+            )
+            return alloc, event
 
         # reads and a write: in a worker thread (on SQLite the write may wait for the writer)
         alloc, event = await asyncio.to_thread(record)

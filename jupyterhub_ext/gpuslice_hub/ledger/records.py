@@ -24,10 +24,20 @@ from ..snapshot import (
     load_allocation,
 )
 from .base import (
+    RECLAIM_KINDS,
     LedgerBase,
 )
 
 _EVENT = Lean(select(EventRow.__table__).where(EventRow.id == bindparam("id")), named=True)
+# The request to stop an allocation's server (an idle cull, its owner's release, a silent
+# server's reclaim), if one was recorded: one per slice.
+_STOP_REQUEST = Lean(
+    select(EventRow.__table__)
+    .where(EventRow.allocation_id == bindparam("b_id"), EventRow.kind.in_(RECLAIM_KINDS))
+    .order_by(EventRow.id)
+    .limit(1),
+    named=True,
+)
 
 
 class RecordsMixin(LedgerBase):
@@ -105,6 +115,44 @@ class RecordsMixin(LedgerBase):
             # the ORM's ``get``: every idle cull a server reports records one
             row = _EVENT.execute(s.connection(), {"id": event_id}).one()
             return event_json(row)
+
+    def record_stop_request(
+        self, kind: str, user: str, actor: str, reason: str, detail: dict[str, Any]
+    ) -> tuple[dict[str, Any], bool]:
+        """Record that the server holding ``detail["allocation_id"]`` is to be stopped
+        (``kind``: one of ``RECLAIM_KINDS``), once per slice: the event recorded, and whether
+        it is new. Asked again (the server's retry of a cull whose answer it never got, or
+        after a stop that did not happen), the first request stands: a cull, and its
+        reclaimed GPU-hours, are counted once."""
+        assert kind in RECLAIM_KINDS, kind
+        with self.db.writing() as s:
+            earlier = _STOP_REQUEST.execute(s.connection(), {"b_id": detail["allocation_id"]})
+            row = earlier.first()
+            if row is not None:
+                return event_json(row), False
+            event_id = self._event(
+                s, kind, user, actor, detail["allocation_id"], detail.get("profile"), reason, detail
+            )
+            return event_json(_EVENT.execute(s.connection(), {"id": event_id}).one()), True
+
+    def pending_stops(self, requested_before: datetime) -> list[tuple[int, str, str]]:
+        """(allocation id, user, server name) of the interactive slices still held whose
+        server's stop was requested before ``requested_before``: the hub was never asked
+        (the service stopped in between) or its stop did not happen."""
+        asked = (
+            select(EventRow.id)
+            .where(
+                EventRow.allocation_id == AllocationRow.id,
+                EventRow.kind.in_(RECLAIM_KINDS),
+                EventRow.ts < requested_before,
+            )
+            .exists()
+        )
+        q = select(AllocationRow.id, AllocationRow.user, AllocationRow.server_name).where(
+            AllocationRow.active, AllocationRow.purpose == "interactive", asked
+        )
+        with self.db.reading() as s:
+            return [(int(i), str(u), str(n)) for i, u, n in s.execute(q)]
 
     def record_usage(
         self,
