@@ -11,6 +11,7 @@ again beside it."""
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ import psutil
 import pytest
 from sqlalchemy import select
 
+from gpuslice.run.jobdir import JobDir
 from gpuslice_hub.db.jobs_models import JobRow, JobTransitionRow
+from gpuslice_hub.db.models import utcnow
 from gpuslice_hub.jobs.backends.local import LocalBackend
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.recovery import recover
@@ -80,8 +83,10 @@ def reasons(jobs: JobManager, job_id: int) -> list[str]:
         return list(s.scalars(q.order_by(JobTransitionRow.id)))
 
 
-def runs_of(job_id: int) -> list[psutil.Process]:
-    """The job's runner processes (each run's environment names the job)."""
+def runs_of(root: Path, job_id: int) -> list[psutil.Process]:
+    """The runner processes of job ``job_id`` of the service whose folders are under
+    ``root`` (each run's environment names its job; its command line, its folder: the
+    tests beside this one run jobs of the same ids)."""
     found = []
     for proc in psutil.process_iter():
         try:
@@ -89,7 +94,8 @@ def runs_of(job_id: int) -> list[psutil.Process]:
             if (
                 env.get("GPUSLICE_JOB_ID") == str(job_id)
                 and ATTEMPT_ID in env
-                and "gpuslice.run" in " ".join(proc.cmdline())
+                and "gpuslice.run" in (cmdline := " ".join(proc.cmdline()))
+                and str(root) in cmdline
                 and proc.status() != psutil.STATUS_ZOMBIE
             ):
                 found.append(proc)
@@ -117,10 +123,10 @@ def batch_held(jobs: JobManager) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def cleanup():
-    ids: list[int] = []
+    ids: list[tuple[Path, int]] = []
     yield ids
-    for job_id in ids:
-        for proc in runs_of(job_id):
+    for root, job_id in ids:
+        for proc in runs_of(root, job_id):
             try:
                 tree = [proc, *proc.children(recursive=True)]
             except psutil.Error:
@@ -133,11 +139,11 @@ def cleanup():
 def test_a_start_cut_short_is_stopped_and_queued_again_not_run_twice(tmp_path, cleanup):
     jobs = service(tmp_path, DiesAfterStarting())
     job_id = submit(jobs)
-    cleanup.append(job_id)
+    cleanup.append((tmp_path, job_id))
     with pytest.raises(ServiceKilled):
         Scheduler(jobs, simulated=True).tick()
     assert row(jobs, job_id).state == "starting"
-    first = wait_for(lambda: runs_of(job_id), 30, "the runner the dead service started")
+    first = wait_for(lambda: runs_of(tmp_path, job_id), 30, "the runner the dead service started")
 
     restarted = service(tmp_path, LocalBackend())
     done = recover(restarted)
@@ -156,7 +162,7 @@ def test_a_start_cut_short_is_stopped_and_queued_again_not_run_twice(tmp_path, c
     job = row(restarted, job_id)
     assert job.state == "starting" and job.backend_ref.get("pid")
     assert "launching" not in job.backend_ref
-    runs = wait_for(lambda: runs_of(job_id), 30, "the new run")
+    runs = wait_for(lambda: runs_of(tmp_path, job_id), 30, "the new run")
     assert [p.pid for p in runs] == [job.backend_ref["pid"]]
     restarted.cancel(job_id, "ann")
 
@@ -166,9 +172,9 @@ def test_a_job_ended_before_its_slice_went_back_has_its_run_stopped_and_slice_fr
 ):
     jobs = service(tmp_path, DiesBeforeKilling())
     job_id = submit(jobs)
-    cleanup.append(job_id)
+    cleanup.append((tmp_path, job_id))
     Scheduler(jobs, simulated=True).tick()
-    run = wait_for(lambda: runs_of(job_id), 30, "the job's runner")
+    run = wait_for(lambda: runs_of(tmp_path, job_id), 30, "the job's runner")
     held = batch_held(jobs)
     assert [a["server_name"] for a in held] == [f"job-{job_id}"]
     with pytest.raises(ServiceKilled):
@@ -191,7 +197,7 @@ def test_a_job_ended_before_its_slice_went_back_has_its_run_stopped_and_slice_fr
 def test_a_slice_allocated_for_a_job_never_moved_is_released(tmp_path, cleanup):
     jobs = service(tmp_path, LocalBackend())
     job_id = submit(jobs)
-    cleanup.append(job_id)
+    cleanup.append((tmp_path, job_id))
     # the scheduler's allocation, committed before the job's move to starting
     alloc, _ = jobs.ledger.allocate(ANN, "gpu-1", f"job-{job_id}", purpose="batch")
     restarted = service(tmp_path, LocalBackend())
@@ -203,3 +209,34 @@ def test_a_slice_allocated_for_a_job_never_moved_is_released(tmp_path, cleanup):
     Scheduler(restarted, simulated=True).tick()
     assert [a["server_name"] for a in batch_held(restarted)] == [f"job-{job_id}"]
     assert recover(restarted) == []
+
+
+class DiesBeforeSignalling(LocalBackend):
+    """The service dies after committing a preemption, before asking the run to checkpoint."""
+
+    def signal_preempt(self, ref: dict[str, Any]) -> None:
+        raise ServiceKilled
+
+
+def test_a_preemption_never_asked_of_its_run_is_asked_again(tmp_path, cleanup):
+    jobs = service(tmp_path, DiesBeforeSignalling())
+    job_id = submit(jobs)
+    cleanup.append((tmp_path, job_id))
+    Scheduler(jobs, simulated=True).tick()
+    folder = JobDir(Path(row(jobs, job_id).job_dir))
+    log = folder.log_path
+    # in its cell: its kernel is up and its signal handlers are in place
+    wait_for(lambda: folder.state().get("current_cell") == 0, 60, "the runner in its cell")
+    with pytest.raises(ServiceKilled):
+        jobs.preempt(job_id, "admin", "an interactive server needs its slice")
+    assert row(jobs, job_id).state == "preempting"
+
+    restarted = service(tmp_path, LocalBackend())
+    started = utcnow()
+    assert recover(restarted) == [f"job {job_id} was being preempted: asked again to checkpoint"]
+    # its runner hears it now (it was never asked: at the deadline it was killed, and its
+    # history said "killed after the grace period"), with the whole grace from now
+    wait_for(lambda: "preemption signal SIGTERM" in log.read_text(), 30, "the runner asked")
+    deadline = row(restarted, job_id).preempt_deadline
+    assert deadline >= started + timedelta(seconds=restarted.preempt_grace)
+    assert "asked again to checkpoint" in log.read_text()

@@ -883,7 +883,8 @@ class JobManager(LoggingConfigurable):
             except Refused as e:
                 self.log.warning("could not release allocation %s: %s", alloc_id, e.message)
 
-    def log_line(self, job: JobRow, message: str) -> None:
+    def log_line(self, job: Any, message: str) -> None:
+        """Append ``message`` to the log of ``job`` (anything with its ``id`` and ``job_dir``)."""
         if not job.job_dir:
             return
         try:

@@ -12,6 +12,11 @@ going down) leaves, on the next start:
   longer charges). The start writes its attempt id and owner before the backend is asked
   (``launching``): what the run started with that attempt is stopped here, and the job
   queued again, no crash counted;
+- **a preemption never asked of its run**: the job is ``preempting`` with a deadline, and
+  the signal that asks its runner to checkpoint may not have been sent. At the deadline it
+  was killed, its work since the last save lost, and its history said it was "killed after
+  the grace period". The signal is sent again (a runner asked twice acts once) and the
+  grace counts from now;
 - **a slice no job holds**: a batch allocation that no unfinished job lists (its job
   finished or went back to the queue, or the scheduler allocated it and had not yet
   moved the job). The reconciler looks only at servers' slices, so it stayed allocated
@@ -24,11 +29,14 @@ Run once, before the scheduler's first pass: nothing else is under way then.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import select
 
 from ..db.jobs_models import JobRow
+from ..db.models import utcnow
 from ..errors import Refused
 from ..snapshot import load_active
 from .manager import JobManager
@@ -45,7 +53,7 @@ JOB_PREFIX = "job-"
 
 def recover(jobs: JobManager) -> list[str]:
     """Put right what a stopped service left undone; one line per thing done (logged)."""
-    done = _interrupted_starts(jobs) + _unheld_slices(jobs)
+    done = _interrupted_starts(jobs) + _unsignalled_preemptions(jobs) + _unheld_slices(jobs)
     for line in done:
         log.warning("after the service's restart: %s", line)
     return done
@@ -89,6 +97,33 @@ def _interrupted_starts(jobs: JobManager) -> list[str]:
         jobs.log_line(job, "the service stopped while starting this run; queued again")
         jobs.release(allocs, f"job {job.id}'s start was interrupted")
         done.append(f"job {job.id} was being started: its run stopped, and queued again")
+    return done
+
+
+def _unsignalled_preemptions(jobs: JobManager) -> list[str]:
+    now = utcnow()
+    grace = timedelta(seconds=jobs.preempt_grace)
+    with jobs.db.writing() as s:
+        preempting = list(s.scalars(select(JobRow).where(JobRow.state == "preempting")))
+        asked = []
+        for job in preempting:
+            if (job.backend_ref or {}).get("preempted_by"):
+                continue  # the engine preempts it (Slurm, Kubernetes): the pass follows that
+            if job.preempt_deadline is None or job.preempt_deadline < now + grace:
+                job.preempt_deadline = now + grace
+            asked.append((job.id, dict(job.backend_ref or {}), job.job_dir))
+    done = []
+    for job_id, ref, job_dir in asked:
+        try:
+            jobs.backend.signal_preempt(ref)
+        except Exception:
+            log.exception("job %s: could not ask its run to checkpoint again", job_id)
+            continue
+        jobs.log_line(
+            SimpleNamespace(id=job_id, job_dir=job_dir),
+            "the service restarted while preempting this job: asked again to checkpoint",
+        )
+        done.append(f"job {job_id} was being preempted: asked again to checkpoint")
     return done
 
 
