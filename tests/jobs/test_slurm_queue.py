@@ -529,3 +529,46 @@ def test_sbatch_that_cannot_be_run_is_said_and_tried_again_not_a_traceback_per_p
     job = row(jobs, a)
     assert job.state == "queued" and job.not_before is not None
     assert "Slurm refused the submission: sbatch could not be run" in str(job.waiting_reason)
+
+
+class ServiceKilled(BaseException):
+    """The service dies here: no ``except Exception`` of its own runs."""
+
+
+def test_a_submission_the_service_died_during_is_found_not_made_twice(tmp_path):
+    """Found by a crash attack on a real Slurm: killed while its sbatch ran (which went on
+    and queued the job), the service knew nothing of that Slurm job, submitted the job
+    again, and the first ran untracked, on through the job's cancel."""
+    _ledger, jobs, scheduler, slurm = setup(tmp_path)
+    a, b = add_jobs(jobs, ("gpu-1", "normal"), ("gpu-1", "normal"))
+    real_run = slurm._run
+
+    def sbatch_then_die(*argv: str, **kw: Any) -> str:
+        out = real_run(*argv, **kw)
+        if argv[0] == "sbatch":
+            raise ServiceKilled  # Slurm has it; the service never hears the id
+        return out
+
+    slurm._run = sbatch_then_die  # type: ignore[method-assign]
+    with pytest.raises(ServiceKilled):
+        scheduler.tick()
+    (first,) = slurm.scripts
+    assert row(jobs, a).backend_ref.get("unsure")
+
+    # the restarted service looks for it before submitting anything
+    slurm._run = real_run  # type: ignore[method-assign]
+    restarted = Scheduler(jobs)
+    restarted.tick()
+    assert sid(jobs, a) == first
+    assert not row(jobs, a).backend_ref.get("unsure")
+    assert [s for s in slurm.scripts if s != first] == [sid(jobs, b)]  # b's, once
+
+    # cancelled while its submission's answer is unknown: the Slurm job found goes too
+    (c,) = add_jobs(jobs, ("gpu-1", "normal"))
+    slurm._run = sbatch_then_die  # type: ignore[method-assign]
+    with pytest.raises(ServiceKilled):
+        Scheduler(jobs).tick()
+    slurm._run = real_run  # type: ignore[method-assign]
+    (third,) = [s for s in slurm.scripts if s not in (first, sid(jobs, b))]
+    jobs.cancel(c, "alice")
+    assert slurm.queue[third]["job_state"] == "CANCELLED"

@@ -308,6 +308,11 @@ class DelegatedPass:
         attempt = secrets.token_hex(8)
         env = self.scheduler._env(job, [], account)
         env[ATTEMPT_ID] = attempt
+        # what the ref would have said, so that a run found later is watched as one: written
+        # before the submission too, so that a service that dies while it is made looks for
+        # it at its next pass (the engine may have queued it) instead of submitting another
+        maybe = {"attempt_id": attempt, "unsure": True, "job_dir": job.job_dir}
+        self._submitting(job, {**maybe, "user": account.name})
         try:
             ref = backend.submit(
                 job.id,
@@ -320,8 +325,6 @@ class DelegatedPass:
                 attempt=attempt,
             )
         except SubmitUnsure as e:
-            # what the ref would have said, so that a run found later is watched as one
-            maybe = {"attempt_id": attempt, "unsure": True, "job_dir": job.job_dir}
             self._retry(job, {**maybe, "user": account.name}, str(e), now)
             return
         except SubmitRefused as e:
@@ -351,6 +354,13 @@ class DelegatedPass:
             row = s.get(JobRow, job_id)
             if row is not None and row.state == "queued":
                 row.backend_ref = {**(row.backend_ref or {}), "waiting_since": now.isoformat()}
+
+    def _submitting(self, job: JobRow, ref: dict[str, Any]) -> None:
+        with self.jobs.db.writing() as s:
+            row = s.get(JobRow, job.id)
+            if row is not None and row.state == "queued":
+                tries = (row.backend_ref or {}).get("submit_tries")
+                row.backend_ref = {**ref, **({"submit_tries": tries} if tries else {})}
 
     def _submitted(self, job: JobRow, ref: dict[str, Any]) -> None:
         with self.jobs.db.writing() as s:

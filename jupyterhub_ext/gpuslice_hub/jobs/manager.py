@@ -678,6 +678,15 @@ class JobManager(LoggingConfigurable):
                 self.backend.kill(ref)
             except Exception as e:
                 self.log.info("job %s: cancelling it in %s: %s", job_id, self.backend.name, e)
+        elif self.delegated and ref.get("unsure"):
+            # a submission whose answer never came (it timed out, or the service died while
+            # it was made): the engine may hold it all the same
+            try:
+                found = self.queueing.find(job_id, self.account(job.user))
+                if found:
+                    self.backend.kill({**ref, self.queueing.ref_key: found})
+            except Exception as e:
+                self.log.info("job %s: cancelling it in %s: %s", job_id, self.backend.name, e)
         self.release(allocs, f"job {job_id} cancelled")
         return self.get(job_id) or {}
 
