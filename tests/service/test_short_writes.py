@@ -405,3 +405,45 @@ def test_another_process_writing_sends_the_call_to_a_thread_and_the_loop_keeps_t
     # a write off the loop waits for another process as before (SQLite's busy timeout)
     with ledger.db.writing() as s:
         assert s.connection().exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+
+
+def test_calls_made_while_one_is_in_a_thread_wait_for_it_then_run_on_the_loop_in_order(
+    tmp_path,
+):
+    """Only while a call is in a thread do the others wait (on the loop, not each in a
+    thread of its own queued on the writer); then they run on the loop, in the order they
+    came. With nothing in a thread a call runs at once: no queue to join (an asyncio.Lock
+    kept one under a steady load, every call waiting in it a turn of the loop)."""
+    db = open_database(f"sqlite:///{tmp_path}/l.sqlite")
+    writes = ShortWrites(db)
+    order: list[tuple[int, str]] = []
+
+    def call(i: int) -> None:
+        order.append(
+            (i, "loop" if threading.current_thread() is threading.main_thread() else "worker")
+        )
+
+    held, release = threading.Event(), threading.Event()
+
+    def other_writer() -> None:
+        with db.writer:
+            held.set()
+            release.wait(30)
+
+    async def main() -> None:
+        await writes.run("x", call, -1)  # the first run of a call is in a thread
+        threading.Thread(target=other_writer, daemon=True).start()
+        assert await asyncio.to_thread(held.wait, 30)
+        first = asyncio.ensure_future(writes.run("x", call, 0))  # to a thread: writer busy
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(writes.run("x", call, i)) for i in range(1, 5)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert order == [(-1, "worker")]  # all wait for the one in the thread
+        release.set()
+        await asyncio.gather(first, *rest)
+        await writes.run("x", call, 5)  # nothing in a thread: at once, on the loop
+
+    asyncio.run(main())
+    assert order == [(-1, "worker"), (0, "worker"), *((i, "loop") for i in range(1, 6))]
+    db.dispose()

@@ -11,8 +11,8 @@ So a call runs on the loop's thread when all of these hold, and in a worker thre
 - the ledger is SQLite (a PostgreSQL call waits on the network);
 - no other thread of this process is writing (``Database.writer`` is free; taking it
   without waiting means the call never queues behind another writer on the loop). Calls
-  made while one of them is in a thread wait for it on the loop (an ``asyncio.Lock``), not
-  in threads of their own, and then run on the loop;
+  made while one of them is in a thread wait for it on the loop, not in threads of their
+  own, and then run on the loop in the order they came;
 - its last run took under ``budget`` seconds: by the clock on the loop, in CPU time in a
   thread (what it would have cost the loop). The first run of each call is in a thread; a
   run in a thread over the budget sends the next one there too, and a run on the loop
@@ -36,6 +36,7 @@ ledger that is locked gives way to a thread, which waits.
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 from collections.abc import Callable
@@ -62,11 +63,16 @@ class ShortWrites:
         self.on_loop = 0  # runs made on the loop's thread, and in workers (for tests)
         self.in_thread = 0
         self.gave_way = 0  # runs on the loop that gave way to a thread (WouldWait)
-        # Calls wait their turn here, on the loop, rather than each in a thread of its own
-        # waiting for the writer: a queue of threads keeps the writer always taken, so every
-        # call after them would find it busy and go to a thread too (at 50 clients back to
-        # back, all of them did). Made on first use, on the loop it belongs to.
-        self._turn: asyncio.Lock | None = None
+        # While one of these calls runs in a thread, the others wait their turn here, on the
+        # loop, rather than each in a thread of its own waiting for the writer: a queue of
+        # threads keeps the writer always taken, so every call after them would find it busy
+        # and go to a thread too (at 50 clients back to back, all of them did). Not an
+        # ``asyncio.Lock``: under a steady load its queue never drains (a call arriving
+        # while any waits queues behind it, and each waiter is woken a loop turn later),
+        # so every call on the loop waited in it, one loop turn each; here a call waits
+        # only while a call of ours is in a thread.
+        self._in_thread = False
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)``, on this thread when it is known to be short (above),
@@ -74,27 +80,38 @@ class ShortWrites:
         if not self.db.is_sqlite:
             self.in_thread += 1
             return await asyncio.to_thread(fn, *args, **kwargs)
-        if self._turn is None:
-            self._turn = asyncio.Lock()
-        async with self._turn:  # (taken at once, without a pause, when no call is in a thread)
-            if (
-                self._last.get(name, math.inf) < self.budget
-                and not self._away.get(name)
-                and self.db.writer.acquire(blocking=False)
-            ):
-                try:
-                    self.on_loop += 1
-                    return self._on_loop(name, fn, args, kwargs)
-                except WouldWait:
-                    # it would have waited for a cache another thread holds, or rebuilt
-                    # one: rolled back, and made again in a thread (db/loopguard.py)
-                    self.gave_way += 1
-                finally:
-                    self.db.writer.release()
-            elif self._away.get(name):
-                self._away[name] -= 1
-            self.in_thread += 1
+        while self._in_thread:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            await waiter
+        if (
+            self._last.get(name, math.inf) < self.budget
+            and not self._away.get(name)
+            and self.db.writer.acquire(blocking=False)
+        ):
+            try:
+                self.on_loop += 1
+                return self._on_loop(name, fn, args, kwargs)
+            except WouldWait:
+                # it would have waited for a cache another thread holds, or rebuilt one:
+                # rolled back, and made again in a thread (db/loopguard.py)
+                self.gave_way += 1
+            finally:
+                self.db.writer.release()
+        elif self._away.get(name):
+            self._away[name] -= 1
+        self.in_thread += 1
+        self._in_thread = True
+        try:
             return await asyncio.to_thread(self._in_worker, name, fn, args, kwargs)
+        finally:
+            self._in_thread = False
+            # in the order they came: the first may send its call to a thread again, and
+            # the rest then wait for that one
+            waiting, self._waiting = self._waiting, collections.deque()
+            for waiter in waiting:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _in_worker(self, name: str, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         # Measured as the thread's CPU time, once the writer is held: neither the wait for
