@@ -527,12 +527,18 @@ def test_policy_from_the_service_and_every_decision_reported(fake_service, env):
     assert culled["reason"].startswith("GPU idle") and culled["detail"]["allocation_id"] == 7
 
 
-@pytest.mark.parametrize("ext_config", [{"policy_from_service": True, "idle_action": "server"}])
-def test_server_mode_asks_the_service_and_retries_when_it_is_down(fake_service, env):
+def idle_server(env, fake_service) -> None:
+    """A server under the service's "server" action (40 s, warned 10 s before), with a
+    kernel that does nothing on the GPU."""
     fake_service.policy = {"action": "server", "idle_timeout": 40, "warning_lead": 10}
     env.run(env.monitor.refresh_policy())
     env.start_kernel()
     env.gpu([])
+
+
+@pytest.mark.parametrize("ext_config", [{"policy_from_service": True, "idle_action": "server"}])
+def test_server_mode_asks_the_service_and_retries_when_it_is_down(fake_service, env):
+    idle_server(env, fake_service)
     fake_service.up = False
     got = env.tick_until_decision()
     assert actions(got) == [("warning", None)]
@@ -551,10 +557,7 @@ def test_server_mode_asks_the_service_and_retries_when_it_is_down(fake_service, 
 
 @pytest.mark.parametrize("ext_config", [{"policy_from_service": True, "idle_action": "server"}])
 def test_a_release_is_told_to_every_tab_and_nothing_is_warned_or_culled_after(fake_service, env):
-    fake_service.policy = {"action": "server", "idle_timeout": 40, "warning_lead": 10}
-    env.run(env.monitor.refresh_policy())
-    env.start_kernel()
-    env.gpu([])
+    idle_server(env, fake_service)
     assert actions(env.tick_until_decision()) == [("warning", None)]
     code, reply = env.fetch("gpuslice/api/release", "POST", {})
     assert code == 202 and reply["released"] is True, reply
