@@ -38,6 +38,7 @@ from gpuslice_hub.db.schema import ensure_schema
 from gpuslice_hub.errors import Pending, Refused
 from gpuslice_hub.idle import effective_policy, reclaim_record
 from gpuslice_hub.jobs.burst import Burst, reason_to_send
+from gpuslice_hub.jobs.holder import holder_job
 from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.jobs.states import PRIORITY_CLASSES
@@ -708,10 +709,8 @@ class Simulation:
                         busy = st.busy_milli
                         break
                     t += st.seconds
-            elif a.server_name.startswith("job-"):
-                job_id = int(a.server_name.removeprefix("job-"))
-                if job_id in running:
-                    busy = self.jobs_by_id[job_id].busy_milli
+            elif (job_id := holder_job(a.server_name)) is not None and job_id in running:
+                busy = self.jobs_by_id[job_id].busy_milli
             for c in a.claims:
                 asked[c.gpu_uuid] = asked.get(c.gpu_uuid, 0) + busy
         return sum(max(0, milli - 1000) for milli in asked.values())

@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session as DBSession
 from gpuslice_hub.db.admin_models import UsageReportRow
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import AllocationRow, ClaimRow, EventRow, GPURow, HostRow, MigRow
+from gpuslice_hub.jobs.holder import job_holder
 
 from .interactive import draw_stretches
 from .policies import PROFILES
@@ -336,7 +337,7 @@ def export(
             else:
                 left.nothing_kept += 1
             continue
-        alloc = own.get(f"job-{j.id}") or by_profile.get(j.profile)
+        alloc = own.get(job_holder(j.id)) or by_profile.get(j.profile)
         if alloc is not None:
             profile, milli = modelled(alloc), int(alloc.gpu_milli)
             kind = alloc.kind

@@ -997,12 +997,14 @@ class GPUSliceService(Application):
                 "run in it"
             )
             detail = silent_detail(item)
-            # (once per slice, across the service's restarts: asked again, it is not new)
+            # once per slice, across the service's restarts; a stop that does not happen is
+            # asked again by finish_stops, as for every stop the service requests
             _event, new = self.ledger.record_stop_request(
                 SILENT_KIND, a.user, "service", reason, detail
             )
-            if new:
-                self.log.warning("stopping %s's server %r: %s", a.user, a.server_name, reason)
+            if not new:
+                continue
+            self.log.warning("stopping %s's server %r: %s", a.user, a.server_name, reason)
             try:
                 await self.hub_api.stop_server(a.user, a.server_name)
             except JSONError as e:

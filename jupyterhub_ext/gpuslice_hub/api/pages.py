@@ -8,6 +8,7 @@ from typing import Any
 
 from tornado import web
 
+from ..jobs.holder import holder_job
 from ..ledger.holders import HOLDERS, engine_of
 from .base import BaseHandler, Identity
 
@@ -49,7 +50,8 @@ class HomeHandler(PageHandler):
                 engine = engine_of(a["profile"])
                 holder = f"{HOLDERS[engine]} outside gpuslice ({a['server_name']})"
             elif a["purpose"] == "batch":
-                holder = "batch " + a["server_name"].replace("-", " ")  # "job-12" → "job 12"
+                job = holder_job(a["server_name"])
+                holder = f"batch job {job}" if job is not None else f"batch {a['server_name']}"
             else:
                 holder = f"server {a['server_name']}" if a["server_name"] else "default server"
             where = ", ".join(

@@ -71,7 +71,7 @@ class ShortWrites:
         # while any waits queues behind it, and each waiter is woken a loop turn later),
         # so every call on the loop waited in it, one loop turn each; here a call waits
         # only while a call of ours is in a thread.
-        self._in_thread = False
+        self._call_in_thread = False
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def run(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -80,7 +80,7 @@ class ShortWrites:
         if not self.db.is_sqlite:
             self.in_thread += 1
             return await asyncio.to_thread(fn, *args, **kwargs)
-        while self._in_thread:
+        while self._call_in_thread:
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
             await waiter
@@ -101,11 +101,11 @@ class ShortWrites:
         elif self._away.get(name):
             self._away[name] -= 1
         self.in_thread += 1
-        self._in_thread = True
+        self._call_in_thread = True
         try:
             return await asyncio.to_thread(self._in_worker, name, fn, args, kwargs)
         finally:
-            self._in_thread = False
+            self._call_in_thread = False
             # in the order they came: the first may send its call to a thread again, and
             # the rest then wait for that one
             waiting, self._waiting = self._waiting, collections.deque()

@@ -42,6 +42,7 @@ from .backends.base import (
     current_ref,
 )
 from .burst import Burst
+from .holder import job_holder
 from .row_cache import RowCache
 from .runner_state import ATTEMPT_ID
 from .states import PRIORITY_CLASSES, transition
@@ -236,7 +237,7 @@ class DelegatedPass:
                         caller,
                         job.profile,
                         node,
-                        f"job-{job.id}",
+                        job_holder(job.id),
                         priority=100 * PRIORITY_CLASSES[job.priority_class],
                         preemptible=job.priority_class == "preemptible",
                     )

@@ -39,6 +39,7 @@ from ..db.jobs_models import JobRow
 from ..db.models import utcnow
 from ..errors import Refused
 from ..snapshot import load_active
+from .holder import holder_job
 from .manager import JobManager
 from .states import TERMINAL, transition
 
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 # What a start writes before it asks the backend (scheduler._start), replaced by the
 # backend's reference once it answers.
 LAUNCHING = "launching"
-# The server name of a batch job's allocation: ``job-<id>``.
-JOB_PREFIX = "job-"
 
 
 def recover(jobs: JobManager) -> list[str]:
@@ -135,13 +134,13 @@ def _unheld_slices(jobs: JobManager) -> list[str]:
             for a in ids or ()
         }
         unheld = [a for a in load_active(s) if a.purpose == "batch" and a.id not in held]
-        ids = {_job_id(a.server_name) for a in unheld} - {None}
+        ids = {holder_job(a.server_name) for a in unheld} - {None}
         ended = select(JobRow).where(JobRow.id.in_(ids), JobRow.state.in_(TERMINAL))
         finished = {job.id: job for job in s.scalars(ended)}
         s.expunge_all()
     done = []
     for alloc in unheld:
-        job_id = _job_id(alloc.server_name)
+        job_id = holder_job(alloc.server_name)
         job = finished.get(job_id) if job_id is not None else None
         if job is not None:
             _stop_run(jobs, job)
@@ -155,8 +154,3 @@ def _unheld_slices(jobs: JobManager) -> list[str]:
             continue
         done.append(f"allocation {alloc.id}, which {what} no longer held, released")
     return done
-
-
-def _job_id(server_name: str) -> int | None:
-    rest = server_name[len(JOB_PREFIX) :] if server_name.startswith(JOB_PREFIX) else ""
-    return int(rest) if rest.isdigit() else None

@@ -33,6 +33,7 @@ from .accounts import Account, AccountError, job_environment
 from .backends.base import PlacedBackend, RunStatus
 from .defrag import MOVABLE_STATES, Move, MoveBudget, plan_move
 from .delegated import DelegatedPass
+from .holder import job_holder
 from .job_writes import write_job
 from .manager import CURRENT_ROW, JobManager
 from .ordering import queue_order
@@ -768,7 +769,7 @@ class Scheduler:
                 alloc, _created = self.jobs.ledger.allocate(
                     caller,
                     job.profile,
-                    f"job-{job.id}",
+                    job_holder(job.id),
                     purpose="batch",
                     priority=priority,
                     preemptible=job.priority_class == "preemptible",
