@@ -250,6 +250,9 @@ def test_interactive_spawn_preempts_the_job_which_resumes_from_its_checkpoint(jo
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     wait_state(hub, alice, job_id, "running")
+    # the service's own page names the job that holds her slice
+    page = hub.api("GET", "/", alice)
+    assert page.status_code == 200 and f"batch job {job_id}" in page.text, page.text[:2000]
     d = job_dir(hub, job_id)
     wait_for(lambda: loop_checkpoint_written(d), 60, "the training loop's first checkpoint")
 
