@@ -216,6 +216,13 @@ class Runner:
         self.is_python = self._is_python(nb)
         attempt = int(self.jd.state().get("attempt", 0)) + 1
         code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        # Our own handlers from the start, before the state says "running" (the moment the
+        # service may signal a preemption: one that came before them killed the runner
+        # outright, work and checkpoint lost). nbclient's setup_kernel would install one
+        # that shuts the kernel down on SIGTERM, so the kernel is managed here instead.
+        loop = asyncio.get_running_loop()
+        for sig in PREEMPT_SIGNALS:
+            loop.add_signal_handler(sig, self._on_preempt, sig)
         self.jd.write_state(
             status="running",
             attempt=attempt,
@@ -246,11 +253,6 @@ class Runner:
             resources={"metadata": {"path": workdir}},
         )
         self.client.on_stream = self._log_output
-        # Our own handlers from the start: nbclient's setup_kernel would install one that
-        # shuts the kernel down on SIGTERM, so the kernel is managed here instead.
-        loop = asyncio.get_running_loop()
-        for sig in PREEMPT_SIGNALS:
-            loop.add_signal_handler(sig, self._on_preempt, sig)
         km = self.client.km = self.client.create_kernel_manager()
         try:
             await self.client.async_start_new_kernel(cwd=workdir)
