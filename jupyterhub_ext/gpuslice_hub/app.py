@@ -69,6 +69,7 @@ from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .db.short_writes import ShortWrites
 from .errors import ConfigError
 from .hubapi import HubAPI, IncompleteListing
+from .hubparent import hub_parent, watch_hub_parent
 from .idle import effective_policy
 from .inventory_refresh import Refresher, run_inventory_refresh
 from .jobs.manager import JobManager
@@ -854,6 +855,13 @@ class GPUSliceService(Application):
             loop.add_signal_handler(sig, stop.set)
         lost: list[LedgerInUse] = []
         self._hold_watch = asyncio.ensure_future(self._watch_hold(stop, lost))
+        # a managed service outlives a hub killed outright unless it watches (hubparent.py)
+        parent = hub_parent()
+        self._parent_watch = (
+            asyncio.ensure_future(watch_hub_parent(parent, stop.set, self.log))
+            if parent is not None
+            else None
+        )
         await stop.wait()
         self.log.info("gpuslice service stopping")
         server.stop()
@@ -866,6 +874,7 @@ class GPUSliceService(Application):
             self._inventory_refresh,
             self._loop_watch,
             self._hold_watch,
+            self._parent_watch,
         )
         for task in tasks:
             if task is not None:

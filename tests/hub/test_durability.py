@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -9,11 +10,12 @@ import subprocess
 import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.harness.hub import wait_for
+from tests.harness.hub import start_hub, wait_for
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -97,6 +99,49 @@ def test_sigkilled_service_restarts_with_the_same_allocations(hub_factory, servi
     assert r.json()["assignments"][0]["gpu_uuid"] == held[1]["assignments"][0]["gpu_uuid"]
     r = hub.allocate("ann", "gpu-1", "e")
     assert r.status_code == 409
+
+
+def test_a_hub_killed_outright_takes_its_service_with_it_and_its_restart_serves(hub_factory):
+    """A hub SIGKILLed stops none of its managed services (they run in sessions of their
+    own): its service must notice and stop, so that the restarted hub's own service can
+    take the ledger instead of refusing to start beside a survivor."""
+    hub = hub_factory()
+    ann = hub.add_user("ann")
+    held = hub.allocate("ann", "share-250", "a")
+    assert held.status_code == 201
+    old_service = hub.service_pid()
+    os.kill(hub.proc.pid, signal.SIGKILL)  # the hub alone, not its process group
+    hub.proc.wait(10)
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # (a zombie is gone too: its parent, the hub, is dead, and init reaps it)
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat[0] == "Z"
+
+    try:
+        wait_for(lambda: gone(old_service), 30, "the orphaned service to stop")
+    finally:
+        # (on failure, what the killed hub left: its service, and its proxy in its group)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old_service, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(hub.proc.pid, signal.SIGKILL)
+    assert f"the JupyterHub that started this service (process {hub.proc.pid}) is gone" in (
+        hub.log()
+    )
+    # the next hub starts a service that takes the ledger, with the slice still held
+    again = start_hub(hub.workdir, reuse=hub.config)
+    try:
+        assert again.service_pid() != old_service
+        mine = again.api("GET", "/api/allocations", ann).json()["allocations"]
+        assert [a["id"] for a in mine] == [held.json()["id"]]
+        assert "another gpuslice service" not in again.log()
+    finally:
+        again.stop()
 
 
 def test_reconciler_releases_allocations_of_servers_that_do_not_exist(hub_factory):

@@ -183,13 +183,13 @@ class Database:
         self._checkpointer_lock = threading.Lock()
 
     def begin(self, conn: Connection) -> None:
-        """Begin a read transaction on ``conn``, a connection of ``read_engine``: on SQLite
-        a snapshot, for as long as it lasts."""
+        """Begin a read transaction on ``conn``, a connection of ``read_engine``: a
+        snapshot, for as long as it lasts (PostgreSQL: the engine's REPEATABLE READ)."""
         _begin(conn, _sqlite_begin_read if self.is_sqlite else None)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Session]:
-        """A read transaction (on SQLite a snapshot, for as long as it lasts)."""
+        """A read transaction: one snapshot of the ledger, for as long as it lasts."""
         if self.is_sqlite and self._reader_free.acquire(blocking=False):
             try:
                 with self._kept_reader() as conn:
@@ -409,4 +409,10 @@ def open_database(url: str) -> Database:
         # Prefer psycopg 3, the driver we install and test with.
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
-    return Database(url, engine, engine)
+    # A read is one snapshot, as on SQLite: under PostgreSQL's default READ COMMITTED each
+    # statement sees what was committed before it, so a listing's jobs and their history,
+    # read by two statements, could disagree with each other. (Read-only transactions never
+    # fail to serialize under REPEATABLE READ; writes stay READ COMMITTED behind the lock
+    # row. The level is the driver's to send with its BEGIN: no round trip more.)
+    reads = engine.execution_options(isolation_level="REPEATABLE READ")
+    return Database(url, reads, engine)
