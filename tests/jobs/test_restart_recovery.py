@@ -167,6 +167,74 @@ def test_a_start_cut_short_is_stopped_and_queued_again_not_run_twice(tmp_path, c
     restarted.cancel(job_id, "ann")
 
 
+class CancelledWhileStarting(LocalBackend):
+    """The owner's cancel lands after the start committed ``starting`` and before the
+    runner is up: it finds no pid to kill and releases the slice."""
+
+    jobs: JobManager
+    late: dict[str, Any]
+
+    def start(self, job_id: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.jobs.cancel(job_id, "ann")
+        self.late = super().start(job_id, *args, **kwargs)
+        return self.late
+
+
+def test_a_job_cancelled_while_its_run_starts_has_that_run_stopped(tmp_path, cleanup):
+    backend = CancelledWhileStarting()
+    jobs = backend.jobs = service(tmp_path, backend)
+    job_id = submit(jobs)
+    cleanup.append((tmp_path, job_id))
+    Scheduler(jobs, simulated=True).tick()
+    # the run the start began anyway is stopped, not left on a GPU the ledger gave back
+    job = row(jobs, job_id)
+    assert job.state == "cancelled"
+    assert batch_held(jobs) == []
+    assert "pid" not in job.backend_ref  # not overwritten by the late start's reference
+    with contextlib.suppress(psutil.NoSuchProcess):  # (gone and reaped already)
+        late = psutil.Process(backend.late["pid"])
+        wait_for(lambda: ended([late]), 30, "the late run stopped")
+    log = JobDir(Path(job.job_dir)).log_path.read_text()
+    assert "cancelled while its run was starting; stopping it" in log
+
+
+class KillFailsOnce(LocalBackend):
+    """The first kill fails, as an engine that does not answer would (the local backend's
+    own kill only signals, and never fails)."""
+
+    failed = False
+
+    def kill(self, ref: dict[str, Any]) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("the controller did not answer")
+        super().kill(ref)
+
+
+def test_a_cancel_whose_kill_fails_keeps_the_slice_until_a_pass_stops_the_run(tmp_path, cleanup):
+    backend = KillFailsOnce()
+    jobs = service(tmp_path, backend)
+    job_id = submit(jobs)
+    cleanup.append((tmp_path, job_id))
+    scheduler = Scheduler(jobs, simulated=True)
+    scheduler.tick()
+    run = wait_for(lambda: runs_of(tmp_path, job_id), 30, "the job's runner")
+    held = batch_held(jobs)
+    assert [a["server_name"] for a in held] == [f"job-{job_id}"]
+    # the cancel stands (the owner is told so), the run it could not stop keeps its slice
+    assert jobs.cancel(job_id, "ann")["state"] == "cancelled"
+    assert not ended(run)
+    assert batch_held(jobs) == held
+    log = JobDir(Path(row(jobs, job_id).job_dir)).log_path.read_text()
+    assert "could not stop its run (the controller did not answer); trying again" in log
+    # the next pass stops it, then gives the slice back
+    scheduler.tick()
+    wait_for(lambda: ended(run), 30, "the cancelled job's run stopped")
+    assert batch_held(jobs) == []
+    assert jobs.kills_pending == {}
+    assert jobs.ledger.get(held[0]["id"])["release_reason"] == f"job {job_id} cancelled"
+
+
 def test_a_job_ended_before_its_slice_went_back_has_its_run_stopped_and_slice_freed(
     tmp_path, cleanup
 ):

@@ -68,6 +68,7 @@ class RecordedSlurm(SlurmBackend):
         )
         self.queue: dict[str, dict[str, Any]] = {}
         self.sbatch_fails: Exception | None = None  # the next sbatch raises this
+        self.scancel_fails: Exception | None = None  # the next scancel raises this
         self.commands: list[tuple[str, ...]] = []
         self.scripts: dict[str, str] = {}
 
@@ -111,6 +112,9 @@ class RecordedSlurm(SlurmBackend):
                 "".join(f"{self.queue[i].get(key, '')}|" for _, key in RECORD_FIELDS) + "\n"
                 for i in shown
             )
+        if argv[0] == "scancel" and self.scancel_fails is not None:
+            error, self.scancel_fails = self.scancel_fails, None
+            raise error
         if argv[0] == "scancel" and "--signal=TERM" not in argv:
             self.queue[argv[-1]]["job_state"] = "CANCELLED"
         return ""
@@ -293,6 +297,26 @@ def test_cancelling_a_job_waiting_in_slurm_cancels_its_slurm_job(tmp_path):
     jobs.cancel(a, "alice")
     assert slurm.queue[sid(jobs, a)]["job_state"] == "CANCELLED"
     assert row(jobs, a).state == "cancelled"
+
+
+def test_a_cancel_slurm_does_not_answer_frees_the_slice_and_is_tried_again(tmp_path):
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n2")
+    scheduler.tick()
+    assert batch_slices(ledger) == [(f"job-{a}", "n2")]
+    slurm.scancel_fails = RuntimeError("scancel failed: Unable to contact slurm controller")
+    # the cancel stands; the slice goes back at once (the mirror of Slurm's holdings holds
+    # the GPU of a finished job's run that still runs: jobs_accounted leaves it out)
+    assert jobs.cancel(a, "alice")["state"] == "cancelled"
+    assert batch_slices(ledger) == []
+    assert sid(jobs, a) not in jobs.jobs_accounted()
+    assert slurm.queue[sid(jobs, a)]["job_state"] == "RUNNING"
+    # the next pass cancels it in Slurm
+    scheduler.tick()
+    assert slurm.queue[sid(jobs, a)]["job_state"] == "CANCELLED"
+    assert jobs.kills_pending == {}
 
 
 def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said(tmp_path, caplog):

@@ -342,6 +342,10 @@ class JobManager(LoggingConfigurable):
         self.backend_order: dict[int, int] = {}
         self.wake = Wakeup()
         self.task: asyncio.Future | None = None
+        # Cancelled jobs whose run the backend could not stop (an engine that did not
+        # answer), tried again at each pass (``retry_kills``): the run's reference, and the
+        # slices that go back once it is stopped.
+        self.kills_pending: dict[int, tuple[dict[str, Any], list[int]]] = {}
 
     # -- submission ----------------------------------------------------------------------
 
@@ -671,7 +675,7 @@ class JobManager(LoggingConfigurable):
         if was_active:
             # (the runner is killed, and says nothing more: the log says why it stops here)
             self.log_line(job, f"{why}; stopping it")
-            self.backend.kill(ref)
+            allocs = self._stop_cancelled(job, ref, allocs)
         elif self.delegated and current_ref(ref, self.queueing.ref_key):
             # waiting in the engine's queue (or ended there since the last pass)
             try:
@@ -689,6 +693,38 @@ class JobManager(LoggingConfigurable):
                 self.log.info("job %s: cancelling it in %s: %s", job_id, self.backend.name, e)
         self.release(allocs, f"job {job_id} cancelled")
         return self.get(job_id) or {}
+
+    def _stop_cancelled(self, job: Any, ref: dict[str, Any], allocs: list[int]) -> list[int]:
+        """Stop a cancelled job's run; the slices that may go back now."""
+        try:
+            self.backend.kill(ref)
+            return allocs
+        except Exception as e:
+            self.log.warning("job %s: could not stop its run: %s; trying again", job.id, e)
+            self.log_line(job, f"could not stop its run ({e}); trying again")
+        if self.delegated:
+            # The engine's job may run on, but the slice goes back now: the mirror of the
+            # engine's holdings counts a finished job's run that still runs as held
+            # (``jobs_accounted``), so its GPU is not offered twice.
+            self.kills_pending[job.id] = (ref, [])
+            return allocs
+        # Here the ledger alone keeps the GPU from the next holder: held until the run stops
+        # (or, should the service stop first, until its restart: recovery.py).
+        self.kills_pending[job.id] = (ref, allocs)
+        return []
+
+    def retry_kills(self) -> None:
+        """Try again to stop the runs of cancelled jobs the backend could not stop; those
+        stopped give their slices back."""
+        for job_id, (ref, allocs) in list(self.kills_pending.items()):
+            try:
+                self.backend.kill(ref)
+            except Exception as e:
+                self.log.info("job %s: still could not stop its run: %s", job_id, e)
+                continue
+            self.kills_pending.pop(job_id, None)
+            self.log.info("job %s: its run is stopped", job_id)
+            self.release(allocs, f"job {job_id} cancelled")
 
     def defaults(self) -> dict[str, Any]:
         """What a submission that leaves these out gets, the largest max runtime, and the

@@ -123,6 +123,8 @@ class Scheduler:
 
     def tick(self, now: datetime | None = None) -> None:
         now = now or utcnow()
+        if self.jobs.kills_pending:
+            self.jobs.retry_kills()
         if self.jobs.delegated:
             self._delegated = self._delegated or DelegatedPass(self)
             self._delegated.tick(now)
@@ -981,12 +983,31 @@ class Scheduler:
             self.log.exception("job %s: backend %s failed to start it", job.id, job.backend)
             self._fail(job, f"the {job.backend} backend could not start the job: {e}", grants)
             return
+        launched = attempt
         if ref.get("resume"):
             # the backend runs the same submission again (Slurm's own requeue): its runner
             # has the attempt id it was submitted with
             attempt = (job.backend_ref or {}).get("attempt_id", attempt)
+        ref = {**ref, "attempt_id": attempt}
         with self.jobs.db.writing() as s:
-            write_job(s.connection(), job.id, {"backend_ref": {**ref, "attempt_id": attempt}})
+            conn = s.connection()
+            now_row = CURRENT_ROW.execute(conn, {"job_id": job.id}).first()
+            # still this start's job: not ended meanwhile (a cancel that came while the
+            # runner started found no pid to kill, and released the slice) and not moved
+            # on to another attempt
+            ours = (
+                now_row is not None
+                and now_row.state not in TERMINAL
+                and (now_row.backend_ref or {}).get("attempt_id") == launched
+            )
+            if ours:
+                write_job(conn, job.id, {"backend_ref": ref})
+        if not ours:
+            state = now_row.state if now_row is not None else "gone"
+            self.log.warning("job %s was %s while its run started: stopping it", job.id, state)
+            self.jobs.log_line(job, f"{state} while its run was starting; stopping it")
+            # by its pid and by its attempt: what the start began, however far it got
+            self.jobs.backend.kill({"attempt_id": launched, "uid": account.uid, **ref})
 
     def _fail(self, job: Any, error: str, grants: list[dict[str, Any]]) -> None:
         with self.jobs.db.writing() as s:
