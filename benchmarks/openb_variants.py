@@ -176,8 +176,8 @@ def make(name: str, workload: Workload) -> Variant:
         typical = typical_from_counts(counts(workload.originals), coverage=1.0)
     elif source == "demand":
         t = typical_from_counts(counts(workload.originals), coverage=1.0)
-        w = t.weight * np.where(t.count > 0, t.count * t.milli / 1000.0, 0.0)
-        typical = replace(t, weight=w / w.sum())
+        # weighed by GPU demand; integral, as fragmentation's exact sums want (frag.py)
+        typical = replace(t, weight=t.weight * np.where(t.count > 0, t.count * t.milli, 0))
     elif source.startswith("first"):
         typical = typical_from_counts(counts(workload.pods[: int(source.removeprefix("first"))]))
     else:

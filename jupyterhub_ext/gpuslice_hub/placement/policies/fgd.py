@@ -17,7 +17,7 @@ from ..state import ClusterState
 from ..types import Request
 from .base import argmax_by_rank
 from .candidates import candidates
-from .frag import allowed_by_typical, fragmentation
+from .frag import allowed_by_typical, scaled_fragmentation
 from .typical import OnlineTypical, Typical
 
 
@@ -56,10 +56,11 @@ def fragmentation_delta(
         model = state.gpu_model[rows]
     ok = state.gpu_ok[rows]
     mem = state.mem_free[rows] if memory else None
-    before = fragmentation(
+    # (scaled: exact, so a placement that leaves F as it was has a delta of exactly 0)
+    before = scaled_fragmentation(
         typical, state.gpu_free[rows], ok, state.cpu_free[rows], model, allowed, packed, mem
     )
-    after = fragmentation(
+    after = scaled_fragmentation(
         typical,
         cand.free_after,
         ok[cand.pos],
@@ -70,7 +71,8 @@ def fragmentation_delta(
         None if mem is None else mem[cand.pos] - request.memory_mib,
     )
     gpu_after = np.where(ok[cand.pos], cand.free_after, 0).sum(1)
-    return cand.pos, cand.gpu, before[cand.pos] - after, gpu_after
+    delta = (before[cand.pos] - after) / typical.weight.sum()
+    return cand.pos, cand.gpu, delta, gpu_after
 
 
 class FGD:

@@ -3,7 +3,14 @@
 For a typical request t, a host's free GPU milli is *usable* when t fits there (its CPU, and
 ``count_t`` allowed GPUs with free >= milli_t): then the usable part is the free milli on
 those GPUs, the rest is fragment. When t does not fit, all free milli is fragment for t.
-F = sum_t weight_t * (free - usable_t), in milli-GPU.
+F = sum_t weight_t * (free - usable_t), in milli-GPU, with weights that sum to 1.
+
+Computed exactly: with the weights as request counts (``Typical.weight``), every product
+and sum is of integers well below 2**53, so F times the weights' sum is exact in float64
+whatever order a BLAS kernel adds in. A placement that leaves fragmentation as it was then
+scores a delta of exactly 0. In floating point that delta came out a few ulps either side
+of 0, so the same host scored 49 or 50 on FGD's sigmoid by rounding. Which side depended
+on the BLAS kernel the CPU got, so a simulation gave other figures on another machine.
 """
 
 from __future__ import annotations
@@ -37,6 +44,22 @@ def fragmentation(
     ``model[K, G]`` and ``allowed[M, T]`` are needed only when some typical request restricts
     GPU models. With ``mem_free[K]`` and typical memories, t must also fit the host memory.
     """
+    scaled = scaled_fragmentation(typical, free, ok, cpu_free, model, allowed, packed, mem_free)
+    return scaled / typical.weight.sum()
+
+
+def scaled_fragmentation(
+    typical: Typical,
+    free: np.ndarray,
+    ok: np.ndarray,
+    cpu_free: np.ndarray,
+    model: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
+    packed: bool = False,
+    mem_free: np.ndarray | None = None,
+) -> np.ndarray:
+    """float64[K]: F times the weights' sum (exact with integral weights: the module's
+    docstring); compare or subtract these, and divide once."""
     free = np.where(ok, free, 0)
     total = free.sum(1)
     ge = free[:, :, None] >= typical.milli[None, None, :]  # K, G, T
@@ -45,13 +68,14 @@ def fragmentation(
         ge &= allowed[model]
     n_ge = ge.sum(1)
     if packed:
-        return total - packed_usable(typical, free, ge, n_ge, cpu_free) @ typical.weight
+        usable = packed_usable(typical, free, ge, n_ge, cpu_free)
+        return total * typical.weight.sum() - usable @ typical.weight
     usable = np.einsum("kg,kgt->kt", free, ge)
     fits = (n_ge >= typical.count) & (cpu_free[:, None] >= typical.cpu) & (typical.count > 0)
     if mem_free is not None and typical.mem is not None:
         fits &= mem_free[:, None] >= typical.mem
     usable = np.where(fits, usable, 0)
-    return total - usable @ typical.weight
+    return total * typical.weight.sum() - usable @ typical.weight
 
 
 def packed_usable(

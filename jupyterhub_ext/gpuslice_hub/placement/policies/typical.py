@@ -34,7 +34,9 @@ class Typical:
     milli: np.ndarray  # int64[T], per GPU
     count: np.ndarray  # int64[T], 0 for CPU-only
     models: tuple[tuple[str, ...], ...]
-    weight: np.ndarray  # float64[T], sums to 1
+    # float64[T]: how often each shape is requested, on any scale (frag.py divides by the
+    # sum). Request counts, so that fragmentation is computed exactly (frag.py).
+    weight: np.ndarray
     version: int = 0
     # Mean host memory (MiB) of each shape's requests; None: memory is not considered
     # (FGD as published ignores it).
@@ -72,7 +74,7 @@ def typical_from_counts(
         milli=np.array([s[1] for s, _ in kept], np.int64),
         count=np.array([s[2] for s, _ in kept], np.int64),
         models=tuple(s[3] for s, _ in kept),
-        weight=weight / weight.sum(),
+        weight=weight,
         version=version,
         mem=None if mem_sums is None else np.array([mem_sums[s] / n for s, n in kept]),
     )
