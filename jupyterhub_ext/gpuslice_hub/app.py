@@ -381,6 +381,9 @@ class GPUSliceService(Application):
     short_writes: ShortWrites
     # the hold on the ledger (db/owner.py), let go at shutdown; None before it is held
     ledger_hold: LedgerHold | None = None
+    # the JupyterHub process that started this service, read as main() begins (hubparent.py);
+    # None: no hub to follow
+    hub_pid: int | None = None
     jobs: JobManager | None = None
     started_at: datetime | None = None
     # when the last reconciliation with the hub completed (api/health says it)
@@ -856,10 +859,9 @@ class GPUSliceService(Application):
         lost: list[LedgerInUse] = []
         self._hold_watch = asyncio.ensure_future(self._watch_hold(stop, lost))
         # a managed service outlives a hub killed outright unless it watches (hubparent.py)
-        parent = hub_parent()
         self._parent_watch = (
-            asyncio.ensure_future(watch_hub_parent(parent, stop.set, self.log))
-            if parent is not None
+            asyncio.ensure_future(watch_hub_parent(self.hub_pid, stop.set, self.log))
+            if self.hub_pid is not None
             else None
         )
         await stop.wait()
@@ -1164,8 +1166,13 @@ def private_sqlite_files(db_url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Which hub started this service, asked first: the start that follows can take half a
+    # minute (the ledger's lock, discovery), and a hub killed meanwhile is then seen gone
+    # at once, not taken for no hub at all (hubparent.py).
+    hub_pid = hub_parent()
     argv = list(sys.argv[1:] if argv is None else argv)
     app = GPUSliceService()
+    app.hub_pid = hub_pid
     if argv == ["--generate-config"]:
         # every setting with its help, commented out: a starting gpuslice_config.py
         print(app.generate_config_file())

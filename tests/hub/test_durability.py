@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import sqlite3
@@ -101,6 +102,26 @@ def test_sigkilled_service_restarts_with_the_same_allocations(hub_factory, servi
     assert r.status_code == 409
 
 
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # (a zombie is gone too: its parent, the hub, is dead, and init reaps it)
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat[0] == "Z"
+
+
+def kill_leftovers(hub, service_pid: int) -> None:
+    """What a killed hub leaves running, should the test fail: its service, and its proxy
+    (in a session of its own: the proxy's pid file names it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(service_pid, signal.SIGKILL)
+    pid_file = hub.workdir / "jupyterhub-proxy.pid"
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_a_hub_killed_outright_takes_its_service_with_it_and_its_restart_serves(hub_factory):
     """A hub SIGKILLed stops none of its managed services (they run in sessions of their
     own): its service must notice and stop, so that the restarted hub's own service can
@@ -113,23 +134,10 @@ def test_a_hub_killed_outright_takes_its_service_with_it_and_its_restart_serves(
     os.kill(hub.proc.pid, signal.SIGKILL)  # the hub alone, not its process group
     hub.proc.wait(10)
 
-    def gone(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # (a zombie is gone too: its parent, the hub, is dead, and init reaps it)
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return stat[0] == "Z"
-
     try:
         wait_for(lambda: gone(old_service), 30, "the orphaned service to stop")
     finally:
-        # (on failure, what the killed hub left: its service, and its proxy in its group)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(old_service, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(hub.proc.pid, signal.SIGKILL)
+        kill_leftovers(hub, old_service)
     assert f"the JupyterHub that started this service (process {hub.proc.pid}) is gone" in (
         hub.log()
     )
@@ -142,6 +150,46 @@ def test_a_hub_killed_outright_takes_its_service_with_it_and_its_restart_serves(
         assert "another gpuslice service" not in again.log()
     finally:
         again.stop()
+
+
+def test_a_hub_killed_while_its_service_starts_takes_that_service_with_it(tmp_path):
+    """The service learns which hub started it before its start, which can take half a
+    minute: here it waits for the ledger's lock, held by the test, while the hub is killed.
+    (Found by an attack: the hub was read at the end of the start, by then init.)"""
+    workdir = tmp_path / "hub"
+    workdir.mkdir()
+    lock = os.open(workdir / "gpuslice.sqlite.service-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    hub = start_hub(workdir, wait=False)
+    service = None
+    try:
+
+        def waiting_for_the_lock() -> int | None:
+            for pid in subprocess.run(
+                ["pgrep", "-f", f"gpuslice_hub.app --config {workdir}"],
+                capture_output=True,
+                text=True,
+            ).stdout.split():
+                with contextlib.suppress(OSError):
+                    fds = Path(f"/proc/{pid}/fd")
+                    if any(str(f.readlink()).endswith(".service-lock") for f in fds.iterdir()):
+                        return int(pid)
+            return None
+
+        service = wait_for(waiting_for_the_lock, 60, "the service to wait for the ledger")
+        os.kill(hub.proc.pid, signal.SIGKILL)
+        hub.proc.wait(10)
+        os.close(lock)  # (the service takes the ledger and goes on starting)
+        wait_for(lambda: gone(service), 60, "the orphaned service to stop")
+        assert f"the JupyterHub that started this service (process {hub.proc.pid}) is gone" in (
+            hub.log()
+        )
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(lock)
+        if service is not None:
+            kill_leftovers(hub, service)
+        hub.stop()
 
 
 def test_reconciler_releases_allocations_of_servers_that_do_not_exist(hub_factory):

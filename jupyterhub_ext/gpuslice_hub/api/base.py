@@ -14,6 +14,7 @@ from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
 from gpuslice.jsonbody import BodyError, parse_json_object
+from gpuslice.jsonclient import JSONError
 
 from ..errors import Pending, Refused
 from ..ledger import Caller
@@ -304,6 +305,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         elif isinstance(e, RequestError):
             status = e.status
             body = {"status": status, "message": e.message, **e.detail}
+        elif isinstance(e, JSONError):
+            # The service's own call to the hub's API failed (the hub restarting, say): the
+            # request was fine and the service could not complete it. (The hub's address is
+            # for the log, not for the caller.)
+            self.service.log.warning("%s %s: %s", self.request.method, self.request.path, e)
+            if e.status >= 500:
+                status, message = 503, "the hub did not answer the gpuslice service"
+            else:
+                status, message = 502, f"the hub refused a request of the gpuslice service ({e})"
+            body = {"status": status, "message": f"{message}; try again in a moment"}
         else:
             super()._handle_request_exception(e)  # type: ignore[misc]
             return
