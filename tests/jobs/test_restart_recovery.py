@@ -198,6 +198,61 @@ def test_a_job_cancelled_while_its_run_starts_has_that_run_stopped(tmp_path, cle
     assert "cancelled while its run was starting; stopping it" in log
 
 
+class PreemptedWhileStarting(LocalBackend):
+    """A spawn's (or an admin's) preemption lands after the start committed ``starting``
+    and before the runner has a pid: its signal has nowhere to go."""
+
+    jobs: JobManager
+
+    def start(self, job_id: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.jobs.preempt(job_id, "admin", "an interactive server needs its slice")
+        return super().start(job_id, *args, **kwargs)
+
+
+def test_a_job_preempted_while_its_run_starts_is_asked_once_the_run_is_up(tmp_path, cleanup):
+    """Found by an attack: the run was never asked, ran through the whole grace period and
+    was killed at its end, its work since the start lost, the spawn waiting all along."""
+    backend = PreemptedWhileStarting()
+    jobs = backend.jobs = service(tmp_path, backend)
+    jobs.preempt_grace = 120.0
+    job_id = submit(jobs)
+    cleanup.append((tmp_path, job_id))
+    scheduler = Scheduler(jobs, simulated=True)
+    scheduler.tick()
+    log = JobDir(Path(row(jobs, job_id).job_dir)).log_path
+    assert "preempted while its run was starting: asked to checkpoint" in log.read_text()
+    # the run stops long before its grace period would end, and the job is requeued
+    wait_for(
+        lambda: (scheduler.tick(), "requeued after preemption" in reasons(jobs, job_id))[1],
+        30,
+        "the preempted run to stop",
+    )
+    assert not any("killed after the grace period" in r for r in reasons(jobs, job_id))
+
+
+def test_the_runs_of_cancelled_jobs_are_waited_for_not_left_zombies(tmp_path, cleanup):
+    """Found by an attack: a cancelled or timed-out job's runner is never polled again, so
+    the service never waited for it: one zombie process per cancel, for as long as it ran."""
+    backend = LocalBackend()
+    jobs = service(tmp_path, backend)
+    scheduler = Scheduler(jobs, simulated=True)
+    pids = []
+    for _ in range(3):
+        job_id = submit(jobs)
+        cleanup.append((tmp_path, job_id))
+        scheduler.tick()
+        wait_for(lambda: runs_of(tmp_path, job_id), 30, "the job's runner")  # noqa: B023
+        pids.append(row(jobs, job_id).backend_ref["pid"])
+        jobs.cancel(job_id, "ann")
+
+    def waited_for() -> bool:
+        scheduler.tick()
+        return not any(psutil.pid_exists(pid) for pid in pids)
+
+    wait_for(waited_for, 30, "the killed runners to be waited for")
+    assert not backend._procs
+
+
 class KillFailsOnce(LocalBackend):
     """The first kill fails, as an engine that does not answer would (the local backend's
     own kill only signals, and never fails)."""

@@ -59,3 +59,32 @@ def test_the_form_offers_what_a_spawn_would_get_and_nothing_else(tmp_path):
     assert refused.value.code == "no_capacity"
     with pytest.raises(Pending):
         manager.ledger.allocate(ANN, "gpu-1", "", wait_seconds=3600)
+
+
+class VictimEnds(JobManager):
+    """The job a spawn picked ends before the spawn asks it to give its slice up (its owner
+    cancels it: another thread, or its own completion)."""
+
+    def _victim_for(self, *args: Any, **kwargs: Any) -> Any:
+        victim = super()._victim_for(*args, **kwargs)
+        if victim is not None:
+            self.cancel(victim.id, victim.user)
+        return victim
+
+
+def test_a_spawn_whose_chosen_job_ends_first_is_asked_to_try_again_not_refused(tmp_path):
+    """Found by an attack: the spawn failed with "job 1 is cancelled, not running" (another
+    user's job, and the slice was just freed)."""
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=hosts(1))
+    manager = VictimEnds(ledger, ledger.db, IdleBackend(), tmp_path / "jobs")  # type: ignore[arg-type]
+    manager.run_jobs_as_service_user = True
+    ledger.preempt_hook = manager.preempt_for_interactive
+    insert_queued(manager.db, tmp_path, [(f"u{i}", "gpu-1", "preemptible") for i in range(8)])
+    Scheduler(manager).tick(datetime(2026, 12, 4, 12, tzinfo=UTC))
+    with pytest.raises(Pending) as pending:
+        ledger.allocate(ANN, "gpu-1", "", wait_seconds=3600)
+    assert pending.value.detail["retry_after"] == 1
+    assert "asking for it again" in pending.value.message
+    # and the spawn's next try gets the slice the job gave back
+    got = ledger.allocate(ANN, "gpu-1", "", wait_seconds=3600)
+    assert got[0]["purpose"] == "interactive"

@@ -866,7 +866,16 @@ class JobManager(LoggingConfigurable):
             return why
         if victim.state != "preempting":
             reason = f"{profile.name} needed by {_whose_server(caller, victim.user)}"
-            self.preempt(victim.id, "scheduler", reason)
+            try:
+                self.preempt(victim.id, "scheduler", reason)
+            except Refused:
+                # it ended (cancelled, completed, requeued) since it was picked: its slice
+                # is free or about to be, and the spawn's next try finds it
+                return {
+                    "job_id": victim.id,
+                    "retry_after": 1,
+                    "message": "A batch job has just given a slice up; asking for it again",
+                }
         job = self.current(victim.id)
         assert job is not None
         deadline = job.preempt_deadline or utcnow()

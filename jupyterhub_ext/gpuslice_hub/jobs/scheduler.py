@@ -1002,6 +1002,10 @@ class Scheduler:
             )
             if ours:
                 write_job(conn, job.id, {"backend_ref": ref})
+        if ours and now_row.state == "preempting":
+            # preempted while the run started: that request's signal found no pid to go to
+            self.jobs.backend.signal_preempt(ref)
+            self.jobs.log_line(job, "preempted while its run was starting: asked to checkpoint")
         if not ours:
             state = now_row.state if now_row is not None else "gone"
             self.log.warning("job %s was %s while its run started: stopping it", job.id, state)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ class LocalBackend:
     def __init__(self, python: str = "") -> None:
         self.python = python or sys.executable
         self._procs: dict[int, subprocess.Popen] = {}
+        # Runners killed, waited for at each pass until they have exited: a cancelled or
+        # timed-out job's run is never polled again, and its process would stay a zombie
+        # (and its Popen here) for as long as the service runs.
+        self._killed: list[subprocess.Popen] = []
+        self._killed_lock = threading.Lock()  # (a cancel kills from the API's thread)
 
     def start(
         self,
@@ -84,6 +90,9 @@ class LocalBackend:
         }
 
     def poll_many(self, refs: Sequence[dict[str, Any]]) -> list[RunStatus]:
+        if self._killed:
+            with self._killed_lock:
+                self._killed = [proc for proc in self._killed if proc.poll() is None]
         return [self._poll_one(ref) for ref in refs]
 
     def _poll_one(self, ref: dict[str, Any]) -> RunStatus:
@@ -120,6 +129,12 @@ class LocalBackend:
     def kill(self, ref: dict[str, Any]) -> None:
         self._signal(ref, signal.SIGKILL, group=True)
         self.reap(ref)
+        # (a run polled after this is asked about as after a restart: by its pid and its
+        # state file, the same answers)
+        proc = self._procs.pop(int(ref.get("pid") or 0), None)
+        if proc is not None and proc.poll() is None:
+            with self._killed_lock:
+                self._killed.append(proc)
 
     def reap(self, ref: dict[str, Any]) -> int:
         """Kill what is left of a run whose slice is about to go back: the kernel (in a
