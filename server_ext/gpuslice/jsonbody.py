@@ -4,7 +4,8 @@ Everything a client sends is refused here, before any handler looks at it, when 
 be stored or served back as JSON: a body over the size limit, nesting deeper than
 ``MAX_DEPTH``, ``NaN``/``Infinity`` (not JSON, and poison for every figure computed from them),
 strings that are not valid Unicode (lone surrogates such as ``"\\ud800"``, which no database
-or JSON encoder takes), and strings longer than ``MAX_STRING``.
+or JSON encoder takes), strings longer than ``MAX_STRING``, and NUL characters (PostgreSQL's
+text refuses them: such a write was a 500 there) outside the fields a handler stores as files.
 """
 
 from __future__ import annotations
@@ -65,6 +66,23 @@ def _check_string(s: str, max_string: int) -> None:
         raise BodyError("a string in the request body is not valid Unicode") from None
 
 
+def _holds_nul(value: Any) -> bool:
+    """Whether a decoded JSON value (its depth already bounded) has a NUL in a string or a
+    key."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def parse_json(
     raw: bytes | None,
     max_bytes: int = DEFAULT_MAX_BYTES,
@@ -92,10 +110,16 @@ def parse_json_object(
     allowed: Collection[str],
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_string: int = MAX_STRING,
+    file_fields: Collection[str] = (),
 ) -> dict[str, Any]:
+    """``file_fields``: fields stored as files, never in the ledger (a notebook, whose
+    outputs may hold any character): the only ones that may hold a NUL."""
     data = parse_json(raw, max_bytes, max_string)
     if not isinstance(data, dict):
         raise BodyError("request body must be a JSON object")
+    for key, value in data.items():
+        if key not in file_fields and _holds_nul(value):
+            raise BodyError(f"field {key[:100]!r} holds a NUL character (\\u0000)")
     unknown = set(data) - set(allowed)
     if unknown:
         raise BodyError(f"unknown field {sorted(unknown)[0]!r}; allowed: {sorted(allowed)}")

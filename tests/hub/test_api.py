@@ -99,6 +99,7 @@ def test_admins_see_everything_and_can_release(clean):
         (b'{"profile": "share-250", "purpose": "batch"}', 400, "purpose"),
         (b'{"profile": "share-250", "priority": {"a": 1}}', 400, "'priority'"),
         (b'{"profile": "share-250", "server_name": "\\ud800"}', 400, "not valid Unicode"),
+        (b'{"profile": "share-250", "server_name": "a\\u0000"}', 400, "NUL character"),
         (b'{"profile": "share-250", "priority": NaN}', 400, "NaN"),
         (b'{"profile": "share-250", "priority": 1e400}', 400, "too large"),
         (b"[" * 50_000 + b"]" * 50_000, 400, "nested deeper"),

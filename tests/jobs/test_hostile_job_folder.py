@@ -16,8 +16,14 @@ import pytest
 from gpuslice.run.jobdir import JobDir
 from gpuslice_hub.jobs.backends.base import RunStatus
 from gpuslice_hub.jobs.backends.local import LocalBackend
+from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.runner_state import ATTEMPT_ID, runner_claims
+from gpuslice_hub.jobs.scheduler import Scheduler
 from tests.harness.hub import wait_for
+from tests.jobs.full_cluster import PROFILES, hosts
+from tests.jobs.test_jobs_hub import nb_json
+from tests.jobs.test_restart_recovery import ANN, batch_held, cleanup, row  # noqa: F401
+from tests.service.conftest import build_ledger
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -77,6 +83,9 @@ def test_text_no_database_stores_is_made_storable():
     claims = runner_claims(state)
     assert claims["error"] == "\ufffd forged \u00e9" and claims["attempt_id"] == "a\ufffdb"
     claims["error"].encode("utf-8")
+    # and NUL, which PostgreSQL's text refuses (a failed cell's own message may hold one)
+    claims = runner_claims({"status": "failed", "error": "cell 1: ValueError: bad\x00byte"})
+    assert claims["error"] == "cell 1: ValueError: bad\ufffdbyte"
 
 
 LEFT_BEHIND = """
@@ -160,3 +169,30 @@ def test_a_broken_output_marker_reads_as_none(tmp_path, marker):
     copied = asyncio.run(sync_outputs(Service(), str(tmp_path), job))  # type: ignore[arg-type]
     assert copied is True
     assert json.loads((folder / ".gpuslice-job.json").read_text())["state"] == "completed"
+
+
+def test_a_failed_cell_whose_message_holds_a_nul_ends_the_job_on_postgresql(
+    postgres_db,
+    tmp_path,
+    cleanup,  # noqa: F811 (the fixture imported above)
+):
+    """Found by an attack: the job's end could not be written ("PostgreSQL text fields
+    cannot contain NUL"), so it stayed "running" on its slice for good."""
+    ledger = build_ledger(postgres_db, profiles=PROFILES, hosts=hosts(1))
+    try:
+        jobs = JobManager(ledger, ledger.db, LocalBackend(), tmp_path / "jobs")
+        jobs.run_jobs_as_service_user = True
+        notebook = nb_json(['raise ValueError("bad\\x00byte")'])
+        body = {"notebook": notebook, "profile": "gpu-1", "path": "nul.ipynb"}
+        job_id = int(jobs.submit(ANN, body)["id"])
+        cleanup.append((tmp_path, job_id))
+        scheduler = Scheduler(jobs, simulated=True)
+        wait_for(
+            lambda: (scheduler.tick(), row(jobs, job_id).state == "failed")[1],
+            60,
+            "the job to fail",
+        )
+        assert "ValueError: bad\ufffdbyte" in (row(jobs, job_id).error or "")
+        assert batch_held(jobs) == []
+    finally:
+        ledger.db.dispose()

@@ -319,6 +319,34 @@ def test_a_cancel_slurm_does_not_answer_frees_the_slice_and_is_tried_again(tmp_p
     assert jobs.kills_pending == {}
 
 
+def test_a_spawn_whose_chosen_job_slurm_ran_ends_first_is_asked_to_try_again(tmp_path):
+    """Found by an attack: the spawn was refused "No gpu-1 free" while the job it had picked
+    had just been cancelled and its slice given back."""
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    taken = {x["host"] for x in ledger.allocations()}
+    free = [h["name"] for h in HOSTS if h["name"] not in taken]
+    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
+    scheduler.tick()
+    assert ledger.profile_capacity()["gpu-1"][0] == 0
+    picked = jobs._victim_for
+
+    def picked_then_cancelled(*args: Any, **kwargs: Any) -> Any:
+        victim = picked(*args, **kwargs)
+        if victim is not None:
+            jobs.cancel(victim.id, victim.user)  # by its owner, between the pick and the ask
+        return victim
+
+    jobs._victim_for = picked_then_cancelled  # type: ignore[method-assign]
+    bob = Caller("bob", (), "bob")
+    with pytest.raises(Pending) as pending:
+        ledger.allocate(bob, "gpu-1", "", wait_seconds=5)
+    assert "asking for it again" in pending.value.message
+    assert ledger.allocate(bob, "gpu-1", "", wait_seconds=5)[0]["host"] == free[0]
+
+
 def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said(tmp_path, caplog):
     ledger, jobs, scheduler, slurm = setup(tmp_path)
     for user in ("u1", "u2"):

@@ -44,6 +44,21 @@ def test_bodies_that_could_not_be_stored_or_served_are_refused(raw, status, need
     assert e.value.status == status and needle in str(e.value)
 
 
+def test_a_nul_is_refused_outside_the_fields_stored_as_files():
+    """PostgreSQL's text refuses NUL: such a reason or name was a 500 there, on SQLite not."""
+    with pytest.raises(BodyError) as e:
+        parse_json_object(b'{"reason": "a\\u0000b"}', {"reason"})
+    assert e.value.status == 400 and "field 'reason' holds a NUL character" in str(e.value)
+    with pytest.raises(BodyError):
+        parse_json_object(b'{"detail": {"k\\u0000": 1}}', {"detail"})
+    with pytest.raises(BodyError):
+        parse_json_object(b'{"groups": ["x", "\\u0000"]}', {"groups"})
+    # a notebook is a file: its outputs may hold any character
+    body = b'{"notebook": {"cells": [{"outputs": ["\\u0000"]}]}, "name": "n"}'
+    parsed = parse_json_object(body, {"notebook", "name"}, file_fields={"notebook"})
+    assert parsed["notebook"]["cells"][0]["outputs"] == ["\x00"]
+
+
 def test_a_fine_body_passes_and_a_notebook_limit_can_be_larger():
     assert parse_json_object(b'{"a": [1, 2.5, "\\u00e9"]}', {"a"}) == {"a": [1, 2.5, "é"]}
     big = json.dumps({"a": "x" * 200_000}).encode()

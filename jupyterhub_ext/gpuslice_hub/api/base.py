@@ -245,15 +245,21 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         """The reason in an optional ``{"reason": ...}`` body (DELETE, preempt)."""
         return self.reason(self.json_body({"reason"}) if self.request.body else {})
 
-    def json_body(self, allowed: set[str], max_bytes: int | None = None) -> dict[str, Any]:
+    def json_body(
+        self, allowed: set[str], max_bytes: int | None = None, notebook: str | None = None
+    ) -> dict[str, Any]:
         """The request's JSON object (see :mod:`gpuslice.jsonbody` for what is refused).
 
-        ``max_bytes``: a larger limit for a body that carries a notebook, whose strings
-        (cell outputs) may then be as long as the body."""
+        ``max_bytes``: a larger limit for a body that carries a notebook (in the field
+        ``notebook``), whose strings (cell outputs) may then be as long as the body, and
+        hold any character: it is stored as a file."""
         limit = max_bytes or self.service.max_body_bytes
         kw = {"max_string": limit} if max_bytes else {}
+        files = (notebook,) if notebook else ()
         try:
-            return parse_json_object(self.request.body, allowed, max_bytes=limit, **kw)
+            return parse_json_object(
+                self.request.body, allowed, max_bytes=limit, file_fields=files, **kw
+            )
         except BodyError as e:
             raise RequestError(e.status, str(e)) from e
 

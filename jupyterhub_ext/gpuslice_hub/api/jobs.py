@@ -55,7 +55,7 @@ class JobsHandler(JobsBase):
     @api_authenticated
     async def post(self) -> None:
         ident = self.identity()
-        body = self.json_body(SUBMIT_FIELDS, self.service.max_notebook_bytes)
+        body = self.json_body(SUBMIT_FIELDS, self.service.max_notebook_bytes, "notebook")
         if ident.kind != "user" or body.get("user", ident.name) != ident.name:
             # The job runs as its owner's system account: only the owner may submit it.
             raise RequestError(403, "a job runs as its owner: only its owner can submit it")

@@ -860,7 +860,8 @@ class JobManager(LoggingConfigurable):
             return None
         if self.delegated:
             row = self.current(victim.id)  # (the victim is a row of VICTIM_COLUMNS only)
-            return None if row is None else self._engine_preempts(row, caller, profile)
+            freed = None if row is None else self._engine_preempts(row, caller, profile)
+            return freed or self._ended_first(victim)
         why = self._too_long(victim, wait_seconds)
         if why is not None:
             return why
@@ -869,13 +870,7 @@ class JobManager(LoggingConfigurable):
             try:
                 self.preempt(victim.id, "scheduler", reason)
             except Refused:
-                # it ended (cancelled, completed, requeued) since it was picked: its slice
-                # is free or about to be, and the spawn's next try finds it
-                return {
-                    "job_id": victim.id,
-                    "retry_after": 1,
-                    "message": "A batch job has just given a slice up; asking for it again",
-                }
+                return self._ended_first(victim)
         job = self.current(victim.id)
         assert job is not None
         deadline = job.preempt_deadline or utcnow()
@@ -917,6 +912,17 @@ class JobManager(LoggingConfigurable):
             "message": (
                 f"Batch job {job.id} gives its slice up: {engine} preempts it for your server"
             ),
+        }
+
+    @staticmethod
+    def _ended_first(victim: Any) -> dict[str, Any]:
+        """The job a spawn picked ended (cancelled, completed, requeued) before it was asked
+        to give its slice up: the slice is free or about to be, and the spawn's next try
+        finds it."""
+        return {
+            "job_id": victim.id,
+            "retry_after": 1,
+            "message": "A batch job has just given a slice up; asking for it again",
         }
 
     def _pending(self, job: Any, what: str) -> dict[str, Any]:

@@ -73,9 +73,10 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
 
 def _text(value: str) -> str:
     """``value`` as text every database stores: JSON may spell lone surrogates
-    (``"\\ud800"``), which no UTF-8 column takes; such a write would fail on every pass,
-    and the job would hold its slice forever. Each becomes U+FFFD."""
-    return _SURROGATE.sub("\ufffd", value)
+    (``"\\ud800"``), which no UTF-8 column takes, and NUL (``"\\u0000"``, or a failed
+    cell's own message), which PostgreSQL's text refuses. Such a write would fail on every
+    pass, and the job would hold its slice forever. Each becomes U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", value)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
