@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import secrets
 import socket
 import sys
@@ -28,6 +29,7 @@ from typing import Any
 from traitlets.config import Config, PyFileConfigLoader
 
 from .app import ADMIN_SCOPE, METRICS_SCOPE
+from .hubparent import HUB_PID_ENV
 
 SERVICE_SCOPES = [
     # reconcile allocations against servers, and stop servers whose slice is reclaimed
@@ -75,7 +77,9 @@ def configure_jupyterhub(
         "oauth_no_confirm": True,
         # Admins' login tokens for the service's pages carry the admin scope.
         "oauth_client_allowed_scopes": [ADMIN_SCOPE],
-        "environment": dict(environment or {}),
+        # This config is read by the hub process that will start the service: its pid tells
+        # the service which hub to stop with (hubparent.py), however it is started
+        "environment": {**(environment or {}), HUB_PID_ENV: str(os.getpid())},
     }
     access = f"access:services!service={name}"
     scopes = {

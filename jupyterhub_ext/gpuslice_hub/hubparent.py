@@ -6,11 +6,19 @@ service runs on, orphaned, serving the old hub's configuration, and holds the le
 (db/owner.py), so the service of the restarted hub refuses to start and gpuslice follows
 a configuration nobody runs any more until someone finds the survivor and kills it.
 
-A service whose parent was a JupyterHub process watches for that parent to go (on Linux the
-orphan is handed to init or a subreaper: its parent pid changes) and then stops as if the
-hub had stopped it, letting go of the ledger for the restarted hub's service. A service
-started any other way (by hand, by systemd as an external service) is left alone: there is
-no hub whose life it should share.
+So the service watches the hub process that started it (once a second, on Linux, from
+``/proc``) and stops as if the hub had stopped it when that process is gone, letting go of
+the ledger for the restarted hub's service. Which hub:
+
+- the one ``configure_jupyterhub`` ran in: the hub reads its config before it starts its
+  services, and the service's environment names that process (``GPUSLICE_HUB_PID``). A hub
+  killed before the service even looked is then seen gone at once, and a service started
+  through a wrapper (``sudo``) still knows its hub;
+- otherwise (a service configured by hand), its parent process, when that is a
+  ``jupyterhub`` command as the service starts.
+
+A service started any other way (by hand, by systemd as an external service) is left alone:
+there is no hub whose life it should share.
 """
 
 from __future__ import annotations
@@ -21,26 +29,36 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-# How often the parent is looked at: a getppid() call; the restarted hub's service waits
-# up to db/owner.WAIT_SECONDS for the ledger, far longer than this.
+# The hub process's id, set by configure_jupyterhub in the managed service's environment.
+HUB_PID_ENV = "GPUSLICE_HUB_PID"
+# How often the hub is looked at: a read of its /proc entry. The restarted hub's service
+# waits up to db/owner.WAIT_SECONDS for the ledger, far longer than this.
 CHECK_SECONDS = 1.0
 
 
 def hub_parent(pid: int | None = None, environ: dict[str, str] | None = None) -> int | None:
-    """The pid of the JupyterHub process that started this service as a managed service,
-    or None: no hub service environment, no parent but init, or a parent that is not a
-    ``jupyterhub`` command (read from ``/proc``; elsewhere None, and nothing is watched)."""
+    """The pid of the JupyterHub process that started this service as a managed service
+    (see the module's docstring), or None: not a hub service, or no hub to follow."""
     env = os.environ if environ is None else environ
     if "JUPYTERHUB_SERVICE_NAME" not in env:
         return None
+    named = env.get(HUB_PID_ENV, "")
+    if named.isdigit() and int(named) > 0:
+        return int(named)  # (whether it still runs is the watch's to see)
     ppid = os.getppid() if pid is None else pid
     if ppid <= 1:
         return None
+    return ppid if is_hub(ppid) else None
+
+
+def is_hub(pid: int) -> bool:
+    """Whether process ``pid`` runs a ``jupyterhub`` command (a dead one, a zombie, or one
+    that cannot be read, does not)."""
     try:
-        argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return None
-    return ppid if is_jupyterhub_command(argv) else None
+        return False
+    return is_jupyterhub_command(argv)
 
 
 def is_jupyterhub_command(argv: list[bytes]) -> bool:
@@ -53,11 +71,21 @@ def is_jupyterhub_command(argv: list[bytes]) -> bool:
     return False
 
 
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (in clock ticks since boot), None if there is none: a
+    pid reused by a later process is not the hub."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 async def watch_hub_parent(
     hub_pid: int, stop: Callable[[], None], log: logging.Logger | logging.LoggerAdapter
 ) -> None:
-    """Call ``stop`` once the process that started this one (``hub_pid``) is gone."""
-    while os.getppid() == hub_pid:
+    """Call ``stop`` once the hub process ``hub_pid`` is gone."""
+    started = _started(hub_pid)
+    while is_hub(hub_pid) and _started(hub_pid) == started:
         await asyncio.sleep(CHECK_SECONDS)
     log.warning(
         "the JupyterHub that started this service (process %d) is gone: stopping, so "

@@ -153,9 +153,11 @@ def test_a_hub_killed_outright_takes_its_service_with_it_and_its_restart_serves(
 
 
 def test_a_hub_killed_while_its_service_starts_takes_that_service_with_it(tmp_path):
-    """The service learns which hub started it before its start, which can take half a
-    minute: here it waits for the ledger's lock, held by the test, while the hub is killed.
-    (Found by an attack: the hub was read at the end of the start, by then init.)"""
+    """The service knows which hub started it from the start, which can take half a minute:
+    here the hub is killed as soon as the service's process exists (before its Python has
+    run a line of gpuslice, as often as not), and the service then waits for the ledger's
+    lock, held by the test. (Found by an attack: the hub was read at the end of the start,
+    by then init.)"""
     workdir = tmp_path / "hub"
     workdir.mkdir()
     lock = os.open(workdir / "gpuslice.sqlite.service-lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -164,19 +166,15 @@ def test_a_hub_killed_while_its_service_starts_takes_that_service_with_it(tmp_pa
     service = None
     try:
 
-        def waiting_for_the_lock() -> int | None:
-            for pid in subprocess.run(
+        def started() -> int | None:
+            found = subprocess.run(
                 ["pgrep", "-f", f"gpuslice_hub.app --config {workdir}"],
                 capture_output=True,
                 text=True,
-            ).stdout.split():
-                with contextlib.suppress(OSError):
-                    fds = Path(f"/proc/{pid}/fd")
-                    if any(str(f.readlink()).endswith(".service-lock") for f in fds.iterdir()):
-                        return int(pid)
-            return None
+            ).stdout.split()
+            return int(found[0]) if found else None
 
-        service = wait_for(waiting_for_the_lock, 60, "the service to wait for the ledger")
+        service = wait_for(started, 60, "the service's process", interval=0.01)
         os.kill(hub.proc.pid, signal.SIGKILL)
         hub.proc.wait(10)
         os.close(lock)  # (the service takes the ledger and goes on starting)
