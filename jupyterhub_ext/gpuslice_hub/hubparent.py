@@ -62,31 +62,46 @@ def is_hub(pid: int) -> bool:
 
 
 def is_jupyterhub_command(argv: list[bytes]) -> bool:
-    """``jupyterhub …``, ``/path/to/jupyterhub …`` or ``python -m jupyterhub …``."""
+    """``jupyterhub …``, ``/path/to/jupyterhub …`` or ``python -m jupyterhub[.app] …``."""
     for i, arg in enumerate(argv):
         if os.path.basename(arg) == b"jupyterhub":
             return True
-        if arg == b"-m" and i + 1 < len(argv) and argv[i + 1] == b"jupyterhub":
+        if arg == b"-m" and i + 1 < len(argv) and argv[i + 1] in (b"jupyterhub", b"jupyterhub.app"):
             return True
     return False
 
 
+class _CannotTell(Exception):
+    """``/proc`` does not say (not Linux, or not readable): nothing is concluded."""
+
+
 def _started(pid: int) -> str | None:
-    """When process ``pid`` started (in clock ticks since boot), None if there is none: a
-    pid reused by a later process is not the hub."""
+    """When process ``pid`` started (in clock ticks since boot; a pid reused by a later
+    process is not the hub), None when there is no such process or it is a zombie."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        if not Path("/proc/self/stat").exists():
+            raise _CannotTell from None
         return None
+    except (OSError, IndexError) as e:
+        raise _CannotTell from e
+    return None if fields[0] == "Z" else fields[19]
 
 
 async def watch_hub_parent(
     hub_pid: int, stop: Callable[[], None], log: logging.Logger | logging.LoggerAdapter
 ) -> None:
-    """Call ``stop`` once the hub process ``hub_pid`` is gone."""
-    started = _started(hub_pid)
-    while is_hub(hub_pid) and _started(hub_pid) == started:
-        await asyncio.sleep(CHECK_SECONDS)
+    """Call ``stop`` once the hub process ``hub_pid`` is gone. Only a process that is
+    positively gone counts (whatever its command line: the hub named by the environment
+    may be started any way), never one ``/proc`` cannot tell about."""
+    try:
+        started = _started(hub_pid)
+        while started is not None and _started(hub_pid) == started:
+            await asyncio.sleep(CHECK_SECONDS)
+    except _CannotTell:
+        log.info("cannot watch the JupyterHub process %d (no /proc): not followed", hub_pid)
+        return
     log.warning(
         "the JupyterHub that started this service (process %d) is gone: stopping, so "
         "that the service of the hub's next start can take the ledger",

@@ -320,3 +320,23 @@ def test_usage_reports_waiting_for_the_writer_never_hold_up_a_spawn_form(clean):
     for t in senders:
         t.join(60)
     assert statuses == [200] * 40
+
+
+def test_nul_in_a_url_or_a_hub_name_is_refused_on_postgresql(hub_factory, postgres_db):
+    """PostgreSQL's text cannot hold a NUL: a lookup by a path part or a hub user's name
+    holding one was a 500 there (found by a review), where SQLite answered."""
+    hub = hub_factory(db_url=postgres_db)
+    admin = hub.add_user("admin", admin=True)
+    for method, path in [
+        ("DELETE", "/api/admin/exemptions/a%00b"),
+        ("DELETE", "/api/admin/quotas/user/a%00b"),
+        ("POST", "/api/gpus/GPU-x%00y/drain"),
+        ("GET", "/api/allocations?user=a%00b"),
+    ]:
+        r = hub.api(method, path, admin)
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        assert r.json()["message"] == "the URL holds a NUL character (%00)"
+    nul = hub.add_user("n%00ul")  # (the hub takes that name)
+    r = hub.api("GET", "/api/allocations", nul)
+    assert r.status_code == 403 and "holds a NUL character" in r.json()["message"]
+    assert "Internal Server Error" not in hub.log() and " 500 " not in hub.log()

@@ -347,6 +347,26 @@ def test_a_spawn_whose_chosen_job_slurm_ran_ends_first_is_asked_to_try_again(tmp
     assert ledger.allocate(bob, "gpu-1", "", wait_seconds=5)[0]["host"] == free[0]
 
 
+def test_a_spawn_that_needs_a_job_an_admin_preempts_already_waits_for_its_checkpoint(tmp_path):
+    """Found by a review: it was told the job "has just given a slice up", though the job
+    still held it, checkpointing."""
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    scheduler.tick()
+    taken = {x["host"] for x in ledger.allocations()}
+    free = [h["name"] for h in HOSTS if h["name"] not in taken]
+    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
+    scheduler.tick()
+    jobs.preempt(a, "admin", "maintenance")
+    assert row(jobs, a).state == "preempting" and row(jobs, a).allocation_ids
+    with pytest.raises(Pending) as pending:
+        ledger.allocate(Caller("bob", (), "bob"), "gpu-1", "", wait_seconds=600)
+    assert pending.value.message == (
+        f"Preempting batch job {a} to free a slice; your server will start when it has checkpointed"
+    )
+
+
 def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said(tmp_path, caplog):
     ledger, jobs, scheduler, slurm = setup(tmp_path)
     for user in ("u1", "u2"):

@@ -26,6 +26,7 @@ SERVICE_ENV = {"JUPYTERHUB_SERVICE_NAME": "gpuslice"}
         ([b"jupyterhub", b"-f", b"/etc/jupyterhub/jupyterhub_config.py"], True),
         ([b"/opt/venv/bin/python3", b"/opt/venv/bin/jupyterhub"], True),
         ([b"/usr/bin/python3", b"-m", b"jupyterhub", b"--debug"], True),
+        ([b"python3", b"-m", b"jupyterhub.app", b"-f", b"c.py"], True),
         ([b"python3", b"launch.py", b"-f", b"jupyterhub_config.py"], False),
         ([b"/usr/bin/sudo", b"-u", b"gpuslice", b"python3", b"-m", b"gpuslice_hub.app"], False),
         ([b"-m"], False),
@@ -104,3 +105,21 @@ async def test_a_hub_gone_before_the_watch_began_stops_the_service_at_once(a_hub
     a_hub.kill()
     a_hub.wait()
     assert await _stops(a_hub.pid)
+
+
+async def test_a_hub_named_by_the_environment_is_followed_whatever_its_command(
+    not_a_hub, monkeypatch
+):
+    """Found by a review: a hub started by a launcher the service does not recognise as
+    ``jupyterhub`` (the config named it all the same) had the service stop at once, and
+    JupyterHub restart it, again and again."""
+    monkeypatch.setattr(hubparent, "CHECK_SECONDS", 0.05)
+    stopped = asyncio.Event()
+    watch = asyncio.ensure_future(
+        hubparent.watch_hub_parent(not_a_hub.pid, stopped.set, logging.getLogger("test"))
+    )
+    await asyncio.sleep(0.3)
+    assert not stopped.is_set()
+    not_a_hub.kill()
+    await asyncio.wait_for(stopped.wait(), 5)
+    assert watch.done()

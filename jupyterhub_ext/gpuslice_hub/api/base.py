@@ -153,6 +153,11 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         model = self.current_user
         if not model:
             raise web.HTTPError(403)
+        if "\x00" in model["name"]:
+            # (JupyterHub takes such a name; PostgreSQL's text cannot hold it)
+            raise RequestError(
+                403, "this account's name holds a NUL character, which gpuslice cannot store"
+            )
         scopes = set(model.get("scopes") or ())
         is_admin = self.service.admin_scope in scopes
         kind = model.get("kind", "user")
@@ -262,6 +267,15 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             )
         except BodyError as e:
             raise RequestError(e.status, str(e)) from e
+
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        """A URL's path part or query argument, refused with a 400 when it holds a NUL
+        (``%00``): no route names one, and PostgreSQL's text cannot hold it (a lookup by
+        it was a 500 there). Tornado would turn one in a query argument into a space."""
+        text = super().decode_argument(value, name)
+        if "\x00" in text:
+            raise RequestError(400, "the URL holds a NUL character (%00)")
+        return text
 
     def db_id(self, raw: str, what: str) -> int:
         """A ``{id}`` from the URL: ids beyond what the database stores do not exist."""

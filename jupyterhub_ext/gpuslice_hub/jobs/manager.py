@@ -860,6 +860,9 @@ class JobManager(LoggingConfigurable):
             return None
         if self.delegated:
             row = self.current(victim.id)  # (the victim is a row of VICTIM_COLUMNS only)
+            if row is not None and row.state == "preempting":
+                # asked already (an admin's preemption): it gives its slice up when it exits
+                return self._pending(row, "your server will start when it has checkpointed")
             freed = None if row is None else self._engine_preempts(row, caller, profile)
             return freed or self._ended_first(victim)
         why = self._too_long(victim, wait_seconds)
