@@ -80,7 +80,7 @@ def _started(pid: int) -> str | None:
     process is not the hub), None when there is no such process or it is a zombie."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (the latter: gone while read)
         if not Path("/proc/self/stat").exists():
             raise _CannotTell from None
         return None
