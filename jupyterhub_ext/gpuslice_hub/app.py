@@ -69,7 +69,7 @@ from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .db.short_writes import ShortWrites
 from .errors import ConfigError
 from .hubapi import HubAPI, IncompleteListing
-from .hubparent import hub_parent, watch_hub_parent
+from .hubparent import hub_parent, watch_hub
 from .idle import effective_policy
 from .inventory_refresh import Refresher, run_inventory_refresh
 from .jobs.manager import JobManager
@@ -860,7 +860,7 @@ class GPUSliceService(Application):
         self._hold_watch = asyncio.ensure_future(self._watch_hold(stop, lost))
         # a managed service outlives a hub killed outright unless it watches (hubparent.py)
         self._parent_watch = (
-            asyncio.ensure_future(watch_hub_parent(self.hub_pid, stop.set, self.log))
+            asyncio.ensure_future(watch_hub(self.hub_pid, stop.set, self.log))
             if self.hub_pid is not None
             else None
         )

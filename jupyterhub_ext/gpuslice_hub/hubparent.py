@@ -89,7 +89,7 @@ def _started(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
-async def watch_hub_parent(
+async def watch_hub(
     hub_pid: int, stop: Callable[[], None], log: logging.Logger | logging.LoggerAdapter
 ) -> None:
     """Call ``stop`` once the hub process ``hub_pid`` is gone. Only a process that is

@@ -244,7 +244,11 @@ def test_a_job_slurm_requeues_gives_its_slice_back_and_runs_again_where_slurm_sa
     assert len(slurm.scripts) == 1  # the same Slurm job ran again: no second submission
 
 
-def test_an_interactive_spawn_takes_the_slice_and_slurm_preempts_the_job(tmp_path):
+def full_with_a_preemptible_job(
+    tmp_path: Path,
+) -> tuple[Ledger, JobManager, Scheduler, RecordedSlurm, int, str]:
+    """Both GPUs held: carol's server on one, a preemptible job Slurm runs on the other
+    (its id and node are returned last)."""
     ledger, jobs, scheduler, slurm = setup(tmp_path)
     ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")  # n1 or n2 taken
     (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
@@ -253,6 +257,11 @@ def test_an_interactive_spawn_takes_the_slice_and_slurm_preempts_the_job(tmp_pat
     slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
     scheduler.tick()
     assert ledger.profile_capacity()["gpu-1"][0] == 0
+    return ledger, jobs, scheduler, slurm, a, free[0]
+
+
+def test_an_interactive_spawn_takes_the_slice_and_slurm_preempts_the_job(tmp_path):
+    ledger, jobs, scheduler, slurm, a, node = full_with_a_preemptible_job(tmp_path)
 
     bob = Caller("bob", (), "bob")
     with pytest.raises(Pending, match="Slurm preempts it for your server"):
@@ -262,7 +271,7 @@ def test_an_interactive_spawn_takes_the_slice_and_slurm_preempts_the_job(tmp_pat
     # the service neither signals nor kills it: Slurm does, for the server's job
     assert not [cmd for cmd in slurm.commands if "scancel" in cmd]
     grant, _ = ledger.allocate(bob, "gpu-1", "", wait_seconds=5)
-    assert grant["host"] == free[0]
+    assert grant["host"] == node
 
     # Slurm did not preempt it in time (say the partitions do not preempt each other): the
     # service asks the job to checkpoint and stop
@@ -278,7 +287,7 @@ def test_an_interactive_spawn_takes_the_slice_and_slurm_preempts_the_job(tmp_pat
     assert len(slurm.scripts) == 2
     assert (row(jobs, a).waiting_reason or "").startswith("submitted")
     ledger.release(grant["id"], "bob", "server stopped")
-    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
+    slurm.set(sid(jobs, a), "RUNNING", nodes=node)
     scheduler.tick()
     assert row(jobs, a).allocation_ids  # recorded again
     assert "preempted_by" not in row(jobs, a).backend_ref  # a later preemption is the service's
@@ -322,15 +331,7 @@ def test_a_cancel_slurm_does_not_answer_frees_the_slice_and_is_tried_again(tmp_p
 def test_a_spawn_whose_chosen_job_slurm_ran_ends_first_is_asked_to_try_again(tmp_path):
     """Found by an attack: the spawn was refused "No gpu-1 free" while the job it had picked
     had just been cancelled and its slice given back."""
-    ledger, jobs, scheduler, slurm = setup(tmp_path)
-    ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")
-    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
-    scheduler.tick()
-    taken = {x["host"] for x in ledger.allocations()}
-    free = [h["name"] for h in HOSTS if h["name"] not in taken]
-    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
-    scheduler.tick()
-    assert ledger.profile_capacity()["gpu-1"][0] == 0
+    ledger, jobs, _, _, _, node = full_with_a_preemptible_job(tmp_path)
     picked = jobs._victim_for
 
     def picked_then_cancelled(*args: Any, **kwargs: Any) -> Any:
@@ -344,20 +345,13 @@ def test_a_spawn_whose_chosen_job_slurm_ran_ends_first_is_asked_to_try_again(tmp
     with pytest.raises(Pending) as pending:
         ledger.allocate(bob, "gpu-1", "", wait_seconds=5)
     assert "asking for it again" in pending.value.message
-    assert ledger.allocate(bob, "gpu-1", "", wait_seconds=5)[0]["host"] == free[0]
+    assert ledger.allocate(bob, "gpu-1", "", wait_seconds=5)[0]["host"] == node
 
 
 def test_a_spawn_that_needs_a_job_an_admin_preempts_already_waits_for_its_checkpoint(tmp_path):
     """Found by a review: it was told the job "has just given a slice up", though the job
     still held it, checkpointing."""
-    ledger, jobs, scheduler, slurm = setup(tmp_path)
-    ledger.allocate(Caller("carol", (), "carol"), "gpu-1", "")
-    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
-    scheduler.tick()
-    taken = {x["host"] for x in ledger.allocations()}
-    free = [h["name"] for h in HOSTS if h["name"] not in taken]
-    slurm.set(sid(jobs, a), "RUNNING", nodes=free[0])
-    scheduler.tick()
+    ledger, jobs, _, _, a, _ = full_with_a_preemptible_job(tmp_path)
     jobs.preempt(a, "admin", "maintenance")
     assert row(jobs, a).state == "preempting" and row(jobs, a).allocation_ids
     with pytest.raises(Pending) as pending:

@@ -78,9 +78,7 @@ def test_the_hub_the_config_ran_in_is_named_to_the_service(not_a_hub):
 
 async def _stops(pid: int) -> bool:
     stopped = asyncio.Event()
-    watch = asyncio.ensure_future(
-        hubparent.watch_hub_parent(pid, stopped.set, logging.getLogger("test"))
-    )
+    watch = asyncio.ensure_future(hubparent.watch_hub(pid, stopped.set, logging.getLogger("test")))
     try:
         await asyncio.wait_for(stopped.wait(), 5)
         return True
@@ -92,7 +90,7 @@ async def test_the_watch_stops_the_service_when_the_hub_goes(a_hub, monkeypatch)
     monkeypatch.setattr(hubparent, "CHECK_SECONDS", 0.05)
     stopped = asyncio.Event()
     watch = asyncio.ensure_future(
-        hubparent.watch_hub_parent(a_hub.pid, stopped.set, logging.getLogger("test"))
+        hubparent.watch_hub(a_hub.pid, stopped.set, logging.getLogger("test"))
     )
     await asyncio.sleep(0.3)
     assert not stopped.is_set()  # the hub runs: nothing stops
@@ -116,7 +114,7 @@ async def test_a_hub_named_by_the_environment_is_followed_whatever_its_command(
     monkeypatch.setattr(hubparent, "CHECK_SECONDS", 0.05)
     stopped = asyncio.Event()
     watch = asyncio.ensure_future(
-        hubparent.watch_hub_parent(not_a_hub.pid, stopped.set, logging.getLogger("test"))
+        hubparent.watch_hub(not_a_hub.pid, stopped.set, logging.getLogger("test"))
     )
     await asyncio.sleep(0.3)
     assert not stopped.is_set()

@@ -17,7 +17,7 @@ from ..state import ClusterState
 from ..types import Request
 from .base import argmax_by_rank
 from .candidates import candidates
-from .frag import allowed_by_typical, scaled_fragmentation
+from .frag import allowed_by_typical, fragmentation
 from .typical import OnlineTypical, Typical
 
 
@@ -56,11 +56,10 @@ def fragmentation_delta(
         model = state.gpu_model[rows]
     ok = state.gpu_ok[rows]
     mem = state.mem_free[rows] if memory else None
+    free, cpu = state.gpu_free[rows], state.cpu_free[rows]
     # (scaled: exact, so a placement that leaves F as it was has a delta of exactly 0)
-    before = scaled_fragmentation(
-        typical, state.gpu_free[rows], ok, state.cpu_free[rows], model, allowed, packed, mem
-    )
-    after = scaled_fragmentation(
+    before = fragmentation(typical, free, ok, cpu, model, allowed, packed, mem, scaled=True)
+    after = fragmentation(
         typical,
         cand.free_after,
         ok[cand.pos],
@@ -69,6 +68,7 @@ def fragmentation_delta(
         allowed,
         packed,
         None if mem is None else mem[cand.pos] - request.memory_mib,
+        scaled=True,
     )
     gpu_after = np.where(ok[cand.pos], cand.free_after, 0).sum(1)
     delta = (before[cand.pos] - after) / typical.weight.sum()

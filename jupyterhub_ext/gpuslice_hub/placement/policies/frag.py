@@ -38,28 +38,15 @@ def fragmentation(
     allowed: np.ndarray | None = None,
     packed: bool = False,
     mem_free: np.ndarray | None = None,
+    scaled: bool = False,
 ) -> np.ndarray:
     """float64[K]: F for K hosts given free milli ``free[K, G]`` on slots ``ok[K, G]``.
 
     ``model[K, G]`` and ``allowed[M, T]`` are needed only when some typical request restricts
     GPU models. With ``mem_free[K]`` and typical memories, t must also fit the host memory.
+    ``scaled``: F times the weights' sum, exact with integral weights (the module's
+    docstring): compare or subtract these, and divide once.
     """
-    scaled = scaled_fragmentation(typical, free, ok, cpu_free, model, allowed, packed, mem_free)
-    return scaled / typical.weight.sum()
-
-
-def scaled_fragmentation(
-    typical: Typical,
-    free: np.ndarray,
-    ok: np.ndarray,
-    cpu_free: np.ndarray,
-    model: np.ndarray | None = None,
-    allowed: np.ndarray | None = None,
-    packed: bool = False,
-    mem_free: np.ndarray | None = None,
-) -> np.ndarray:
-    """float64[K]: F times the weights' sum (exact with integral weights: the module's
-    docstring); compare or subtract these, and divide once."""
     free = np.where(ok, free, 0)
     total = free.sum(1)
     ge = free[:, :, None] >= typical.milli[None, None, :]  # K, G, T
@@ -69,13 +56,15 @@ def scaled_fragmentation(
     n_ge = ge.sum(1)
     if packed:
         usable = packed_usable(typical, free, ge, n_ge, cpu_free)
-        return total * typical.weight.sum() - usable @ typical.weight
-    usable = np.einsum("kg,kgt->kt", free, ge)
-    fits = (n_ge >= typical.count) & (cpu_free[:, None] >= typical.cpu) & (typical.count > 0)
-    if mem_free is not None and typical.mem is not None:
-        fits &= mem_free[:, None] >= typical.mem
-    usable = np.where(fits, usable, 0)
-    return total * typical.weight.sum() - usable @ typical.weight
+    else:
+        usable = np.einsum("kg,kgt->kt", free, ge)
+        fits = (n_ge >= typical.count) & (cpu_free[:, None] >= typical.cpu) & (typical.count > 0)
+        if mem_free is not None and typical.mem is not None:
+            fits &= mem_free[:, None] >= typical.mem
+        usable = np.where(fits, usable, 0)
+    weights = typical.weight.sum()
+    times_weights = total * weights - usable @ typical.weight
+    return times_weights if scaled else times_weights / weights
 
 
 def packed_usable(
