@@ -206,11 +206,19 @@ def test_busy_kernel_is_never_culled_and_keeps_the_server_active(env):
     assert env.app.web_app.last_activity() >= env.app.web_app.settings["gpuslice_last_activity"]
 
 
-def test_idle_kernel_holding_memory_is_warned_then_culled(env):
+def test_idle_kernel_holding_memory_is_warned_then_culled(env, monkeypatch):
     kid, pid = env.start_kernel()
     # Memory held, no utilization samples (NVML's NotFound): idle.
     env.gpu([{"pid": pid, "used_memory_mib": 2048}])
-    before = env.km.last_kernel_activity
+    # The server's activity as the cull begins (read then, not before the ticks: the
+    # kernel's own start messages count as activity and may still arrive meanwhile)
+    shutdown, before = env.km.shutdown_kernel, []
+
+    async def shutdown_kernel(*args, **kwargs):
+        before.append(env.km.last_kernel_activity)
+        return await shutdown(*args, **kwargs)
+
+    monkeypatch.setattr(env.km, "shutdown_kernel", shutdown_kernel)
     got = env.tick(4 * TIMEOUT)
     assert actions(got) == [("warning", kid), ("culled", kid)]
     (t_warn, warn), (t_cull, cull) = got
@@ -218,7 +226,7 @@ def test_idle_kernel_holding_memory_is_warned_then_culled(env):
     assert warn.deadline == cull.deadline == env.start + t_cull
     assert kid not in env.km
     # Our cull is not user activity; and an idle GPU did not refresh the server.
-    assert env.km.last_kernel_activity == before
+    assert len(before) == 1 and env.km.last_kernel_activity == before[0]
     assert "gpuslice_last_activity" not in env.app.web_app.settings
     assert [e["action"] for e in env.events] == ["warning", "culled"]
     assert env.events[0]["kernel_id"] == kid and env.events[0]["deadline"].endswith("Z")
