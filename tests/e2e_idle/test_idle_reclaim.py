@@ -27,6 +27,10 @@ IDLE_TIMEOUT = 6
 LEAD = 3
 CULLER_TIMEOUT = 20
 PROFILE = "share-250"
+# Under this profile an idle kernel is culled and its server keeps its slice.
+KERNEL_PROFILE = "mig-1g.10gb"
+# The reconciler runs every half second and asks again for stops older than this.
+RECONCILE_GRACE = 3
 
 EXTRA_HUB_CONFIG = """
 import json, os, sys
@@ -52,7 +56,10 @@ SERVICE_POLICY = f"""
 c.GPUSliceService.idle_policy = {{
     "action": "server",
     "warning_lead": {LEAD},
-    "profiles": {{"{PROFILE}": {{"idle_timeout": {IDLE_TIMEOUT}, "max_extension": 30}}}},
+    "profiles": {{
+        "{PROFILE}": {{"idle_timeout": {IDLE_TIMEOUT}, "max_extension": 30}},
+        "{KERNEL_PROFILE}": {{"action": "kernel", "idle_timeout": {IDLE_TIMEOUT}}},
+    }},
     # fay's server answers the release test's checks: on a loaded machine they outlast
     # the 6 s idle timeout, and her kernel-less server would be culled before "release"
     "exempt_users": ["dan", "fay"],
@@ -69,6 +76,8 @@ def idle_hub(tmp_path_factory):
         spawner="gpuslice-simple",
         extra_hub_config=EXTRA_HUB_CONFIG,
         extra_service_config=SERVICE_POLICY,
+        reconcile_interval=0.5,
+        reconcile_grace=RECONCILE_GRACE,
     )
     yield hub
     hub.stop()
@@ -77,11 +86,11 @@ def idle_hub(tmp_path_factory):
 class Session:
     """One user's server, reached through the hub's proxy with the user's token."""
 
-    def __init__(self, hub, user: str) -> None:
+    def __init__(self, hub, user: str, profile: str = PROFILE) -> None:
         self.hub = hub
         self.user = user
         self.token = hub.add_user(user)
-        r = hub.spawn(user, {"profile": PROFILE})
+        r = hub.spawn(user, {"profile": profile})
         assert r.status_code in (201, 202), r.text
         hub.wait_ready(user)
         self.base = f"{hub.url}/user/{user}/"
@@ -401,3 +410,70 @@ def test_release_button_and_the_services_checks(idle_hub):
     assert "release-requested" in kinds and "idle-culled" not in kinds
     r = hub.api("POST", reclaim, fay.token, json={"reason": "again"})
     assert r.status_code == 409
+
+
+def reconciled_at(hub) -> float:
+    """When the service last completed a reconciliation (0 before the first)."""
+    stamp = hub.api("GET", "/api/health").json()["reconciled"]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
+
+
+def test_culling_idle_kernels_keeps_the_server_and_its_slice(idle_hub):
+    """Issue 44: under ``action: kernel`` two idle kernels were culled on time, and a few
+    reconcile passes later the reconciler took each kernel's cull for a server stop that had
+    not happened, stopped the whole server and gave its slice away."""
+    hub = idle_hub
+    kim = Session(hub, "kim", KERNEL_PROFILE)
+    [alloc] = active_allocations(hub, "kim")
+    assert kim.status()["policy"]["action"] == "kernel"
+    kernels = {kim.start_kernel(), kim.start_kernel()}
+    wait_for(lambda: not kim.status()["kernels"], 60, "both idle kernels to be culled")
+    culls = wait_for(
+        lambda: (
+            len(c := [e for e in idle_events(hub, "kim") if e["kind"] == "idle-culled"]) == 2 and c
+        ),
+        30,
+        "both culls recorded",
+    )
+    assert {e["detail"]["kernel_id"] for e in culls} == kernels
+    assert {e["detail"]["scope"] for e in culls} == {"kernel"}
+    # Several reconcile passes after the culls are older than the grace: each would have
+    # asked the hub to stop the server.
+    judged = max(at(e) for e in culls) + RECONCILE_GRACE + 2
+    wait_for(lambda: reconciled_at(hub) > judged, 30, "reconcile passes past the grace")
+    model = hub.server_model("kim")
+    assert model is not None and model["ready"], model
+    assert [a["id"] for a in active_allocations(hub, "kim")] == [alloc["id"]]
+    assert kim.status()["slice"]["profile"] == KERNEL_PROFILE  # the server still answers
+    assert "asking the hub again to stop kim's server" not in hub.log()
+    # A kernel's cull gives no slice back: nothing is counted as reclaimed.
+    metrics = hub.api("GET", "/metrics", hub.add_user("admin")).text
+    assert f'gpuslice_reclaimed_gpu_hours_total{{profile="{KERNEL_PROFILE}"}}' not in metrics
+    # Only a server's own stop ends it, and its release does not blame a kernel's cull.
+    stopped = hub.hub_api("DELETE", "/users/kim/server")
+    assert stopped.status_code in (202, 204), stopped.text
+    hub.wait_gone("kim")
+    released = hub.api("GET", f"/api/allocations/{alloc['id']}", hub.service_token).json()
+    assert not released["release_reason"].startswith("culled for idleness"), released
+
+
+def test_an_idle_culled_event_cannot_ask_for_a_server_stop(idle_hub):
+    """A server's cull is asked of the reclaim endpoint; an event saying one happened would
+    read, to the reconciler, as a stop to carry out (and to count once) — refused."""
+    hub = idle_hub
+    lou = Session(hub, "lou", KERNEL_PROFILE)
+    [alloc] = active_allocations(hub, "lou")
+    try:
+        for detail in ({}, {"scope": "server"}):
+            body = {"kind": "idle-culled", "detail": {"allocation_id": alloc["id"], **detail}}
+            r = hub.api("POST", "/api/events", lou.token, json=body)
+            assert r.status_code == 400 and "reclaim" in r.json()["message"], r.text
+        kernel = {"allocation_id": alloc["id"], "kernel_id": "k-1"}
+        r = hub.api(
+            "POST", "/api/events", lou.token, json={"kind": "idle-culled", "detail": kernel}
+        )
+        assert r.status_code == 201 and r.json()["detail"]["scope"] == "kernel", r.text
+        assert "idle-culled" in [e["kind"] for e in idle_events(hub, "lou")]
+    finally:
+        hub.hub_api("DELETE", "/users/lou/server")
+        hub.wait_gone("lou")

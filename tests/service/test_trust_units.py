@@ -297,3 +297,31 @@ def test_a_servers_stop_is_recorded_once_and_pending_while_its_slice_is_held(mak
     ledger.release(alloc["id"], "spawner", "server stopped", server_stopped=True)
     assert ledger.pending_stops(later) == []
     assert ledger.get(other["id"])["state"] == "active"
+
+
+def test_a_kernels_cull_is_no_request_to_stop_its_server(make_ledger):
+    """Issue 44: a kernel's idle cull shares the kind ``idle-culled`` with a server's. Read
+    as a stop request, it had the reconciler stop a working server; it also stood in for
+    the server's own later cull, whose reclaimed GPU-hours were then never recorded, and
+    named the reason of an unrelated release."""
+    ledger = make_ledger()
+    alloc, _ = ledger.allocate(Caller("ann", (), "spawner"), "share-250", "", "interactive", 0)
+    kernel = {"allocation_id": alloc["id"], "scope": "kernel", "kernel_id": "k1"}
+    ledger.record_event("idle-culled", "ann", "ann", "GPU idle for 60 s", kernel)
+    later = utcnow() + timedelta(seconds=1)
+    assert ledger.pending_stops(later) == []
+    kind, detail = reclaim_record(alloc, 60.0, voluntary=False)
+    first, new = ledger.record_stop_request(kind, "ann", "ann", "GPU idle for 60 s", detail)
+    assert new and first["detail"]["scope"] == "server"
+    assert first["detail"]["reclaimed_gpu_hours"] > 0
+    assert ledger.pending_stops(later) == [(alloc["id"], "ann", "")]
+    released, _ = ledger.release(alloc["id"], "spawner", "server stopped", server_stopped=True)
+    assert released["release_reason"] == "culled for idleness: GPU idle for 60 s"
+
+    # a release after kernel culls only keeps its own reason
+    other, _ = ledger.allocate(Caller("bob", (), "spawner"), "share-250", "", "interactive", 0)
+    ledger.record_event(
+        "idle-culled", "bob", "bob", "idle", {**kernel, "allocation_id": other["id"]}
+    )
+    released, _ = ledger.release(other["id"], "spawner", "server stopped", server_stopped=True)
+    assert released["release_reason"] == "server stopped"

@@ -65,6 +65,14 @@ class EventsHandler(BaseHandler):
             if user != alloc["user"]:
                 raise RequestError(403, "an event is about the allocation's holder only")
             detail = _detail(raw, alloc)
+            if kind == IDLE_EVENT_KINDS["culled"] and detail["scope"] == "server":
+                # a server's cull is a request to stop it: only the reclaim endpoint makes
+                # one (and counts what it reclaims); an event can say a kernel was culled
+                raise RequestError(
+                    400,
+                    "a server's idle cull is asked of api/allocations/<id>/reclaim; "
+                    "an idle-culled event is about a kernel (detail.scope 'kernel')",
+                )
             return self.ledger.record_event(kind, alloc["user"], ident.name, reason, detail)
 
         # a write: on SQLite it may wait for the one writer, never on the event loop

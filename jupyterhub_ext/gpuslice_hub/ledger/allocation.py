@@ -43,6 +43,7 @@ from .base import (
     Caller,
     log,
     quota_usage,
+    stops_a_server,
 )
 from .capacity import CapacityMixin
 from .holders import HOLDERS, engine_of
@@ -70,12 +71,12 @@ _RELEASE_CLAIMS = Lean(
 )
 
 
-# the newest reclaim the service asked for of an allocation (``_why_stopped``)
-_RECLAIM_REQUEST = Lean(
-    select(EVENTS.c.kind, EVENTS.c.reason)
+# the reclaims recorded of an allocation, newest first: the newest that stopped its server
+# says why (``_why_stopped``; a kernel's cull, of the same kind, stopped nothing)
+_RECLAIM_REQUESTS = Lean(
+    select(EVENTS.c.kind, EVENTS.c.reason, EVENTS.c.detail)
     .where(EVENTS.c.allocation_id == bindparam("b_id"), EVENTS.c.kind.in_(RECLAIM_KINDS))
     .order_by(EVENTS.c.id.desc())
-    .limit(1)
 )
 
 
@@ -612,10 +613,11 @@ class AllocationMixin(CapacityMixin):
         """A server the service asked the hub to stop (idle cull, the owner's release, a
         silent server) is released by its spawner as "server stopped": the release keeps the
         real reason, from the service's own record of the request."""
-        row = _RECLAIM_REQUEST.execute(s.connection(), {"b_id": alloc_id}).first()
+        rows = _RECLAIM_REQUESTS.execute(s.connection(), {"b_id": alloc_id})
+        row = next((r for r in rows if stops_a_server(r[0], r[2])), None)
         if row is None:
             return None
-        kind, reason = row
+        kind, reason, _detail = row
         return f"{RECLAIM_KINDS[kind]}: {reason}" if reason else RECLAIM_KINDS[kind]
 
     def _release(self, s: Session, view: AllocationView, actor: str, reason: str) -> None:

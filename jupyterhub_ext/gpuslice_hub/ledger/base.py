@@ -57,6 +57,22 @@ RECLAIM_KINDS = {
 REFUSALS = ("forbidden_profile", "over_quota", "no_capacity")
 
 
+def stops_a_server(kind: str, detail: Any) -> bool:
+    """Whether an event is a request to stop a server (and so to give its slice back).
+
+    A kernel's idle cull is recorded under the same kind as a server's (``idle-culled``,
+    told apart by its ``scope``) but stops nothing: the server and its slice stay. Read as a
+    stop request, it had the reconciler stop the server of someone who was still working
+    (issue 44). Older records without a scope are a server's unless they name a kernel."""
+    if kind not in RECLAIM_KINDS:
+        return False
+    detail = detail if isinstance(detail, dict) else {}
+    scope = detail.get("scope")
+    if scope is None:
+        return detail.get("kernel_id") is None
+    return bool(scope == "server")
+
+
 @dataclass(frozen=True)
 class Caller:
     """Who asks: the user the allocation is for, and who actually sent the request."""

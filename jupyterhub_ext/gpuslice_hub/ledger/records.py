@@ -26,16 +26,18 @@ from ..snapshot import (
 from .base import (
     RECLAIM_KINDS,
     LedgerBase,
+    stops_a_server,
 )
 
 _EVENT = Lean(select(EventRow.__table__).where(EventRow.id == bindparam("id")), named=True)
-# The request to stop an allocation's server (an idle cull, its owner's release, a silent
-# server's reclaim), if one was recorded: one per slice.
-_STOP_REQUEST = Lean(
+# The events that may be the request to stop an allocation's server (an idle cull, its
+# owner's release, a silent server's reclaim), oldest first: ``stops_a_server`` tells a
+# server's from a kernel's cull (a kernel's scope is in the detail, and an allocation
+# has few of them). At most one stop request is recorded per slice.
+_RECLAIM_EVENTS = Lean(
     select(EventRow.__table__)
     .where(EventRow.allocation_id == bindparam("b_id"), EventRow.kind.in_(RECLAIM_KINDS))
-    .order_by(EventRow.id)
-    .limit(1),
+    .order_by(EventRow.id),
     named=True,
 )
 
@@ -126,8 +128,8 @@ class RecordsMixin(LedgerBase):
         reclaimed GPU-hours, are counted once."""
         assert kind in RECLAIM_KINDS, kind
         with self.db.writing() as s:
-            earlier = _STOP_REQUEST.execute(s.connection(), {"b_id": detail["allocation_id"]})
-            row = earlier.first()
+            events = _RECLAIM_EVENTS.execute(s.connection(), {"b_id": detail["allocation_id"]})
+            row = next((r for r in events if stops_a_server(r.kind, r.detail)), None)
             if row is not None:
                 return event_json(row), False
             event_id = self._event(
@@ -138,21 +140,32 @@ class RecordsMixin(LedgerBase):
     def pending_stops(self, requested_before: datetime) -> list[tuple[int, str, str]]:
         """(allocation id, user, server name) of the interactive slices still held whose
         server's stop was requested before ``requested_before``: the hub was never asked
-        (the service stopped in between) or its stop did not happen."""
-        asked = (
-            select(EventRow.id)
+        (the service stopped in between) or its stop did not happen. A kernel's cull is no
+        such request: its server keeps running, and keeps its slice."""
+        q = (
+            select(
+                AllocationRow.id,
+                AllocationRow.user,
+                AllocationRow.server_name,
+                EventRow.kind,
+                EventRow.detail,
+            )
+            .join(EventRow, EventRow.allocation_id == AllocationRow.id)
             .where(
-                EventRow.allocation_id == AllocationRow.id,
+                AllocationRow.active,
+                AllocationRow.purpose == "interactive",
                 EventRow.kind.in_(RECLAIM_KINDS),
                 EventRow.ts < requested_before,
             )
-            .exists()
-        )
-        q = select(AllocationRow.id, AllocationRow.user, AllocationRow.server_name).where(
-            AllocationRow.active, AllocationRow.purpose == "interactive", asked
+            .order_by(AllocationRow.id)
         )
         with self.db.reading() as s:
-            return [(int(i), str(u), str(n)) for i, u, n in s.execute(q)]
+            rows = s.execute(q).all()
+        found: dict[int, tuple[int, str, str]] = {}
+        for alloc_id, user, server, kind, detail in rows:
+            if stops_a_server(kind, detail):
+                found.setdefault(int(alloc_id), (int(alloc_id), str(user), str(server)))
+        return list(found.values())
 
     def record_usage(
         self,
