@@ -190,3 +190,19 @@ def test_interactive_runs_do_not_resume_unless_asked(tmp_path: Path, monkeypatch
     assert again.restore() is None and list(again.steps(5)) == [0, 1, 2, 3, 4]
     asked = gckpt.open(resume=True)
     assert asked.restore() == {"total": 10} and list(asked.steps(5)) == []
+
+
+def test_a_resume_names_steps_as_the_docs_number_them(tmp_path: Path, capsys):
+    """Issue 44: steps are numbered from 0 ("saved in step n ... starts at n+1"); a loop
+    whose steps 0...53 were restored said it "resumed after step 54"."""
+    ck = gckpt.Checkpoint(str(tmp_path / "c.ckpt"), interval=0, name="train")
+    for step in ck.steps(100):
+        if step == 54:  # (a step's save is written at its end: step 53's is the last)
+            break
+        ck.save(last=step)
+    again = gckpt.Checkpoint(str(tmp_path / "c.ckpt"), interval=0, name="train")
+    assert again.restore() == {"last": 53}
+    said = capsys.readouterr().err
+    assert "'train' resumed after step 53: continuing at step 54" in said, said
+    assert next(iter(again.steps(100))) == 54
+    assert gckpt.resumed_at(0) == "resumed before its first step (step 0)"

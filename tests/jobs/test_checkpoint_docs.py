@@ -44,5 +44,6 @@ def test_the_numpy_loop_example_resumes_to_the_uninterrupted_result(tmp_path: Pa
     assert run_to_end(jd) == 0, (jd / "job.log").read_text()
     out = nbformat.read(jd / "output.ipynb", as_version=4)
     resumed = "".join(o.get("text", "") for o in out.cells[2].outputs)
-    assert re.search(r"'cell-3' resumed after step ([1-9]\d*)\b", resumed), resumed
+    found = re.search(r"'cell-3' resumed after step (\d+): continuing at step (\d+)", resumed)
+    assert found and int(found.group(2)) == int(found.group(1)) + 1, resumed
     assert json.loads((jd / "w.json").read_text()) == expected

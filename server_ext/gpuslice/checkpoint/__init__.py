@@ -153,8 +153,10 @@ class Checkpoint:
         with builtins.open(self.path, "rb") as f:
             state = {name: decode(data, bufs) for name, data, bufs in read_records(f)}
         self.step = int(state.pop(STEP_KEY, 0))
-        # In the cell's output, so the notebook shows where it went on from.
-        print(f"gpuslice.checkpoint: {self.name!r} resumed after step {self.step}", file=sys.stderr)
+        # In the cell's output, so the notebook shows where it went on from. ``step`` counts
+        # the steps done; steps are numbered from 0, as ``steps`` yields them and as the docs
+        # number them ("saved in step n … starts at n+1").
+        print(f"gpuslice.checkpoint: {self.name!r} {resumed_at(self.step)}", file=sys.stderr)
         return state
 
     def save(self, **state: Any) -> None:
@@ -208,7 +210,9 @@ class Checkpoint:
                     if fresh:
                         self.write()
                     _raised = True
-                    raise Preempted(f"preempted at step {self.step} of {total}")
+                    raise Preempted(
+                        f"preempted after step {self.step - 1} (steps 0 to {total - 1})"
+                    )
                 due = time.monotonic() - self.last_saved >= self.interval
                 if fresh and (due or self.step == total):
                     # The last step is written too, so a rerun of this cell after a later
@@ -216,6 +220,13 @@ class Checkpoint:
                     self.write()
         finally:
             self._in_loop = False
+
+
+def resumed_at(done: int) -> str:
+    """What a resume says, given the steps done (the saved step count)."""
+    if done <= 0:
+        return "resumed before its first step (step 0)"
+    return f"resumed after step {done - 1}: continuing at step {done}"
 
 
 def open(
