@@ -28,6 +28,9 @@ def effective_policy(
     or None."""
     parsed = profiles.get(profile) if profile else None
     policy = config.resolve(user, groups, profile, parsed.idle_timeout if parsed else None)
+    if parsed is not None and policy.exempt_reason == f"profile {profile} is exempt":
+        # said to the researcher (spawn form, lab): the profile as the spawn form names it
+        policy = replace(policy, exempt_reason=f"profile {parsed.display_name} is exempt")
     if exemption is not None and not policy.exempt:
         until = f" until {exemption['expires_at']}" if exemption["expires_at"] else ""
         why = f"exempted by {exemption['set_by']}{until}: {exemption['reason']}"

@@ -293,12 +293,18 @@ class GPUSliceMixin(Spawner):
             # one the service granted after its spawn was given up (this server is starting,
             # so nothing else can hold it): the owner's new spawn must not be refused for it
             await self._release_unrecorded("left by a spawn that did not finish")
-        self._progress(10, f"Requesting a {profile} slice from gpuslice")
+        # (the researcher reads these: the slice as the spawn form named it, which only
+        # the grant says; the log line names the profile too)
+        self._progress(10, "Asking gpuslice for a GPU slice")
         grant = await self._allocate(profile)
         self.allocation_id = grant["id"]
         self.grant = grant
         where = ", ".join(a["mig_uuid"] or a["gpu_uuid"] for a in grant["assignments"])
-        self._progress(40, f"Got {profile} on {grant['host']} ({where})")
+        shown = grant.get("display_name") or profile
+        self._progress(40, f"Got {shown} on {grant['host']} ({where})")
+        self.log.info(  # type: ignore[attr-defined]
+            "gpuslice %s: allocation %s of profile %s", self._log_name, grant["id"], profile
+        )
         try:
             self.apply_grant(grant)
             self._progress(60, "Starting your server")

@@ -16,6 +16,7 @@ from gpuslice_hub.placement import get_policy
 from gpuslice_hub.placement.state import from_hosts
 from gpuslice_hub.quotas import Held, Holding, Usage
 from gpuslice_hub.snapshot import ActiveCache, load_active
+from tests.harness.hub import SIM_PROFILES
 
 from .conftest import build_ledger
 
@@ -41,6 +42,37 @@ def test_mig_slices_are_handed_out_once_then_refused_with_alternatives(make_ledg
     assert "mig-3g.40gb" not in err.message
     refused = [e for e in ledger.events(user="ann") if e["kind"] == "refused"]
     assert len(refused) == 1 and refused[0]["detail"]["code"] == "no_capacity"
+
+
+def test_a_refusal_names_profiles_as_the_spawn_form_does(make_ledger):
+    """A person reads the refusal: every profile in it, the one refused and those still
+    free, by its display name (issue 44: "No mig-1g.10gb free …; share-250 has 7 free"
+    under a form that says "Quarter GPU"). The event keeps the profile's name for admins."""
+    shown = {
+        "mig-1g.10gb": "Small MIG slice",
+        "mig-3g.40gb": "Medium MIG slice",
+        "share-250": "Quarter GPU",
+        "gpu-1": "Whole GPU",
+    }
+    profiles = [{**p, "display_name": shown[p["name"]]} for p in SIM_PROFILES]
+    ledger = make_ledger(profiles=profiles)
+    for server in ("one", "two"):
+        ledger.allocate(ANN, "mig-1g.10gb", server)
+    with pytest.raises(Refused) as info:
+        ledger.allocate(ANN, "mig-1g.10gb", "three")
+    assert info.value.message == (
+        "No Small MIG slice free (2 of 2 in use); Quarter GPU has 8 free, Whole GPU has 2 free"
+    )
+    assert info.value.detail["alternatives"] == ["Quarter GPU has 8 free", "Whole GPU has 2 free"]
+    with pytest.raises(Refused) as info:
+        ledger.allocate(ANN, "mig-3g.40gb", "four")
+    assert info.value.message == "Medium MIG slice is not allowed for your groups"
+    with pytest.raises(Refused) as info:
+        ledger.allocate(ANN, "gpu-1", "one")
+    assert info.value.code == "server_holds_allocation"
+    assert "(Small MIG slice); release it first" in info.value.message
+    refused = [e for e in ledger.events(user="ann") if e["kind"] == "refused"]
+    assert [e["profile"] for e in refused] == ["mig-3g.40gb", "mig-1g.10gb"]
 
 
 def test_shares_pack_and_respect_memory_caps(make_ledger):

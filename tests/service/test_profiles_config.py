@@ -161,3 +161,18 @@ def test_standing_lists_every_quota_that_limits_a_user_with_its_use():
     ]
     assert [s["text"] for s in q.standing("vip", [], Held.of(held))] == ["0 of 4 GPUs in use"]
     assert parse_quotas({}).standing("ann", ["physics"], Held.of(held)) == []
+
+
+def test_an_exempt_profile_is_named_to_people_as_the_spawn_form_names_it():
+    """The spawn form's row and the lab say why a server is not reclaimed: by the profile's
+    display name, not its config name (issue 44)."""
+    from gpuslice.idle_policy import PolicyConfig
+    from gpuslice_hub.idle import effective_policy
+
+    profiles = parse_profiles([{**GOOD[1], "display_name": "Quarter GPU"}])
+    config = PolicyConfig.parse({"exempt_profiles": ["share-250"], "exempt_users": ["root"]})
+    policy = effective_policy(config, profiles, "ann", [], "share-250", None)
+    assert policy.exempt and policy.exempt_reason == "profile Quarter GPU is exempt"
+    # other reasons are untouched
+    root = effective_policy(config, profiles, "root", [], "share-250", None)
+    assert root.exempt_reason == "user root is exempt"

@@ -155,8 +155,9 @@ def test_a_stale_form_shows_the_refusal_and_start_is_off_with_nothing_to_pick(hu
             with page.expect_response("**/hub/spawn**") as answer:
                 start.click()
             assert answer.value.status == 409
-            # the service's own words, on the form (not "500: Internal Server Error")
-            page.get_by_text("No mig-1g.10gb free (2 of 2 in use)").wait_for()
+            # the service's own words, on the form (not "500: Internal Server Error"), naming
+            # the profile as the form does
+            page.get_by_text("No Small MIG slice (1g.10gb) free (2 of 2 in use)").wait_for()
             assert "Internal Server Error" not in page.content()
             # the form came back with the current picture: nothing to pick, Start is off
             assert page.locator(".gpuslice-none").is_visible()

@@ -184,7 +184,9 @@ class AllocationMixin(CapacityMixin):
         if access is not None and only is not None:
             access = access.within(only)
             if access is None:
-                raise Refused("no_capacity", f"No {profile.name} free in the pools it may use")
+                raise Refused(
+                    "no_capacity", f"No {profile.display_name} free in the pools it may use"
+                )
         return access
 
     def after_refusal(
@@ -266,10 +268,12 @@ class AllocationMixin(CapacityMixin):
                             view = load_allocation(s, held.id)
                             assert view is not None
                             return allocation_json(view, self._gpus(s)), False
+                        other = self.profiles.get(held.profile)
+                        shown = other.display_name if other is not None else held.profile
                         raise Refused(
                             "server_holds_allocation",
                             f"server {server_name or '(default)'} of {caller.user} already holds "
-                            f"allocation {held.id} ({held.profile}); release it first",
+                            f"allocation {held.id} ({shown}); release it first",
                             allocation_id=held.id,
                         )
                 inv = self.inventory_cache.get(s)
@@ -680,4 +684,4 @@ class AllocationMixin(CapacityMixin):
 def _allowed(profile: Profile, caller: Caller) -> None:
     """Refused ``forbidden_profile`` where the caller's groups may not use ``profile``."""
     if not profile.allowed_for(caller.groups):
-        raise Refused("forbidden_profile", f"{profile.name} is not allowed for your groups")
+        raise Refused("forbidden_profile", f"{profile.display_name} is not allowed for your groups")

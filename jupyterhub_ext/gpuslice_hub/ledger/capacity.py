@@ -41,7 +41,10 @@ class CapacityMixin(LedgerBase):
         """``alternatives``: name what else is free (for a person choosing in the spawn
         form; not for a queued job, which cannot change its profile: counted under the
         ledger lock, and a job's waiting reason naming them would change with every
-        allocation, rewriting thousands of reasons a pass)."""
+        allocation, rewriting thousands of reasons a pass).
+
+        A person reads the message: it names profiles as the spawn form does (their
+        ``display_name``); the refusal's event records the profile's name for admins."""
         allowed = access.widest if access is not None else None
         total = self._totals(inv, allowed)[profile.name]
         others = []
@@ -53,12 +56,12 @@ class CapacityMixin(LedgerBase):
                 continue
             free = count_fits(other.request(), usable)
             if free:
-                others.append(f"{other.name} has {free} free")
+                others.append(f"{other.display_name} has {free} free")
         why = self._none_free(profile, total, inv, allowed)
         if total:  # "all in use (...)": said as "No X free (...)"
-            message = f"No {profile.name} free {why.removeprefix('all in use ')}"
+            message = f"No {profile.display_name} free {why.removeprefix('all in use ')}"
         else:
-            message = f"No {profile.name} can be placed: {why}"
+            message = f"No {profile.display_name} can be placed: {why}"
         if others:
             message += "; " + ", ".join(others)
         if access is not None and access.batch and state is not None:
