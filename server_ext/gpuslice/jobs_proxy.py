@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 JOBS_FOLDER = "gpu-jobs"
 # The service's job ids are 64-bit signed integers; a longer one names no job.
 MAX_JOB_ID = 2**63 - 1
-# The service's default max_notebook_bytes: a larger notebook is refused before it is sent.
+# The service's default max_notebook_bytes, used until the service has said its own (in the
+# ``jobs`` of its ``api/profiles`` answer): a larger notebook is refused before it is sent.
 MAX_NOTEBOOK_BYTES = 16 * 1024 * 1024
 # The marker file is a few dozen bytes; read no more than this of it.
 MAX_MARKER_BYTES = 4096
@@ -145,13 +146,21 @@ def resolve_notebook(root: str, path: Any) -> Path:
     if ".." in rel.parts:
         raise web.HTTPError(403, f"{path!r} is outside your notebook folder")
     root_real = Path(root).resolve()
-    full = (root_real / rel).resolve()
-    if full != root_real and root_real not in full.parents:
-        raise web.HTTPError(403, f"{path!r} is outside your notebook folder")
-    if full.suffix != ".ipynb":
-        raise web.HTTPError(400, f"{path!r} is not a notebook (.ipynb)")
-    if not full.is_file():
-        raise web.HTTPError(404, f"no notebook at {path!r}")
+    try:
+        full = (root_real / rel).resolve()
+        if full != root_real and root_real not in full.parents:
+            raise web.HTTPError(403, f"{path!r} is outside your notebook folder")
+        if full.suffix != ".ipynb":
+            raise web.HTTPError(400, f"{path!r} is not a notebook (.ipynb)")
+        if not full.is_file():
+            raise web.HTTPError(404, f"no notebook at {path!r}")
+    except OSError as e:
+        # the path the user gave cannot even be looked up (a name over 255 bytes, a path
+        # over 4096, ...): their mistake, said as one, never a 500
+        shown = path if len(path) <= 200 else path[:200] + "..."
+        raise web.HTTPError(
+            400, f"{shown!r} cannot be a notebook's path: {e.strerror or e}"
+        ) from None
     return full
 
 
@@ -269,6 +278,8 @@ def refusal(e: OSError, rel: str, what: str, then: str = "") -> web.HTTPError:
     status = 500
     if e.errno in _LINK_ERRNOS or e.errno in (errno.EACCES, errno.EPERM, errno.EISDIR):
         status = 409
+    elif e.errno == errno.ENAMETOOLONG:  # (a path the user gave: theirs to shorten)
+        status = 400
     return web.HTTPError(status, f"cannot {what} {rel!r}: {why}{then}")
 
 
@@ -395,6 +406,22 @@ class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
         watcher.ensure_running()
         return watcher
 
+    def remember_limits(self, standing: Any) -> None:
+        """Keep the notebook limit the service states in an ``api/profiles`` answer (the
+        submit dialog asks for one each time it opens): the service's setting is the one
+        place it is set."""
+        jobs = standing.get("jobs") if isinstance(standing, dict) else None
+        limit = jobs.get("max_notebook_bytes") if isinstance(jobs, dict) else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            self.settings["gpuslice_max_notebook_bytes"] = limit
+
+    async def notebook_limit(self) -> int:
+        """The largest notebook the service takes, as it last said (asked once if it never
+        did; a service that does not say has the default)."""
+        if "gpuslice_max_notebook_bytes" not in self.settings:
+            self.remember_limits(await self.service.call("GET", "api/profiles"))
+        return int(self.settings.setdefault("gpuslice_max_notebook_bytes", MAX_NOTEBOOK_BYTES))
+
     def body(self) -> dict[str, Any]:
         try:
             return parse_json_object(self.request.body, SUBMIT_FIELDS)
@@ -405,15 +432,18 @@ class JobsProxyHandler(ExtensionHandlerMixin, APIHandler):
         """Submit the notebook at ``source`` (relative to the root, read without following a
         link) as ``rel``, and keep a copy of it in the new job's folder."""
         root = Path(self.root).resolve()
+        limit = await self.notebook_limit()
         try:
             # a notebook the user picked may have other names; a snapshot in gpu-jobs may not
             single = PurePosixPath(source).parts[0] == JOBS_FOLDER
-            raw = read_beneath(root, source, MAX_NOTEBOOK_BYTES + 1, single=single)
-            if len(raw) > MAX_NOTEBOOK_BYTES:
+            raw = read_beneath(root, source, limit + 1, single=single)
+            if len(raw) > limit:
+                size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
                 raise web.HTTPError(
                     413,
-                    f"{source!r} is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB: clear its "
-                    "outputs, or keep large data next to it rather than in it",
+                    f"{source!r} is larger than {size}, the most the gpuslice service takes "
+                    "(its max_notebook_bytes): clear its outputs, or keep large data next to "
+                    "it rather than in it",
                 )
             notebook = json.loads(raw)
         except FileNotFoundError:
@@ -521,6 +551,7 @@ class ResubmitHandler(JobsProxyHandler):
             # A window the job's class has (now) is the class's to impose: the one the job
             # ran in may have been the class's then, since changed by the admins.
             standing = await self.service.call("GET", "api/profiles")
+            self.remember_limits(standing)
             classes = ((standing or {}).get("jobs") or {}).get("class_windows") or {}
             if body.get("priority") in classes:
                 body.pop("time_window")
@@ -535,7 +566,9 @@ class ProfilesHandler(JobsProxyHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(json.dumps(await self.service.call("GET", "api/profiles")))
+        standing = await self.service.call("GET", "api/profiles")
+        self.remember_limits(standing)
+        self.finish(json.dumps(standing))
 
 
 def handlers() -> list[tuple[str, type]]:

@@ -48,6 +48,8 @@ class FakeJobs:
         self.jobs: dict[int, dict[str, Any]] = {}
         self.calls: list[tuple[str, str, Any]] = []
         self.next_id = 1
+        # what the service's api/profiles says of its GPUSliceService.max_notebook_bytes
+        self.max_notebook_bytes = 16 * 1024 * 1024
 
     def add(self, path: str, state: str = "queued", **fields: Any) -> dict[str, Any]:
         job_id = self.next_id
@@ -125,12 +127,17 @@ def jobs(env, jp_root_dir):
             self.job(job_id)
             self.write({"log": LOG})
 
+    class Profiles(Base):
+        def get(self) -> None:
+            self.write({"profiles": [], "jobs": {"max_notebook_bytes": svc.max_notebook_bytes}})
+
     app = web.Application(
         [
             (r"/svc/api/jobs", List),
             (r"/svc/api/jobs/(\d+)", One),
             (r"/svc/api/jobs/(\d+)/output", Output),
             (r"/svc/api/jobs/(\d+)/log", Log),
+            (r"/svc/api/profiles", Profiles),
         ]
     )
     with socket.socket() as s:
@@ -473,6 +480,12 @@ def test_other_fields_and_paths_are_refused(jobs, env, root):
         code, reply = fetch(env, api("jobs"), "POST", submit_body(path=path))
         assert code == status, (path, reply)
         refused(code, reply, path)
+    # a path the system cannot even look up (a name over 255 bytes, a path over 4096) is
+    # the user's mistake, told as one: it was a 500 (OSError: File name too long)
+    for path in ("x" * 5000 + ".ipynb", "work/" + "a" * 300 + ".ipynb", "a/" * 2500 + "b.ipynb"):
+        code, reply = fetch(env, api("jobs"), "POST", submit_body(path=path))
+        assert code == 400, (path[:20], code, reply)
+        refused(code, reply, "too long")
     assert jobs.posted() == []
 
 
@@ -516,16 +529,23 @@ def test_the_largest_job_id_reaches_the_service(jobs, env):
     assert code == 404 and ("GET", "/svc/api/jobs/1") in jobs.job_calls()
 
 
-def test_a_notebook_over_the_services_limit_is_refused_before_it_is_sent(jobs, env, root):
-    from gpuslice.jobs_proxy import MAX_NOTEBOOK_BYTES
-
+@pytest.mark.parametrize("mib", [16, 1])
+def test_a_notebook_over_the_services_limit_is_refused_before_it_is_sent(jobs, env, root, mib):
+    """The limit is the service's max_notebook_bytes, as its api/profiles says (it was 16 MiB
+    written here too, whatever the service's setting)."""
+    jobs.max_notebook_bytes = mib << 20
     big = root / "work" / "big.ipynb"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
-    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="y" * MAX_NOTEBOOK_BYTES)]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="y" * (mib << 20))]
     nbformat.write(nb, big)
     code, reply = fetch(env, api("jobs"), "POST", submit_body(path="work/big.ipynb"))
-    refused(code, reply, "larger than 16 MiB", "clear its outputs")
+    refused(code, reply, f"larger than {mib} MiB", "max_notebook_bytes", "clear its outputs")
     assert code == 413 and jobs.posted() == []
+    # one just under the limit is sent
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="y" * ((mib << 20) - 4096))]
+    nbformat.write(nb, big)
+    code, reply = fetch(env, api("jobs"), "POST", submit_body(path="work/big.ipynb"))
+    assert code == 201 and len(jobs.posted()) == 1, reply
 
 
 def test_a_service_that_does_not_answer_in_time_is_a_504_that_says_so(env, root):

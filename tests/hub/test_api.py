@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -340,3 +342,58 @@ def test_nul_in_a_url_or_a_hub_name_is_refused_on_postgresql(hub_factory, postgr
     r = hub.api("GET", "/api/allocations", nul)
     assert r.status_code == 403 and "holds a NUL character" in r.json()["message"]
     assert "Internal Server Error" not in hub.log() and " 500 " not in hub.log()
+
+
+class Sized:
+    """A request body of ``size`` bytes that is never held in memory: sent with its
+    Content-Length (``chunked=False``) or in chunks with none (a client streaming it)."""
+
+    def __init__(self, size: int, chunked: bool = False) -> None:
+        self.size, self.chunked = size, chunked
+
+    def body(self) -> Any:
+        piece = b"x" * (1 << 20)
+        head = b'{"notebook": "'
+        chunks = [head, *([piece] * ((self.size - len(head)) >> 20))]
+        chunks.append(b"x" * (self.size - sum(len(c) for c in chunks)))
+        if self.chunked:
+            return iter(chunks)  # (requests sends a generator chunked)
+        return SizedFile(chunks, self.size)
+
+
+class SizedFile:
+    """A file-like body: requests reads its length from ``__len__`` and streams ``read``."""
+
+    def __init__(self, chunks: list[bytes], size: int) -> None:
+        self.chunks, self.size = list(chunks), size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, n: int = -1) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [Sized(17 << 20), Sized(200 << 20), Sized(17 << 20, chunked=True)],
+    ids=["17MiB", "200MiB", "17MiB-chunked"],
+)
+@pytest.mark.parametrize("via_proxy", [True, False], ids=["hub-url", "direct"])
+def test_a_body_over_the_limit_is_a_413_with_a_message_through_the_hub_too(clean, body, via_proxy):
+    """The service reads an oversized body to its end before it answers: closed early, the
+    connection was reset under configurable-http-proxy, which then answered its own 503
+    HTML page (write ECONNRESET), and a direct client got a 400 with no body."""
+    ann = clean.add_user("ann")
+    headers = {"Content-Type": "application/json"}
+    r = clean.api("POST", "/api/jobs", ann, via_proxy, data=body.body(), headers=headers)
+    assert r.status_code == 413, r.text[:300]
+    message = r.json()["message"]
+    # the limit, the setting that sets it, and what to do about it
+    assert "larger than 16 MiB" in message and "max_notebook_bytes" in message, message
+    assert "clear its outputs" in message, message
+    assert clean.api("GET", "/api/jobs", ann).json()["jobs"] == []
+    # a route with the ordinary limit says so too
+    r = clean.api("POST", "/api/allocations", ann, via_proxy, data=Sized(2 << 20).body())
+    assert r.status_code == 413 and "larger than 1 MiB" in r.json()["message"], r.text[:300]
+    assert "max_body_bytes" in r.json()["message"]

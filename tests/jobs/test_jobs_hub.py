@@ -192,6 +192,8 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         "checkpoint_interval": 600,
         "max_runtime": 86400,
         "max_runtime_limit": 604800,
+        # the largest submission (the server extension refuses a larger notebook itself)
+        "max_notebook_bytes": 16 << 20,
         # no time windows configured: nothing to choose in the dialog
         "windows": [],
         "class_windows": {},

@@ -95,10 +95,66 @@ def confined_servers(name: str, scopes: set[str]) -> frozenset[str] | None:
     return frozenset(server for owner, _, server in owned if owner == name)
 
 
+# A body over its route's limit is read to its end and thrown away, then refused with a 413
+# that says why. Answered before the body was read, the connection closed on the rest: the
+# client saw a reset, and configurable-http-proxy, still sending it, answered with its own 503
+# page (write ECONNRESET) instead of the refusal. Beyond the limit plus this many bytes the
+# connection is closed unread (tornado's bare 400): no client has a reason to send that much.
+DISCARD_BYTES = 1 << 30
+
+
+@web.stream_request_body
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    """Every handler of the service. The body is streamed (``data_received``) and kept up to
+    the route's limit (``body_limit``): what is larger is discarded as it arrives, never
+    buffered, and refused once it has all arrived (``take_body``)."""
+
     @property
     def service(self) -> GPUSliceService:
         return self.settings["gpuslice"]
+
+    def body_limit(self) -> tuple[int, str]:
+        """The largest body this request may carry, and the setting that says so."""
+        return self.service.max_body_bytes, "max_body_bytes"
+
+    def prepare(self) -> Awaitable[None] | None:
+        self._body = bytearray()
+        self._body_limit, setting = self.body_limit()
+        self._body_over: str | None = None
+        # tornado's own limit (the server's max_body_size) would close the connection
+        set_max = getattr(self.request.connection, "set_max_body_size", None)
+        if set_max is not None:
+            set_max(self._body_limit + DISCARD_BYTES)
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > self._body_limit:
+            self._body_over = setting
+        return None
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._body_over is None and len(self._body) + len(chunk) > self._body_limit:
+            # (a chunked body, whose size no header said)
+            self._body_over = self.body_limit()[1]
+            self._body = bytearray()
+        if self._body_over is None:
+            self._body += chunk
+
+    def too_large_hint(self) -> str:
+        """What the sender of a body over the limit can do about it."""
+        return ""
+
+    def take_body(self) -> None:
+        """The body, now that all of it has arrived, as ``request.body``; a 413 when it was
+        over the limit."""
+        if getattr(self, "_body_over", None) is not None:
+            limit = self._body_limit
+            size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit} bytes"
+            raise RequestError(
+                413,
+                f"request body is larger than {size}, the most the gpuslice service takes "
+                f"here (GPUSliceService.{self._body_over}){self.too_large_hint()}",
+            )
+        if getattr(self, "_body", None):
+            self.request.body, self._body = bytes(self._body), bytearray()
 
     @property
     def ledger(self):  # type: ignore[no-untyped-def]
@@ -248,6 +304,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def optional_reason(self) -> str:
         """The reason in an optional ``{"reason": ...}`` body (DELETE, preempt)."""
+        self.take_body()
         return self.reason(self.json_body({"reason"}) if self.request.body else {})
 
     def json_body(
@@ -258,6 +315,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         ``max_bytes``: a larger limit for a body that carries a notebook (in the field
         ``notebook``), whose strings (cell outputs) may then be as long as the body, and
         hold any character: it is stored as a file."""
+        self.take_body()
         limit = max_bytes or self.service.max_body_bytes
         kw = {"max_string": limit} if max_bytes else {}
         files = (notebook,) if notebook else ()
@@ -346,10 +404,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
 
 class NotFoundHandler(BaseHandler):
-    """Every path the service does not serve: a JSON 404 like every other refusal."""
+    """Every path the service does not serve: a JSON 404 like every other refusal (once
+    the body has arrived: see ``DISCARD_BYTES``)."""
 
-    def prepare(self) -> None:
+    async def refuse(self, *args: Any) -> None:
         raise RequestError(404, f"no such route: {self.request.path[:200]}")
+
+    get = post = put = patch = delete = head = options = refuse
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
@@ -412,6 +473,7 @@ def api_authenticated(method: F) -> F:
 
     @functools.wraps(method)
     async def wrapper(self: BaseHandler, *args: Any, **kwargs: Any) -> None:
+        self.take_body()  # (a body over the limit is refused before anything else)
         if not await self.resolve_user():
             raise RequestError(
                 403, "authentication required: send a JupyterHub token or log in through the hub"

@@ -118,6 +118,12 @@ class ProfilesHandler(BaseHandler):
             "simulated": bool(inv and inv.simulated),
             "profiles": profiles,
             "quota": self.ledger.quota_standing(user, groups),
-            # what a job gets when the submit dialog leaves a field empty
-            "jobs": self.service.jobs.defaults() if self.service.jobs else None,
+            # what a job gets when the submit dialog leaves a field empty, and how large it
+            # may be (the server extension refuses a larger notebook before sending it)
+            "jobs": {
+                **self.service.jobs.defaults(),
+                "max_notebook_bytes": self.service.max_notebook_bytes,
+            }
+            if self.service.jobs
+            else None,
         }

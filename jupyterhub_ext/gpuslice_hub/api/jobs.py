@@ -32,6 +32,17 @@ class JobsBase(BaseHandler):
 
 
 class JobsHandler(JobsBase):
+    def body_limit(self) -> tuple[int, str]:
+        if self.request.method == "POST":  # a submission, which carries the notebook
+            return self.service.max_notebook_bytes, "max_notebook_bytes"
+        return super().body_limit()
+
+    def too_large_hint(self) -> str:
+        return (
+            " for a job submission, the notebook included: clear its outputs, or keep large "
+            "data next to it rather than in it"
+        )
+
     @api_authenticated
     async def get(self) -> None:
         ident = self.identity()

@@ -15,6 +15,7 @@ from .base import BaseHandler, Identity
 
 class PageHandler(BaseHandler):
     async def prepare(self) -> None:
+        super().prepare()
         # the login check (``web.authenticated``) then finds the user already resolved,
         # without JupyterHub's synchronous path that holds the event loop (resolve_user)
         await self.resolve_user()
