@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import secrets
+import stat
 import subprocess
 import sys
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from gpuslice.run.jobdir import JobDir
+from gpuslice_hub.jobs.accounts import Account
 from gpuslice_hub.jobs.backends.base import RunStatus
 from gpuslice_hub.jobs.backends.local import LocalBackend
 from gpuslice_hub.jobs.manager import JobManager
@@ -28,16 +34,17 @@ from tests.service.conftest import build_ledger
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-def test_a_fifo_in_place_of_the_runner_output_is_refused_not_waited_on(tmp_path):
+def test_a_fifo_in_place_of_the_runner_output_is_replaced_not_waited_on(tmp_path):
     """With no reader, opening a FIFO to write blocks: the whole scheduler pass would
-    wait with it, for every user's jobs."""
+    wait with it, for every user's jobs. It is never opened: its name is taken for a new
+    file, and the run starts."""
     os.mkfifo(tmp_path / "runner.out")
-    outcome: list[BaseException | None] = []
+    outcome: list[BaseException | dict] = []
+    backend = LocalBackend()
 
     def start() -> None:
         try:
-            LocalBackend().start(1, str(tmp_path), {"PATH": os.environ["PATH"]})
-            outcome.append(None)
+            outcome.append(backend.start(1, str(tmp_path), {"PATH": os.environ["PATH"]}))
         except OSError as e:
             outcome.append(e)
 
@@ -45,8 +52,13 @@ def test_a_fifo_in_place_of_the_runner_output_is_refused_not_waited_on(tmp_path)
     thread.start()
     thread.join(10)
     assert outcome, "starting the run waited on the FIFO"
-    assert isinstance(outcome[0], OSError)
-    assert "its runner.out cannot be written as a plain file" in str(outcome[0])
+    assert isinstance(outcome[0], dict), outcome[0]
+    ref = outcome[0]
+    # (no job.json here: the runner says so in runner.out, and exits)
+    wait_for(lambda: not backend.poll(ref).alive, 30, "the runner to exit")
+    out = tmp_path / "runner.out"
+    assert stat.S_ISREG(out.lstat().st_mode)
+    assert "job.json does not exist" in out.read_text()
 
 
 def test_a_state_nested_past_the_parsers_depth_reads_as_no_state(tmp_path):
@@ -196,3 +208,158 @@ def test_a_failed_cell_whose_message_holds_a_nul_ends_the_job_on_postgresql(
         assert batch_held(jobs) == []
     finally:
         ledger.db.dispose()
+
+
+# What the owner's code can leave where the service opens a file of the job folder: a hard
+# link to another user's file (the group-shared file of issue 45; with
+# fs.protected_hardlinks=0, any file), a symbolic link to it, a FIFO, and a file of another
+# user with no other name (a hard link whose first name was removed since).
+PLANTS = ("hard link", "symbolic link", "FIFO", "another user's file")
+
+
+def as_user(user: pwd.struct_passwd, *argv: str) -> None:
+    """``argv`` run as ``user``: what the owner's running job can do, and no more."""
+    r = subprocess.run(
+        ["runuser", "-u", user.pw_name, "--", *argv], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def folders(accounts, shared_dir):
+    """Makes a job folder of ann's (0700, hers, as the service hands it over, with her
+    job.log) holding ``name`` planted by her as ``kind``, and bob's file it points at;
+    returns both."""
+    ann, bob = accounts
+    bobs = shared_dir / "bob-files"
+    bobs.mkdir(mode=0o711)
+    os.chown(bobs, bob.pw_uid, bob.pw_gid)
+    root = shared_dir / "jobs"
+    root.mkdir(mode=0o711)
+    made = iter(range(1, 1000))
+
+    def make(name: str, kind: str) -> tuple[Path, Path]:
+        folder = root / str(next(made))
+        folder.mkdir(mode=0o700)
+        (folder / "job.log").write_text("[start] ann's log\n")
+        for path in (folder / "job.log", folder):
+            os.chown(path, ann.pw_uid, ann.pw_gid)
+        victim = bobs / f"data-{secrets.token_hex(4)}"
+        # what the service would take for a finished run, if it read it
+        victim.write_text(json.dumps({"status": "completed", "secret": "bob's data"}))
+        os.chown(victim, bob.pw_uid, bob.pw_gid)
+        # read and write for others: fs.protected_hardlinks lets ann link it (as it lets
+        # a group member link a 0660 file of her group)
+        victim.chmod(0o666)
+        place = folder / name
+        as_user(ann, "rm", "-f", str(place))
+        if kind == "hard link":
+            as_user(ann, "ln", str(victim), str(place))
+        elif kind == "symbolic link":
+            as_user(ann, "ln", "-s", str(victim), str(place))
+        elif kind == "FIFO":
+            as_user(ann, "mkfifo", str(place))
+        else:  # only root can put it there (ann cannot give a file away)
+            place.write_text(victim.read_text())
+            os.chown(place, bob.pw_uid, bob.pw_gid)
+            place.chmod(0o666)
+            victim = place
+        return folder, victim
+
+    return make
+
+
+def unchanged(victim: Path, bob: pwd.struct_passwd) -> None:
+    """Bob's file is still his, with its mode and its content."""
+    st = victim.lstat()
+    assert stat.S_ISREG(st.st_mode)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (bob.pw_uid, 0o666)
+    assert json.loads(victim.read_text()) == {"status": "completed", "secret": "bob's data"}
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_a_run_starts_with_a_runner_output_of_its_own_whatever_was_planted(accounts, folders, kind):
+    """Found by an attack (issue 45): the root service opened a hard link to another
+    user's file as runner.out, chown'ed it to the job's owner and appended the runner's
+    output to it. The planted name is replaced by a new file of the owner's; what it named
+    is not opened."""
+    ann, bob = accounts
+    folder, victim = folders("runner.out", kind)
+    backend = LocalBackend()
+    account = Account.lookup(ann.pw_name)
+    env = {"PATH": os.environ["PATH"]}
+    if kind == "another user's file":
+        # its only name: replacing it would delete it. The job fails, saying why.
+        with pytest.raises(OSError, match=r"belongs to uid .* its only name"):
+            backend.start(7, str(folder), env, account=account)
+        unchanged(victim, bob)
+        return
+    ref = backend.start(7, str(folder), env, account=account)
+    wait_for(lambda: not backend.poll(ref).alive, 30, "the runner to exit")
+    unchanged(victim, bob)
+    out = (folder / "runner.out").lstat()
+    assert stat.S_ISREG(out.st_mode) and (out.st_uid, out.st_nlink) == (ann.pw_uid, 1)
+    # the runner (as ann) wrote through it: no job.json in this folder, it says so
+    assert "job.json does not exist" in (folder / "runner.out").read_text()
+
+
+def test_the_owners_own_runner_output_is_appended_to_as_it_is(accounts, folders):
+    ann, _ = accounts
+    folder, _ = folders("runner.out", "FIFO")
+    (folder / "runner.out").unlink()
+    as_user(ann, "sh", "-c", f"echo 'an earlier run' > {folder}/runner.out")
+    before = (folder / "runner.out").lstat()
+    backend = LocalBackend()
+    ref = backend.start(
+        7, str(folder), {"PATH": os.environ["PATH"]}, account=Account.lookup(ann.pw_name)
+    )
+    wait_for(lambda: not backend.poll(ref).alive, 30, "the runner to exit")
+    after = (folder / "runner.out").lstat()
+    assert after.st_ino == before.st_ino and after.st_uid == ann.pw_uid
+    text = (folder / "runner.out").read_text()
+    assert text.startswith("an earlier run\n") and "job.json does not exist" in text
+
+
+def test_a_run_does_not_start_in_a_folder_of_another_account(accounts, folders):
+    """The account the runner would run as must own its folder (the service made it for
+    them at submission)."""
+    _, bob = accounts
+    folder, _ = folders("runner.out", "FIFO")
+    with pytest.raises(OSError, match="not to " + bob.pw_name):
+        LocalBackend().start(
+            7, str(folder), {"PATH": os.environ["PATH"]}, account=Account.lookup(bob.pw_name)
+        )
+    assert stat.S_ISFIFO((folder / "runner.out").lstat().st_mode)  # nothing touched
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_the_service_reads_and_appends_to_no_planted_file(accounts, folders, shared_dir, kind):
+    """job.log (appended to by the service, its tail served to the owner), output.ipynb
+    (served) and state.json (believed): a planted one is neither written nor read, and
+    the job is seen as one whose state is unknown."""
+    _, bob = accounts
+    jobs = JobManager(None, None, LocalBackend(), shared_dir / "jobs")  # type: ignore[arg-type]
+    folder, victim = folders("job.log", kind)
+    job = SimpleNamespace(id=1, job_dir=str(folder))
+    jobs.log_line(job, "preempted for another user's server")
+    unchanged(victim, bob)
+    assert jobs.log_text(job, 4000) == ""  # type: ignore[arg-type]
+
+    folder, victim = folders("output.ipynb", kind)
+    assert jobs.output(SimpleNamespace(id=1, job_dir=str(folder)), "ipynb", 10_000) is None  # type: ignore[arg-type]
+    unchanged(victim, bob)
+
+    folder, victim = folders("state.json", kind)
+    # read through, bob's file would say the run completed (exit 0)
+    assert LocalBackend().poll({"pid": 0, "job_dir": str(folder)}) == RunStatus(False, None)
+    unchanged(victim, bob)
+
+
+def test_the_service_appends_to_the_owners_own_log(accounts, folders, shared_dir):
+    ann, _ = accounts
+    jobs = JobManager(None, None, LocalBackend(), shared_dir / "jobs")  # type: ignore[arg-type]
+    folder, _ = folders("output.ipynb", "FIFO")
+    job = SimpleNamespace(id=1, job_dir=str(folder))
+    jobs.log_line(job, "preempted for another user's server")
+    assert "service: preempted for another user's server" in jobs.log_text(job, 4000)  # type: ignore[arg-type]
+    assert (folder / "job.log").lstat().st_uid == ann.pw_uid

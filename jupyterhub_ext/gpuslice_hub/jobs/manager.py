@@ -615,14 +615,14 @@ class JobManager(LoggingConfigurable):
     def log_text(self, job: JobRow, tail_bytes: int) -> str:
         if not job.job_dir:
             return ""
-        return JobDir(Path(job.job_dir)).log_tail(tail_bytes)
+        return JobDir(Path(job.job_dir), same_owner=True).log_tail(tail_bytes)
 
     def output(self, job: JobRow, kind: str, max_bytes: int) -> bytes | None:
         """The output notebook or its HTML, if the runner wrote one (a regular file, read
         without following links: the folder is the owner's)."""
         if not job.job_dir:
             return None
-        jd = JobDir(Path(job.job_dir))
+        jd = JobDir(Path(job.job_dir), same_owner=True)
         path = {"ipynb": jd.output_path, "html": jd.html_path}[kind]
         return jd.read(path.name, max_bytes)
 
@@ -947,11 +947,13 @@ class JobManager(LoggingConfigurable):
                 self.log.warning("could not release allocation %s: %s", alloc_id, e.message)
 
     def log_line(self, job: Any, message: str) -> None:
-        """Append ``message`` to the log of ``job`` (anything with its ``id`` and ``job_dir``)."""
+        """Append ``message`` to the log of ``job`` (anything with its ``id`` and ``job_dir``):
+        only to a log that is the folder owner's own file with no other name (a hard link
+        the job's code put there, to another user's file, is left alone, and this logged)."""
         if not job.job_dir:
             return
         try:
-            JobDir(Path(job.job_dir)).log(f"service: {message}", create=False)
+            JobDir(Path(job.job_dir), same_owner=True).log(f"service: {message}", create=False)
         except OSError as e:
             self.log.warning("job %s: cannot write its log: %s", job.id, e)
 

@@ -6,7 +6,8 @@ was 2 000 guarded opens a second to learn, almost always, nothing new. A file's 
 (inode, modification and change times in ns, size; stat'ed without following a link) says
 whether it changed: the runner writes ``state.json`` by atomic rename (a new inode each
 time). A path that is not a regular file, or a file that could not be read, is never cached:
-it is read through :class:`JobDir`'s guarded open every time (which refuses links).
+it is read through :class:`JobDir`'s guarded open every time (which refuses links, and
+files the folder's owner does not own).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class RunnerFiles:
     def _read(self, job_dir: str, fresh: bool) -> tuple[dict[str, Any], float]:
         paths = self._paths.get(job_dir)
         if paths is None:
-            jd = JobDir(Path(job_dir))
+            jd = JobDir(Path(job_dir), same_owner=True)
             state_at = (job_dir, jd.state_path.name)
             marker_at = (str(jd.checkpoints), jd.last_save_marker.name)
             paths = self._paths[job_dir] = (jd, state_at, marker_at)

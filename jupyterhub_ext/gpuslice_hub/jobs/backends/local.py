@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from gpuslice.run.jobdir import JobDir, open_beneath
+from gpuslice.run.jobdir import JobDir, open_owned
 from gpuslice.vocab import EXIT_BY_STATUS
 
 from ..accounts import UMASK, Account
@@ -27,6 +28,67 @@ from ..runner_state import ATTEMPT_ID as ATTEMPT_ENV
 from .base import RunStatus
 
 log = logging.getLogger(__name__)
+
+
+# The runner's own output (its stdout and stderr: what it prints before the job log is
+# open, a traceback of its own), in the job folder, for the owner to read.
+RUNNER_OUT = "runner.out"
+
+
+def open_runner_output(folder: Path, account: Account) -> int:
+    """``runner.out`` in the job folder ``folder``, opened to append, for a runner that
+    runs as ``account``; the descriptor.
+
+    The service (root) opens it, in a folder the job's code writes: it never opens for
+    writing, and never hands over, a file that is not already ``account``'s alone. The
+    owner's own file of an earlier run (regular, theirs, no other name) is appended to, as
+    it is, and never chown'ed. Anything else in its place (a hard link to another user's
+    file, a symbolic link, a FIFO) loses that name, which leaves the thing it named as it
+    was, and a new file is made (``O_CREAT | O_EXCL | O_NOFOLLOW``) and given to
+    ``account``; a file of another user that has no other name is left alone, and the start
+    fails saying so (removing its name would delete it). The folder itself must be
+    ``account``'s."""
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        owner = os.fstat(folder_fd).st_uid
+        if owner != account.uid:
+            raise PermissionError(
+                f"the job folder belongs to uid {owner}, not to {account.name} "
+                f"(uid {account.uid}), whom the runner would run as"
+            )
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+        try:
+            return open_owned(folder_fd, RUNNER_OUT, flags, account.uid)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            st = os.stat(RUNNER_OUT, dir_fd=folder_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                # another user's file whose only name this is: removing the name would
+                # delete it. Left as it is; the job fails saying so.
+                raise PermissionError(
+                    f"{e}; it is its only name, so it is left as it is (the folder's owner "
+                    "can move it away)"
+                ) from None
+            log.warning("%s: %s; that name is given to a new file", folder, e)
+            # (a folder in its place cannot be unlinked: that error says so, and the job
+            # fails with it)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(RUNNER_OUT, dir_fd=folder_fd)
+        # O_EXCL: made by this call, or not at all (something planted again meanwhile
+        # fails the start, with the error)
+        out = os.open(
+            RUNNER_OUT, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder_fd
+        )
+        try:
+            if not account.is_current:
+                os.fchown(out, account.uid, account.gid)  # (the file this call created)
+        except OSError:
+            os.close(out)
+            raise
+        return out
+    finally:
+        os.close(folder_fd)
 
 
 class LocalBackend:
@@ -58,16 +120,10 @@ class LocalBackend:
         if not account.is_current:
             who = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
         try:
-            # non-blocking: a FIFO the job's code left in its place (with no reader) would
-            # block this open, and with it the whole scheduler pass, until someone read it
-            out = open_beneath(
-                Path(job_dir), "runner.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
-            )
+            out = open_runner_output(Path(job_dir), account)
         except OSError as e:
-            raise OSError(f"its runner.out cannot be written as a plain file ({e})") from None
+            raise OSError(f"its {RUNNER_OUT} could not be made ({e})") from None
         try:
-            if not account.is_current:
-                os.fchown(out, account.uid, account.gid)
             proc = subprocess.Popen(
                 [self.python, "-m", "gpuslice.run", job_dir],
                 cwd=job_dir,
@@ -197,7 +253,7 @@ def _create_time(pid: int) -> float | None:
 
 
 def _state(job_dir: str) -> dict[str, Any]:
-    return JobDir(Path(job_dir)).state()
+    return JobDir(Path(job_dir), same_owner=True).state()
 
 
 def _runner_status(job_dir: str) -> str | None:
