@@ -68,8 +68,13 @@
     el.textContent = err ? String(err.message || err) : '';
   }
 
+  // GPUs to the hundredth, rounded half up from milli-GPU: one rule for every figure (toFixed
+  // on the binary fraction rounded 0.285 down and 2.285 up, so a GPU's figures and the
+  // summary's disagreed).
+  const hundredths = milli => Math.round(milli / 10);
+  const inHundredths = n => (n / 100).toFixed(2).replace(/\.?0+$/, '');
   const gpus = milli =>
-    milli === null || milli === undefined ? '–' : (milli / 1000).toFixed(2).replace(/\.?0+$/, '');
+    milli === null || milli === undefined ? '–' : inHundredths(hundredths(milli));
   const gib = mib =>
     mib === null || mib === undefined ? '–' : (mib / 1024).toFixed(1).replace(/\.0$/, '');
   const pct = v => (v === null || v === undefined ? '–' : `${Math.round(v)}%`);
@@ -142,6 +147,8 @@
 
   function renderSummary(ov) {
     const t = ov.totals;
+    // allocated and free as the inventory below shows them: its GPUs add up to these
+    const shown = inventoryFigures(ov);
     const r = ov.reclaimed_gpu_hours;
     // (each card's definition on hover: the admin guide's "How the figures are made")
     const card = (label, value, note, key) =>
@@ -164,7 +171,7 @@
         ),
         card(
           'allocated',
-          `${gpus(t.allocated_milli)} GPUs`,
+          `${inHundredths(shown.allocated)} GPUs`,
           plural(t.active_allocations, 'allocation'),
           'allocated'
         ),
@@ -178,8 +185,8 @@
         ),
         card(
           'free',
-          `${gpus(t.free_milli)} GPUs`,
-          `${gpus(t.fragmented_milli)} fragmented`,
+          `${inHundredths(shown.free)} GPUs`,
+          `${inHundredths(Math.min(hundredths(t.fragmented_milli), shown.free))} fragmented`,
           'free'
         ),
         card('jobs', `${t.running_jobs} running`, `${t.queued_jobs} queued`, 'jobs'),
@@ -193,6 +200,53 @@
   }
 
   // -- inventory ------------------------------------------------------------------------
+
+  // Each GPU's allocated and free in hundredths of a GPU, made to add up as read: a GPU's
+  // two make its own total rounded (1 for a GPU in service; MIG instances are sevenths,
+  // counted in whole milli, so seven 1g ones make 0.994: 0.99), and all GPUs' make the
+  // summary's cards. Running totals do it: a GPU's total is the rounded sum up to and with
+  // it minus the rounded sum before it (so 0.712 allocated and 0.285 free show as 0.71 and
+  // 0.29, not 0.71 and 0.28), likewise its allocated, each kept within a hundredth of its
+  // own allocated and its free within a hundredth of its own free (nothing free shows 0).
+  // The fragmented part of free is never shown as more than free.
+  function inventoryFigures(ov) {
+    const rows = [];
+    let sum = 0;
+    let allocatedSum = 0;
+    let allocatedShown = 0;
+    for (const host of ov.hosts) {
+      for (const g of host.gpus) {
+        const a = g.allocated_milli;
+        const f = g.free_milli;
+        const before = hundredths(sum);
+        sum += a + f;
+        const total = hundredths(sum) - before;
+        allocatedSum += a;
+        const low = Math.max(Math.floor(a / 10), total - Math.ceil(f / 10));
+        const high = Math.min(Math.ceil(a / 10), total - Math.floor(f / 10));
+        const allocated = Math.min(high, Math.max(low, hundredths(allocatedSum) - allocatedShown));
+        allocatedShown += allocated;
+        rows.push({ g, total, low, high, allocated });
+      }
+    }
+    // what the bounds kept a running total from reaching, taken up by GPUs with room
+    let left = hundredths(allocatedSum) - allocatedShown;
+    for (const row of rows) {
+      const step = Math.max(row.low - row.allocated, Math.min(row.high - row.allocated, left));
+      row.allocated += step;
+      left -= step;
+    }
+    const gpus = new Map();
+    let allocated = 0;
+    for (const { g, total, allocated: a } of rows) {
+      const free = total - a;
+      const fragmented =
+        g.fragmented_milli === g.free_milli ? free : Math.min(hundredths(g.fragmented_milli), free);
+      gpus.set(g.uuid, { allocated: a, free, fragmented });
+      allocated += a;
+    }
+    return { gpus, allocated, free: hundredths(sum) - allocated };
+  }
 
   function holderText(slice) {
     const who = slice.holder;
@@ -238,6 +292,8 @@
   }
 
   function renderInventory(ov) {
+    const figures = inventoryFigures(ov).gpus;
+    const figure = (g, key) => inHundredths(figures.get(g.uuid)[key]);
     const hosts = ov.hosts.map(host =>
       h(
         'div',
@@ -289,13 +345,13 @@
                     ` ${Math.round(g.memory_mib / 1024)} GiB${g.mig_mode === 'enabled' ? ', MIG' : ''}`
                   )
                 ),
-                h('td', {}, gpus(g.allocated_milli)),
+                h('td', {}, figure(g, 'allocated')),
                 h(
                   'td',
                   {},
-                  gpus(g.free_milli),
+                  figure(g, 'free'),
                   g.fragmented_milli
-                    ? h('small', {}, ` (${gpus(g.fragmented_milli)} fragmented)`)
+                    ? h('small', {}, ` (${figure(g, 'fragmented')} fragmented)`)
                     : null
                 ),
                 h(
