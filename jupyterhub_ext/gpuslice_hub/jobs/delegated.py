@@ -288,6 +288,7 @@ class DelegatedPass:
     def _submit(self, job: JobRow, now: datetime) -> None:
         try:
             account = self.jobs.account(job.user)
+            self.jobs.verify_owner(job, account)
         except AccountError as e:
             self.scheduler._fail(job, str(e), [])
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,13 @@ def create_job_dir(
 ) -> Path:
     """The job's folder, 0700 and the owner's: nobody else can read its notebook, outputs
     or checkpoints. Its files are written before it is handed over, so the owner's code
-    never races the service inside it."""
+    never races the service inside it: the folder is new (``exist_ok=False``: nothing can
+    be planted in it beforehand, in a jobs root only the service writes) and the service's
+    alone until its last ``chown``, so the paths written and chown'ed here name the files
+    just made.
+
+    Its owner is the service's record of whose account the job runs as
+    (:func:`folder_mismatch`): only root can give a folder away."""
     jd = JobDir(root / str(job_id))
     jd.root.mkdir(exist_ok=False, mode=0o700)
     # nbformat's own JSON (lines split, keys sorted), without ``nbformat.write``'s second
@@ -119,3 +126,28 @@ def create_job_dir(
         for path in (jd.input_path, jd.spec_path, jd.log_path, jd.root):
             os.chown(path, owner.uid, owner.gid)
     return jd.root
+
+
+def folder_mismatch(root: Path, job: Any, account: Account) -> str:
+    """Why ``job`` (a ledger row: its ``id``, ``user`` and ``job_dir``) must not run as
+    ``account``, or "" when it may: the row must name ``account`` and the folder the
+    service made for the job at submission (``root/<id>``, not a link), and that folder
+    must be ``account``'s. Whoever can write the ledger can rewrite a row's ``user`` and
+    ``job_dir``, not the owner of a folder the service made and handed over."""
+    folder = root / str(job.id)
+    if job.user != account.name:
+        return f"the ledger names {job.user} as its owner, not {account.name}"
+    if job.job_dir != str(folder):
+        return f"its folder in the ledger is {job.job_dir!r}, not {str(folder)!r}"
+    try:
+        st = os.stat(folder, follow_symlinks=False)
+    except OSError as e:
+        return f"its folder {folder} cannot be examined ({e.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{folder} is not a folder"
+    if st.st_uid != account.uid:
+        return (
+            f"its folder {folder} belongs to uid {st.st_uid}, not to {account.name} "
+            f"(uid {account.uid})"
+        )
+    return ""

@@ -36,7 +36,7 @@ from ..profiles import Profile
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
 from .job_writes import record_transition, write_job
-from .jobdirs import create_job_dir, read_notebook, set_aside_stale
+from .jobdirs import create_job_dir, folder_mismatch, read_notebook, set_aside_stale
 from .ordering import queue_order
 from .params import validate_parameters
 from .serialize import job_json
@@ -369,6 +369,30 @@ class JobManager(LoggingConfigurable):
         if self.run_jobs_as_service_user:
             return Account.current()
         return Account.lookup(user)
+
+    def verify_owner(self, job: Any, account: Account) -> None:
+        """Refuse (``AccountError``, the reason logged) to run ``job``, a ledger row, as
+        ``account`` unless it is the account the service recorded for it at submission:
+        the owner of the folder it made for the job then (:func:`folder_mismatch`). A row
+        rewritten by someone who can write the ledger does not choose whose account runs
+        a job. (``run_jobs_as_service_user``: every job runs as the service's account.)"""
+        if self.run_jobs_as_service_user:
+            return
+        problem = folder_mismatch(self.root, job, account)
+        if problem:
+            self.log.warning(
+                "job %s: refused to run it as %s: %s. The service gave the job's folder to "
+                "its owner at submission; its ledger row was changed since, outside the "
+                "service (by someone who can write the ledger?)",
+                job.id,
+                account.name,
+                problem,
+            )
+            raise AccountError(
+                f"refused to run it as {account.name}: its record in the ledger does not "
+                "match what the service recorded when it was submitted (the service's log "
+                "says why)"
+            )
 
     def submit(self, caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
         spec = self._validate(body)

@@ -956,13 +956,20 @@ class Scheduler:
                 },
             }
 
+        refused: AccountError | None = None
         with self.jobs.db.writing() as s:
             job = CURRENT_ROW.execute(s.connection(), {"job_id": queued.id}).first()
-            started = (
-                job is not None
-                and job.state == "queued"
-                and advance(s, job, "starting", f"placed on {where}", placed)
-            )
+            started = job is not None and job.state == "queued"
+            if started:
+                try:
+                    # the row as it is now, which the run starts from
+                    self.jobs.verify_owner(job, account)
+                except AccountError as e:
+                    refused, started = e, False
+            started = started and advance(s, job, "starting", f"placed on {where}", placed)
+        if refused is not None:
+            self._fail(job, str(refused), grants)
+            return
         if not started:  # cancelled meanwhile
             self.jobs.release([g["id"] for g in grants], f"job {queued.id} no longer queued")
             return
