@@ -15,6 +15,7 @@ REFUSAL_CODES = {
     "not_found": "no such thing, or not one the caller may see",
     "unknown_profile": "no profile of that name is configured",
     "forbidden_profile": "the profile is not offered to the caller's groups",
+    "forbidden_priority": "the caller may not submit jobs of that priority class",
     "no_account": "the user has no system account to run a job as",
     "over_quota": "it would take the user or their group over a quota",
     "too_many_jobs": "the user has as many unfinished jobs as they may",

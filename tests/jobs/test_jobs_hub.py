@@ -44,9 +44,14 @@ def jobs_hub(tmp_path_factory):
         hosts=ONE_GPU,
         profiles=PROFILES,
         spawner="gpuslice-simple",
+        # high jobs: the admins' (the default) and the on-call group's
+        extra_service_config=f"c.JobManager.priority_access = {ONCALL_HIGH!r}\n",
     )
     yield hub
     hub.stop()
+
+
+ONCALL_HIGH = {"high": {"groups": ["oncall"]}}
 
 
 def nb_json(cells: list[str]) -> dict:
@@ -194,6 +199,8 @@ def test_bad_submissions_and_who_sees_what(jobs_hub):
         "max_runtime_limit": 604800,
         # the largest submission (the server extension refuses a larger notebook itself)
         "max_notebook_bytes": 16 << 20,
+        # the classes alice may submit: high is not hers (JobManager.priority_access)
+        "allowed_priorities": ["preemptible", "normal"],
         # no time windows configured: nothing to choose in the dialog
         "windows": [],
         "class_windows": {},
@@ -374,7 +381,9 @@ NO_CHECKPOINT_LOOP = ["import time\nfor _ in range(3000):\n    time.sleep(0.01)"
 
 def test_high_priority_job_preempts_preemptible_never_normal(jobs_hub):
     hub = jobs_hub
-    alice, bob, _carol = hub.add_user("alice"), hub.add_user("bob"), hub.add_user("carol")
+    alice, _carol = hub.add_user("alice"), hub.add_user("carol")
+    # (a user of a group that JobManager.priority_access gives high to)
+    bob = hub.add_user("olga", groups=("oncall",))
     low = submit(hub, alice, cells=LONG_LOOP, checkpoint_interval=1).json()["id"]
     wait_state(hub, alice, low, "running")
     high = submit(hub, bob, cells=["x = 1"], priority="high").json()["id"]
@@ -410,6 +419,39 @@ def test_high_priority_job_preempts_preemptible_never_normal(jobs_hub):
     assert "preempting" not in [t["state"] for t in job(hub, alice, normal)["transitions"]]
     hub.api("DELETE", f"/api/jobs/{normal}", alice)
     wait_state(hub, bob, urgent, "completed", timeout=120)
+
+
+def test_only_those_the_priority_access_names_may_submit_high(jobs_hub):
+    """high takes the reserved pools and preempts other users' jobs: by default the admins'
+    only, and the groups JobManager.priority_access names (here: oncall)."""
+    hub = jobs_hub
+    plain = hub.add_user("pat")
+    admin = hub.add_user("admin", admin=True)
+    oncall = hub.add_user("otto", groups=("oncall",))
+    r = submit(hub, plain, cells=["x = 1"], priority="high")
+    assert r.status_code == 403, r.text
+    refusal = r.json()
+    assert refusal["code"] == "forbidden_priority", refusal
+    assert "JobManager.priority_access" in refusal["message"], refusal
+    assert refusal["allowed_priorities"] == ["preemptible", "normal"]
+    assert "oncall" not in refusal["message"]  # (who else may is not the user's to know)
+    assert hub.api("GET", "/api/jobs", plain).json()["jobs"] == []  # nothing was queued
+    # the submit dialog offers each user the classes they may submit
+    for token, classes in (
+        (plain, ["preemptible", "normal"]),
+        (admin, ["preemptible", "normal", "high"]),
+        (oncall, ["preemptible", "normal", "high"]),
+    ):
+        jobs = hub.api("GET", "/api/profiles", token).json()["jobs"]
+        assert jobs["allowed_priorities"] == classes
+    # another user's classes are not known to the service (their admin scope is the hub's)
+    standing = hub.api("GET", "/api/profiles?user=pat", admin).json()
+    assert standing["jobs"]["allowed_priorities"] is None
+    for token in (admin, oncall):
+        r = submit(hub, token, cells=["x = 1"], priority="high")
+        assert r.status_code == 201 and r.json()["priority"] == "high", r.text
+        # (not run: the module's one GPU is for the other tests)
+        assert hub.api("DELETE", f"/api/jobs/{r.json()['id']}", token).status_code == 200
 
 
 def test_service_restart_mid_run_loses_no_job(jobs_hub):

@@ -125,6 +125,12 @@ def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp
 
         profiles = server_api(hub, alice, "GET", "profiles").json()
         assert "mig-1g.10gb" in json.dumps(profiles)
+        # the submit dialog offers alice the classes she may submit, and high is not one
+        # (JobManager.priority_access: the admins' by default); asked anyway, it is refused
+        assert profiles["jobs"]["allowed_priorities"] == ["preemptible", "normal"]
+        r = server_api(hub, alice, "POST", "jobs", json={**body, "priority": "high"})
+        assert r.status_code == 403, r.text
+        assert "JobManager.priority_access" in r.json()["message"], r.text
     finally:
         hub.hub_api("DELETE", "/users/alice/server")
         hub.wait_gone("alice")

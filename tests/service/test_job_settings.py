@@ -207,3 +207,39 @@ def test_another_backends_settings_are_refused_as_doing_nothing(
     assert e.key == key and needle in str(e), str(e)
     if "time_window" not in key:
         assert f"with job_backend = {backend!r} it does nothing" in str(e)
+
+
+@pytest.mark.parametrize(
+    ("access", "needle"),
+    [
+        ({"urgent": {"users": ["ann"]}}, "'urgent' is no priority class"),
+        ({"high": ["ann"]}, "give {'users'"),
+        ({"high": {"people": ["ann"]}}, "give {'users'"),
+        ({"high": {"users": "ann"}}, "'users' must be a list of names"),
+        ({"normal": {"groups": [""]}}, "'groups' must be a list of names"),
+    ],
+)
+def test_a_priority_access_that_says_nothing_clear_stops_the_service(tmp_path, access, needle):
+    with pytest.raises(ConfigError) as e:
+        manager(tmp_path / "jobs", priority_access=access)
+    assert e.value.key == "JobManager.priority_access" and needle in str(e.value)
+
+
+def test_who_may_submit_each_priority_class(tmp_path):
+    # the default: high is the admins' (it takes reserved pools, preempts others' jobs)
+    jobs = manager(tmp_path / "jobs")
+    assert jobs.allowed_priorities("ann", ("lab",), admin=False) == ["preemptible", "normal"]
+    assert jobs.allowed_priorities("root", (), admin=True) == ["preemptible", "normal", "high"]
+    site = manager(
+        tmp_path / "jobs",
+        priority_access={"high": {"groups": ["oncall"]}, "normal": {"users": ["ann"]}},
+    )
+    assert site.allowed_priorities("bob", ("oncall",), False) == ["preemptible", "high"]
+    assert site.allowed_priorities("ann", (), False) == ["preemptible", "normal"]
+    assert site.allowed_priorities("cy", (), True) == ["preemptible", "normal", "high"]
+    # {}: every class for everyone
+    assert manager(tmp_path / "jobs", priority_access={}).allowed_priorities("cy", (), False) == [
+        "preemptible",
+        "normal",
+        "high",
+    ]

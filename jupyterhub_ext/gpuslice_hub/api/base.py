@@ -40,6 +40,7 @@ class RequestError(Exception):
 STATUS_BY_CODE = {
     "bad_request": 400,
     "forbidden_profile": 403,
+    "forbidden_priority": 403,
     "no_account": 403,
     "not_found": 404,
     "unknown_profile": 404,

@@ -66,7 +66,10 @@ class ProfilesHandler(BaseHandler):
         ident = self.identity()
         user = self.get_argument("user", None)
         groups = ident.groups
+        # whether the user asked about has the admin scope: known of the caller only
+        admin: bool | None = ident.is_admin
         if user is not None and user != ident.name:
+            admin = None
             if not ident.sees_all:
                 raise RequestError(403, f"{ident.name} may not see {user}'s availability")
             looked_up = await self.service.hub_api.user_groups(user)
@@ -92,10 +95,17 @@ class ProfilesHandler(BaseHandler):
                 raise RequestError(400, "wait_seconds must be a number of seconds, 0 to 86400")
         # in a worker thread: at hundreds of hosts a count after a change takes tens of ms,
         # and the quota's figures wait for the ledger's cache
-        await self.write_computed(lambda: self._profiles(user, groups, overcommit == "true", wait))
+        await self.write_computed(
+            lambda: self._profiles(user, groups, overcommit == "true", wait, admin)
+        )
 
     def _profiles(
-        self, user: str, groups: Sequence[str], overcommit: bool, wait: float | None
+        self,
+        user: str,
+        groups: Sequence[str],
+        overcommit: bool,
+        wait: float | None,
+        admin: bool | None,
     ) -> dict[str, Any]:
         inv = self.service.inventory
         profiles = self.ledger.availability(user, groups, overcommit, wait)
@@ -118,12 +128,23 @@ class ProfilesHandler(BaseHandler):
             "simulated": bool(inv and inv.simulated),
             "profiles": profiles,
             "quota": self.ledger.quota_standing(user, groups),
-            # what a job gets when the submit dialog leaves a field empty, and how large it
-            # may be (the server extension refuses a larger notebook before sending it)
-            "jobs": {
-                **self.service.jobs.defaults(),
-                "max_notebook_bytes": self.service.max_notebook_bytes,
-            }
-            if self.service.jobs
-            else None,
+            # what the submit dialog offers, and what a job gets for a field left empty
+            "jobs": self._job_settings(user, tuple(groups), admin) if self.service.jobs else None,
+        }
+
+    def _job_settings(
+        self, user: str, groups: tuple[str, ...], admin: bool | None
+    ) -> dict[str, Any]:
+        jobs = self.service.jobs
+        assert jobs is not None
+        return {
+            **jobs.defaults(),
+            # how large a submission may be (the server extension refuses a larger
+            # notebook before sending it)
+            "max_notebook_bytes": self.service.max_notebook_bytes,
+            # the priority classes the submit dialog offers (JobManager.priority_access);
+            # null for another user than the caller, whose admin scope is not known here
+            "allowed_priorities": None
+            if admin is None
+            else jobs.allowed_priorities(user, groups, admin),
         }

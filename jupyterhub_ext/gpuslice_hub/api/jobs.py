@@ -73,7 +73,8 @@ class JobsHandler(JobsBase):
         if "groups" in body:
             raise RequestError(403, "a job's groups are looked up on the hub, not stated")
         caller = await self.resolve_caller(ident, {}, "submit jobs")
-        self.write_json(await asyncio.to_thread(self.jobs.submit, caller, body), 201)
+        submitted = await asyncio.to_thread(self.jobs.submit, caller, body, ident.is_admin)
+        self.write_json(submitted, 201)
 
 
 class JobHandler(JobsBase):

@@ -39,6 +39,8 @@ from .job_writes import record_transition, write_job
 from .jobdirs import create_job_dir, folder_mismatch, read_notebook, set_aside_stale
 from .ordering import queue_order
 from .params import validate_parameters
+from .priority_access import DEFAULT as PRIORITY_ACCESS
+from .priority_access import allowed_classes, check_class, parse_priority_access
 from .serialize import job_json
 from .states import ACTIVE, PRIORITY_CLASSES, TERMINAL, transition
 from .victims import pick_victim
@@ -150,6 +152,16 @@ class JobManager(LoggingConfigurable):
     ).tag(config=True)
     max_jobs_per_user = Integer(
         200, help="How many unfinished (queued or running) jobs a user may have."
+    ).tag(config=True)
+    priority_access = Dict(
+        PRIORITY_ACCESS,
+        help="""Who may submit each priority class besides the gpuslice admins (who may
+        submit every class): class -> ``{"users": [...], "groups": [...]}``, e.g.
+        ``{"high": {"groups": ["oncall"]}, "normal": {"groups": ["staff", "students"]}}``.
+        A class not named here is everyone's. Default: ``high`` (which takes the reserved
+        pools and preempts other users' preemptible jobs) for the admins only; ``{}``:
+        every class for everyone. Anyone else is refused with a 403 that names this
+        setting, and the submit dialog offers only the classes the user may submit.""",
     ).tag(config=True)
     slurm_partitions = Dict(
         {"preemptible": "", "normal": "", "high": ""},
@@ -315,6 +327,7 @@ class JobManager(LoggingConfigurable):
             raise ConfigError(
                 "JobManager.burst_when_allocated_above", "must be from 0 (off) to below 1"
             )
+        self.priority_rules = parse_priority_access(self.priority_access)
         # jobs moved by defragmentation since start, and the milli-GPUs they held (metrics)
         self.moved_jobs = 0
         self.moved_milli = 0
@@ -394,8 +407,15 @@ class JobManager(LoggingConfigurable):
                 "says why)"
             )
 
-    def submit(self, caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
+    def allowed_priorities(self, user: str, groups: tuple[str, ...], admin: bool) -> list[str]:
+        """The priority classes ``user`` may submit (``priority_access``), lowest first."""
+        return allowed_classes(self.priority_rules, user, groups, admin)
+
+    def submit(self, caller: Caller, body: dict[str, Any], admin: bool = False) -> dict[str, Any]:
+        """Queue ``body`` as ``caller``'s job; ``admin``: the caller has the gpuslice admin
+        scope (every priority class is theirs to use)."""
         spec = self._validate(body)
+        check_class(self.priority_rules, spec["priority_class"], caller.user, caller.groups, admin)
         workdir = body.get("workdir")
         if workdir is not None and (
             not isinstance(workdir, str)
