@@ -10,7 +10,11 @@ export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 
 .PHONY: demo test lint typecheck bench clean labextension
 
+# (said first: pip is quiet, and the first run installs for minutes before anything shows)
 $(STAMP): pyproject.toml
+	@echo "Installing gpuslice and its dependencies into $(VENV)/ and node_modules/, then"
+	@echo "building the JupyterLab extension: a few minutes the first time (about 3.5 min"
+	@echo "to a running hub on a fresh machine); later runs start in seconds."
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"

@@ -36,8 +36,17 @@ SIMULATED_HOSTS = [
 ]
 
 
+# A demo setting: idle reclaim seen in one sitting. The real profiles below wait 30 or 60
+# minutes (a warning 5 minutes before), too long to watch while trying the product out.
+IDLE_DEMO_PROFILE = "demo-idle-2min"
+IDLE_DEMO_TIMEOUT = 120  # seconds idle on the GPU before the server is stopped
+IDLE_DEMO_WARNING = 60  # seconds before that, the warning
+
+
 def profiles_for(inventory: Any) -> list[dict[str, Any]]:
-    """One profile per MIG profile present, plus a quarter share and a whole GPU."""
+    """One profile per MIG profile present, plus a quarter share and a whole GPU, and a copy
+    of the first of the quarter share and the MIG profiles with a short idle timeout, labelled
+    as the demo setting it is (``idle_policy_for`` gives it its warning and action)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     plain = [g for g in inventory.gpus() if not g.is_mig]
@@ -78,19 +87,48 @@ def profiles_for(inventory: Any) -> list[dict[str, Any]]:
                 "idle_timeout": 3600,
             }
         )
+    base = next((p for p in out if p["kind"] == "share"), out[0] if out else None)
+    if base is not None:
+        out.append(
+            {
+                **base,
+                "name": IDLE_DEMO_PROFILE,
+                "display_name": f"{base['display_name']}, idle reclaim after 2 min (demo setting)",
+                "description": (
+                    f"{base['description']}. Demo setting, to see idle reclaim in a sitting: "
+                    f"once nothing has run on its GPU for {IDLE_DEMO_WARNING} s, JupyterLab "
+                    f"warns; at {IDLE_DEMO_TIMEOUT} s the server stops and its slice goes back "
+                    "to the pool, unless a cell runs or you click Keep working (the other "
+                    "profiles wait 30 or 60 min)"
+                ),
+                "idle_timeout": IDLE_DEMO_TIMEOUT,
+            }
+        )
     return out
 
 
-def write_configs() -> tuple[str, Any]:
+def idle_policy_for(profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """The demo's idle policy: the service's defaults, except that the short-timeout demo
+    profile warns a minute ahead and stops the whole server (the slice goes back, as idle
+    reclaim does at its fullest)."""
+    if not any(p["name"] == IDLE_DEMO_PROFILE for p in profiles):
+        return {}
+    own = {"action": "server", "warning_lead": IDLE_DEMO_WARNING}
+    return {"profiles": {IDLE_DEMO_PROFILE: own}}
+
+
+def write_configs() -> tuple[str, Any, list[dict[str, Any]]]:
     backend = "nvml" if nvml_available() else "simulated"
     hosts = SIMULATED_HOSTS if backend == "simulated" else None
     inventory = discover(backend, hosts)
     DEMO_DIR.mkdir(parents=True, exist_ok=True)
     (DEMO_DIR / "home").mkdir(exist_ok=True)
+    profiles = profiles_for(inventory)
     service_cfg = {
         "gpu_backend": backend,
         "hosts": hosts or [],
-        "profiles": profiles_for(inventory),
+        "profiles": profiles,
+        "idle_policy": idle_policy_for(profiles),
         "quotas": {"default_user": {"max_slices": 2}},
         "db_url": f"sqlite:///{DEMO_DIR / 'gpuslice.sqlite'}",
         # a point a minute, so the admin panel's plot fills while you try it out
@@ -134,10 +172,10 @@ c.Spawner.default_url = "/lab"
 c.SimpleLocalProcessSpawner.home_dir_template = "{DEMO_DIR / "home"}/{{username}}"
 """
     )
-    return backend, inventory
+    return backend, inventory, profiles
 
 
-def banner(backend: str, inventory: Any) -> str:
+def banner(backend: str, inventory: Any, profiles: list[dict[str, Any]] | None = None) -> str:
     lines = ["", "=" * 72, "gpuslice demo", "=" * 72]
     if inventory.simulated:
         lines.append("GPU backend: simulated — no NVIDIA driver found on this machine, so these")
@@ -158,6 +196,7 @@ def banner(backend: str, inventory: Any) -> str:
         f"Log in as any user name (e.g. alice) with the password: {PASSWORD}",
         "Log in as 'admin' for the gpuslice admin panel (inventory, jobs, quotas):",
         "      http://127.0.0.1:8000/services/gpuslice/admin",
+        *_idle_hint(profiles or []),
         "Demo setting: every user's servers and batch jobs run as YOUR account",
         "(c.JobManager.run_jobs_as_service_user = True). Never use it on a shared machine.",
         f"Config and state: {DEMO_DIR}",
@@ -168,6 +207,20 @@ def banner(backend: str, inventory: Any) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _idle_hint(profiles: list[dict[str, Any]]) -> list[str]:
+    """How to see idle reclaim without waiting half an hour: the demo profile."""
+    demo = next((p for p in profiles if p["name"] == IDLE_DEMO_PROFILE), None)
+    if demo is None:
+        return []
+    return [
+        "To see idle reclaim in two minutes (the other profiles wait 30 or 60), pick",
+        f"      {demo['display_name']}",
+        f"in the spawn form: once nothing has run on its GPU for {IDLE_DEMO_WARNING} s, JupyterLab "
+        "warns;",
+        f"at {IDLE_DEMO_TIMEOUT} s the server stops and its slice goes back to the pool.",
+    ]
 
 
 def upgrade_demo_database() -> str | None:
@@ -194,11 +247,11 @@ def upgrade_demo_database() -> str | None:
 
 
 def main() -> None:
-    backend, inventory = write_configs()
+    backend, inventory, profiles = write_configs()
     note = upgrade_demo_database()
     if note:
         print(note, flush=True)
-    print(banner(backend, inventory), flush=True)
+    print(banner(backend, inventory, profiles), flush=True)
     os.chdir(DEMO_DIR)
     args = [sys.executable, "-m", "jupyterhub", "-f", str(DEMO_DIR / "jupyterhub_config.py")]
     os.execv(sys.executable, args)
