@@ -97,6 +97,7 @@ from .overrides import AdminSettings
 from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
+from .secretfiles import check_secret_settings, is_sqlite, read_password_file, with_password
 from .silent import SILENT_KIND, find_silent, silent_detail
 from .slurminventory import read_slurm_hosts
 from .slurmsync import run_slurm_sync
@@ -128,7 +129,18 @@ class GPUSliceService(Application):
         make several replicas safe (the scheduler, reconciler and sampler have no leader, and
         pending preemptions live in the process), so the service holds its ledger while it
         runs (a lock file beside a SQLite ledger, an advisory lock on PostgreSQL) and a
-        second one refuses to start, after waiting 20 s for one being replaced to exit.""",
+        second one refuses to start, after waiting 20 s for one being replaced to exit.
+        Leave the password out of it and name a ``db_password_file``: the service refuses
+        to start when the config file that holds it can be read by group or others.""",
+    ).tag(config=True)
+
+    db_password_file = Unicode(
+        "",
+        help="""A file holding the ledger database's password (its first line), used with
+        ``db_url`` written without one, e.g. ``postgresql://gpuslice@dbhost/gpuslice``.
+        It must be readable by the service's account only (``chmod 600``): the service
+        refuses to start otherwise, naming the file. Whoever reads the password can
+        rewrite the ledger. Not for a SQLite ledger (no password).""",
     ).tag(config=True)
 
     gpu_backend = Enum(
@@ -452,6 +464,13 @@ class GPUSliceService(Application):
             self.load_config_file(self.config_file)
         elif self.config_file != self.__class__.config_file.default_value:
             raise ConfigError("config_file", f"{self.config_file} does not exist")
+        # the ledger's password in no file (nor command line) other accounts can read
+        check_secret_settings(
+            self.db_url,
+            self.db_password_file,
+            self.config_file if self.config_file and os.path.exists(self.config_file) else None,
+            "db_url" in self.cli_config.get("GPUSliceService", {}),
+        )
         # a misspelled setting would leave the service running without it (traitlets warns)
         check_settings(self.config, self.config_classes(), self.config_file or "the config")
         self.parsed_profiles = parse_profiles(self.profiles)
@@ -664,8 +683,15 @@ class GPUSliceService(Application):
         except GPUDiscoveryError as e:
             raise ConfigError("gpu_backend", str(e)) from None
 
+    def ledger_url(self) -> str:
+        """``db_url``, with the password of ``db_password_file`` when one is named (read
+        now, and refused when other accounts can read the file)."""
+        if not self.db_password_file or is_sqlite(self.db_url):
+            return self.db_url
+        return with_password(self.db_url, read_password_file(self.db_password_file))
+
     def open_ledger(self) -> None:
-        self.db = open_database(self.db_url)
+        self.db = open_database(self.ledger_url())
         # one service per ledger, before anything reads or migrates it (db/owner.py)
         self.ledger_hold = hold_ledger(self.db, safe_url(self.db_url))
         private_sqlite_files(self.db_url)
@@ -1139,7 +1165,7 @@ class UpgradeDB(Application):
         service: Any = self.parent
         service.update_config(self.config)  # what was given after the subcommand
         service.load_settings()
-        db = open_database(service.db_url)
+        db = open_database(service.ledger_url())
         try:
             # never under a running service (db/owner.py): it waits for no one
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import secrets
 import socket
 import sys
@@ -44,6 +45,10 @@ SERVICE_SCOPES = [
     "access:services!service={name}",
 ]
 MERGED = ("services", "load_roles", "custom_scopes", "template_paths")
+# Words in the name of an environment variable that holds a secret.
+SECRET_NAMES = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "CREDENTIAL", "PRIVATE_KEY", "API_KEY")
+# A URL with a password in it (``postgresql://user:password@host/db``).
+URL_WITH_PASSWORD = re.compile(r"://[^/@\s:]*:[^/@\s]+@")
 
 
 def configure_jupyterhub(
@@ -63,7 +68,17 @@ def configure_jupyterhub(
     """Add the gpuslice service to the hub config ``c``; returns the service's API token.
 
     ``metrics_services``: hub services (e.g. Prometheus' scraper) given the read-only
-    ``custom:gpuslice:metrics`` scope, enough for ``/metrics`` and nothing else."""
+    ``custom:gpuslice:metrics`` scope, enough for ``/metrics`` and nothing else.
+
+    ``environment``: variables for the service's process. JupyterHub stores a managed
+    service's environment in its own database (``jupyterhub.sqlite``, often readable by
+    every local user) in plain text, so no secret may go there: a variable whose name says
+    it is one (``*PASSWORD*``, ``*SECRET*``, ``*TOKEN*``, ...) or whose value is a URL with
+    a password is refused (``ValueError``). The ledger's password goes in a file only the
+    service's account can read, named by ``c.GPUSliceService.db_password_file`` in the
+    service's config file. What this function passes itself is no secret: the hub's pid,
+    and ``api_token``, which the hub keeps hashed."""
+    check_no_secrets(environment or {})
     token = api_token or secrets.token_hex(32)
     share_sections(c, config_file)
     # A free loopback port unless the admin names one: two hubs on one host (or a port
@@ -130,6 +145,22 @@ def configure_jupyterhub(
     return token
 
 
+def check_no_secrets(environment: dict[str, str]) -> None:
+    """Refuse (``ValueError``, naming the variable) a service ``environment`` that would
+    put a secret in the hub's database (see :func:`configure_jupyterhub`)."""
+    for name, value in environment.items():
+        if any(word in name.upper() for word in SECRET_NAMES) or URL_WITH_PASSWORD.search(
+            str(value)
+        ):
+            raise ValueError(
+                f"configure_jupyterhub: environment[{name!r}] looks like a secret, and the "
+                "hub stores the service's environment in plain text in its database "
+                "(jupyterhub.sqlite): put the ledger's password in a file only the "
+                "service's account can read (chmod 600), named by "
+                "c.GPUSliceService.db_password_file in the service's config file"
+            )
+
+
 # Settings the hub's spawner and the service must agree on, written once in the service's
 # config file: the Slurm gres names and the Kubernetes resource names (servers and batch jobs
 # ask the cluster for the same resources).
@@ -147,7 +178,7 @@ def share_sections(c: Any, config_file: str) -> None:
     try:
         loaded = PyFileConfigLoader(path.name, str(path.parent.resolve())).load_config()
     except Exception as e:
-        # The file runs in the service's environment (e.g. a secret from the service's
+        # The file runs in the service's environment (e.g. a variable of the service's
         # `environment`), which the hub's may lack: the hub must still start.
         logging.getLogger("JupyterHub").warning(
             "gpuslice: %s could not be read in the hub (%s: %s), so its %s are not copied "
