@@ -198,8 +198,7 @@ def open_owned(dir_fd: int, name: str, flags: int, owner: int) -> int:
             )
         if flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink != 1:
             raise PermissionError(
-                f"{name!r} in the job folder has {st.st_nlink} names (a hard link): not "
-                "written to"
+                f"{name!r} in the job folder has {st.st_nlink} names (a hard link): not written to"
             )
         # (O_NOFOLLOW would refuse /proc's link itself; the file is the one checked)
         reopen = (flags | os.O_NOCTTY | os.O_CLOEXEC) & ~(os.O_NOFOLLOW | os.O_CREAT)
