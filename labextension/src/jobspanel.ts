@@ -13,12 +13,12 @@ import {
   checkpointAge,
   isTerminal,
   jobTimes,
+  finishedMessage,
   lastPreemption,
   lostWork,
   newlyFinished,
-  newlyPreempted,
   outputNotebook,
-  preemptionReason,
+  preemptionNews,
   progress,
   sortJobs,
   stateBadge,
@@ -63,7 +63,8 @@ interface ICard {
 export class JobsPanel extends Widget {
   private jobs: IJob[] = [];
   private readonly seen = new Map<string, string>();
-  private readonly preempted = new Map<string, number>();
+  /** The preemption news already told (or known when the job was first seen). */
+  private readonly told = new Set<string>();
   private readonly cards = new Map<string, ICard>();
   /** Jobs whose end was already announced (by an event or by a poll), to say it once. */
   private readonly notified = new Set<string>();
@@ -139,18 +140,19 @@ export class JobsPanel extends Widget {
   }
 
   private notifyFinished(jobs: IJob[]): void {
-    for (const job of newlyPreempted(this.preempted, jobs)) {
-      // (the panel's card says why and what became of the work; this says that it happened)
-      const name = job.name || String(job.id);
-      const reason = preemptionReason(job);
-      const short = `GPU job ${name} is preempted; it runs again when a slice is free.`;
-      const long = `GPU job ${name} is preempted (${reason}); it runs again when a slice is free.`;
-      Notification.warning(reason && long.length <= TOAST_MAX ? long : short, {
-        autoClose: 10000
-      });
-    }
+    // A preemption is told as it happens: asked to checkpoint (and for how long), then
+    // what came of it. Only for jobs seen before: opening the panel replays nothing.
+    const now = Date.now();
     for (const job of jobs) {
-      this.preempted.set(String(job.id), job.preemptions ?? 0);
+      const news = preemptionNews(job, now, TOAST_MAX);
+      if (!news || this.told.has(news.key)) {
+        continue;
+      }
+      this.told.add(news.key);
+      if (this.seen.has(String(job.id))) {
+        const notify = news.type === 'warning' ? Notification.warning : Notification.info;
+        notify(news.message, { autoClose: 10000 });
+      }
     }
     for (const job of newlyFinished(this.seen, jobs)) {
       this.announce({
@@ -171,6 +173,12 @@ export class JobsPanel extends Widget {
       return;
     }
     this.notified.add(event.job_id);
+    // the job as last polled, with its new state: a job that finished while it was being
+    // preempted is said to have finished inside its grace period
+    const known = this.jobs.find(job => String(job.id) === event.job_id);
+    const said = known
+      ? finishedMessage({ ...known, state: event.state })
+      : `GPU job ${event.name} ${stateBadge(event.state).label}`;
     const output = outputNotebook({ output_path: event.output_path, state: event.state });
     const actions = output
       ? [
@@ -181,10 +189,10 @@ export class JobsPanel extends Widget {
         ]
       : [];
     if (event.state === 'completed') {
-      Notification.success(`GPU job ${event.name} completed.`, { autoClose: 10000, actions });
+      Notification.success(`${said}.`, { autoClose: 10000, actions });
     } else {
       const why = event.error ? `: ${event.error}` : '.';
-      Notification.error(`GPU job ${event.name} ${stateBadge(event.state).label}${why}`, {
+      Notification.error(`${said}${why}`, {
         autoClose: false,
         actions
       });

@@ -1,7 +1,7 @@
 // Pure presentation logic for batch jobs: state badges, progress, checkpoint age, lost work,
 // and which jobs just finished (for notifications).
-import { formatDuration, secondsSince } from './format';
-import { JOBS_SCHEMA_ID, type IJob } from './types';
+import { formatDuration, secondsSince, secondsUntil } from './format';
+import { JOBS_SCHEMA_ID, type IJob, type ITransition } from './types';
 
 export type BadgeTone = 'waiting' | 'active' | 'warn' | 'good' | 'bad' | 'muted';
 
@@ -134,17 +134,16 @@ export function jobTimes(
   return `started ${ago(job.started_at) ?? ''}, running ${formatDuration(current)}`;
 }
 
-/** Why the job was last preempted, as the service recorded it (null: never, or not said). */
-export function preemptionReason(job: Pick<IJob, 'transitions'>): string | null {
-  const asked = [...(job.transitions ?? [])].reverse().find(t => t.state === 'preempting');
-  return asked?.reason || null;
-}
+type PreemptionJob = Pick<IJob, 'state' | 'transitions'> & {
+  preempt_deadline?: string | null;
+};
 
-/**
- * The latest preemption, as the service recorded it: why, and what became of the work
- * ("checkpointed and exited; 0.1s of work to redo"). Empty when never preempted.
- */
-export function lastPreemption(job: Pick<IJob, 'state' | 'transitions'>, now: number): string {
+/** The latest preemption request in a job's history, and what followed it. */
+function latestPreemption(job: PreemptionJob): {
+  at: number;
+  asked: ITransition;
+  outcome: ITransition | null;
+} | null {
   const history = job.transitions ?? [];
   let at = -1;
   history.forEach((t, i) => {
@@ -153,17 +152,110 @@ export function lastPreemption(job: Pick<IJob, 'state' | 'transitions'>, now: nu
     }
   });
   if (at < 0) {
+    return null;
+  }
+  // the first move out of "preempting": requeued after a checkpoint or a kill, or the run
+  // ended on its own inside the grace period (completed, failed), or it was cancelled
+  const outcome = history.slice(at + 1).find(t => t.state !== 'preempting') ?? null;
+  return { at, asked: history[at], outcome };
+}
+
+/** What is left of a preempting job's grace period, as "up to 58s" (or "its grace period"). */
+function graceLeft(job: PreemptionJob, now: number): string {
+  const left = secondsUntil(job.preempt_deadline ?? null, now);
+  return left === null ? 'its grace period' : `up to ${formatDuration(Math.max(0, left))}`;
+}
+
+/** What became of a preemption, in words ("" while it is under way). */
+function outcomeText(outcome: ITransition): string {
+  if (outcome.state === 'preempted') {
+    // the service's words: "checkpointed and exited; 0s of work to redo", "killed after
+    // its 1 min grace period; 1m 31s of work to redo"
+    return `${outcome.reason || 'stopped'}; requeued`;
+  }
+  if (outcome.state === 'completed') {
+    return 'finished inside its grace period; nothing to requeue';
+  }
+  return `${stateBadge(String(outcome.state)).label} while being preempted`;
+}
+
+/**
+ * The latest preemption, as the service recorded it: why, and what became of the work
+ * ("checkpointed and exited; 0s of work to redo"). Empty when never preempted.
+ */
+export function lastPreemption(job: PreemptionJob, now: number): string {
+  const found = latestPreemption(job);
+  if (!found) {
     return '';
   }
-  const asked = history[at];
+  const { asked, outcome } = found;
   const why = asked.reason ? `: ${asked.reason}` : '';
-  if (job.state === 'preempting') {
-    return `being preempted${why}`;
+  if (job.state === 'preempting' || !outcome) {
+    return `asked to checkpoint${why}; has ${graceLeft(job, now)} before it is stopped`;
   }
-  const done = history.slice(at + 1).find(t => t.state === 'preempted');
-  const when = secondsSince(done?.at ?? asked.at, now);
+  const when = secondsSince(outcome.at ?? asked.at ?? null, now);
   const ago = when === null ? '' : ` ${formatDuration(when)} ago`;
-  return `preempted${ago}${why}` + (done?.reason ? ` — ${done.reason}` : '');
+  return `preempted${ago}${why} — ${outcomeText(outcome)}`;
+}
+
+export interface IPreemptionNews {
+  /** One per preemption and phase: a notification is shown once for each key. */
+  key: string;
+  type: 'warning' | 'info';
+  message: string;
+}
+
+/**
+ * What to tell the researcher of a job's latest preemption, as it happens: first that it is
+ * asked to checkpoint and how long it has, then what came of it (requeued after a
+ * checkpoint, killed after the grace period, finished inside it). Null when there is
+ * nothing to say (never preempted; or an end the finished-job notification says).
+ */
+export function preemptionNews(
+  job: PreemptionJob & Pick<IJob, 'id' | 'name'>,
+  now: number,
+  limit: number
+): IPreemptionNews | null {
+  const found = latestPreemption(job);
+  if (!found) {
+    return null;
+  }
+  const { at, asked, outcome } = found;
+  const name = job.name || String(job.id);
+  const fit = (long: string, short: string) => (long.length <= limit ? long : short);
+  const base = `${job.id}#${at}`;
+  if (job.state === 'preempting' || !outcome) {
+    const left = graceLeft(job, now);
+    const tail = `; it has ${left} before it is stopped.`;
+    return {
+      key: `${base}:asked`,
+      type: 'warning',
+      message: fit(
+        `GPU job ${name} is asked to checkpoint (${asked.reason})${tail}`,
+        `GPU job ${name} is asked to checkpoint and give its GPU back${tail}`
+      )
+    };
+  }
+  if (outcome.state !== 'preempted') {
+    return null; // it ended: the finished-job notification says how (finishedMessage)
+  }
+  const said = outcomeText(outcome);
+  return {
+    key: `${base}:done`,
+    type: 'info',
+    message: fit(`GPU job ${name} was preempted: ${said}.`, `GPU job ${name}: ${said}.`)
+  };
+}
+
+/** The notification of a job that finished: inside its grace period, when it was being
+ * preempted, it says so (it was told it was asked to checkpoint, and nothing is requeued). */
+export function finishedMessage(job: PreemptionJob & Pick<IJob, 'name' | 'id'>): string {
+  const name = job.name || String(job.id);
+  const found = latestPreemption(job);
+  // (the job as last polled may not have its end in its history yet)
+  const ended = !found?.outcome || found.outcome.state === 'completed';
+  const inGrace = job.state === 'completed' && found && ended ? ' inside its grace period' : '';
+  return `GPU job ${name} ${stateBadge(job.state).label}${inGrace}`;
 }
 
 /** What cancelling ``job`` costs, asked before it is cancelled. */
@@ -181,12 +273,11 @@ export function cancelQuestion(
 export function lostWork(
   job: Pick<IJob, 'lost_work_seconds' | 'restarts'> & { preemptions?: number }
 ): string {
-  // restarts count every requeue: preemptions and runs whose runner died
-  const restarts = job.restarts ?? 0;
-  const preemptions = Math.min(job.preemptions ?? 0, restarts);
-  const crashes = restarts - preemptions;
+  // restarts: runs started again after the runner died; preemptions are counted apart
+  const crashes = job.restarts ?? 0;
+  const preemptions = job.preemptions ?? 0;
   const lost = job.lost_work_seconds ?? 0;
-  if (!restarts && !lost) {
+  if (!crashes && !preemptions && !lost) {
     return '';
   }
   const times = (n: number) => (n === 1 ? 'once' : n === 2 ? 'twice' : `${n} times`);
@@ -197,17 +288,6 @@ export function lostWork(
   ]
     .filter(Boolean)
     .join(', ');
-}
-
-/**
- * Jobs preempted since the previous poll (their count went up): `previous` maps a job's id
- * to its count then. Jobs seen for the first time are not reported.
- */
-export function newlyPreempted(previous: Map<string, number>, jobs: IJob[]): IJob[] {
-  return jobs.filter(job => {
-    const before = previous.get(String(job.id));
-    return before !== undefined && (job.preemptions ?? 0) > before;
-  });
 }
 
 /**

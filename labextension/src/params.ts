@@ -7,6 +7,24 @@ export type Parsed<T> = { ok: true; value: T } | { ok: false; error: string };
 const UNIT_SECONDS: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86400 };
 
 /**
+ * What an empty checkpoint interval field means, given what the max runtime field holds:
+ * the service uses its default, but never more than the job's max runtime (issue 44: with a
+ * 5 min max runtime the field said "empty: 10m 00s" and the job got 300 s).
+ */
+export function checkpointPlaceholder(
+  defaultInterval: number,
+  defaultRuntime: number,
+  runtimeText: string
+): string {
+  const typed = parseDuration(runtimeText, 'Max runtime');
+  const runtime = typed.ok && typed.value !== null ? typed.value : defaultRuntime;
+  if (runtime < defaultInterval) {
+    return `empty: ${formatDuration(runtime)} (capped at the max runtime)`;
+  }
+  return `empty: ${formatDuration(defaultInterval)} (at most the max runtime, and 24h)`;
+}
+
+/**
  * A duration typed by a person: "90" (seconds), "90s", "15m", "2h", "1h30m", "1d".
  * Empty input is `null` (no limit / the server's default).
  */

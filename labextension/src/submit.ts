@@ -5,7 +5,7 @@ import { Widget } from '@lumino/widgets';
 
 import type { GpusliceApi } from './api';
 import { formatDuration } from './format';
-import { buildSubmitRequest, type ISubmitForm } from './params';
+import { buildSubmitRequest, checkpointPlaceholder, type ISubmitForm } from './params';
 import { pollIntervals } from './pollsettings';
 import { defaultProfile, profileLabel, refusalMessage } from './refusal';
 import { PRIORITIES, type IBurst, type IJob, type IProfile, type ITimeWindow } from './types';
@@ -194,7 +194,14 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
       if (reply.jobs) {
         // say what an empty field means, in the server's own figures
         const jobs = reply.jobs;
-        this.checkpoint.placeholder = `empty: ${formatDuration(jobs.checkpoint_interval)} (at most the max runtime, and 24h)`;
+        // (an empty checkpoint interval is the default, but never more than the max runtime:
+        // said again as the max runtime is typed)
+        const placeholder = () =>
+          checkpointPlaceholder(jobs.checkpoint_interval, jobs.max_runtime, this.runtime.value);
+        this.checkpoint.placeholder = placeholder();
+        this.runtime.addEventListener('input', () => {
+          this.checkpoint.placeholder = placeholder();
+        });
         this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
         this.runtimeLimit = jobs.max_runtime_limit ?? null;
         this.showWindows(jobs.windows ?? [], jobs.class_windows ?? {});

@@ -144,9 +144,12 @@ export interface IJob {
   checkpoint_interval: number | null;
   max_runtime: number | null;
   parameters: Record<string, unknown>;
+  /** Runs started again after the runner died (preemptions are counted apart). */
   restarts: number;
   preemptions?: number;
   lost_work_seconds: number | null;
+  /** While preempting: when its grace period ends (it is killed then if still running). */
+  preempt_deadline?: string | null;
   /** Seconds on a GPU of the runs that ended (the current one not included). */
   run_seconds?: number;
   /** When the current run began; null while none is on. */

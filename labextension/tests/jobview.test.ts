@@ -3,13 +3,13 @@ import {
   cancelQuestion,
   checkpointAge,
   isTerminal,
+  finishedMessage,
   lastPreemption,
   lostWork,
-  newlyPreempted,
   newlyFinished,
   jobTimes,
   outputNotebook,
-  preemptionReason,
+  preemptionNews,
   progress,
   sortJobs,
   stateBadge
@@ -102,15 +102,16 @@ describe('job presentation', () => {
       expect(checkpointAge({ state, last_checkpoint_at: null }, now)).toBe('');
     }
     expect(lostWork({ restarts: 0, lost_work_seconds: 0 })).toBe('');
-    // restarts count preemptions and crashes alike: the panel tells them apart
+    // restarts are the runs after the runner died; preemptions are counted apart
     expect(lostWork({ restarts: 2, preemptions: 0, lost_work_seconds: 95 })).toBe(
       'restarted after a crash twice, 1m 35s of work lost'
     );
-    expect(lostWork({ restarts: 1, preemptions: 1, lost_work_seconds: 0 })).toBe(
+    // (a job preempted once used to count a restart too, and read "restarts 1")
+    expect(lostWork({ restarts: 0, preemptions: 1, lost_work_seconds: 0 })).toBe(
       'preempted once, 0s of work lost'
     );
-    expect(lostWork({ restarts: 4, preemptions: 3, lost_work_seconds: 5 })).toBe(
-      'preempted 3 times, restarted after a crash once, 5s of work lost'
+    expect(lostWork({ restarts: 1, preemptions: 3, lost_work_seconds: 91.7 })).toBe(
+      'preempted 3 times, restarted after a crash once, 1m 31s of work lost'
     );
   });
 
@@ -252,36 +253,83 @@ describe('job outputs and events', () => {
       {
         state: 'preempted',
         at: '2026-01-01T12:04:00Z',
-        reason: 'checkpointed and exited; 0.1s of work to redo'
+        reason: 'checkpointed and exited; 0s of work to redo'
       },
       { state: 'queued', at: '2026-01-01T12:04:00Z', reason: 'requeued after preemption' }
     ];
     expect(lastPreemption({ state: 'queued', transitions }, now)).toBe(
-      "preempted 6m 00s ago: mig-3g.40gb needed by another user's interactive server — checkpointed and exited; 0.1s of work to redo"
+      "preempted 6m 00s ago: mig-3g.40gb needed by another user's interactive server — checkpointed and exited; 0s of work to redo; requeued"
     );
-    expect(lastPreemption({ state: 'preempting', transitions: transitions.slice(0, 2) }, now)).toBe(
-      "being preempted: mig-3g.40gb needed by another user's interactive server"
+    // while it is under way: asked, not yet preempted, with the grace left
+    const asking = {
+      state: 'preempting',
+      transitions: transitions.slice(0, 2),
+      preempt_deadline: '2026-01-01T12:10:42Z'
+    };
+    expect(lastPreemption(asking, now)).toBe(
+      "asked to checkpoint: mig-3g.40gb needed by another user's interactive server; has up to 42s before it is stopped"
     );
     expect(lastPreemption({ state: 'running', transitions: transitions.slice(0, 1) }, now)).toBe(
       ''
     );
-    // the reason alone, for the notification
-    expect(preemptionReason({ transitions })).toBe(
-      "mig-3g.40gb needed by another user's interactive server"
+    // it finished inside its grace period: nothing was requeued
+    const finished = [
+      ...transitions.slice(0, 2),
+      { state: 'completed', at: '2026-01-01T12:03:30Z' }
+    ];
+    expect(lastPreemption({ state: 'completed', transitions: finished }, now)).toBe(
+      "preempted 6m 30s ago: mig-3g.40gb needed by another user's interactive server — finished inside its grace period; nothing to requeue"
     );
-    expect(preemptionReason({ transitions: transitions.slice(0, 1) })).toBeNull();
   });
 
-  it('reports a preemption once, and not for jobs first seen', () => {
-    const job = (id: string, preemptions: number) =>
-      ({ id, preemptions }) as unknown as Parameters<typeof newlyPreempted>[1][number];
-    const previous = new Map([
-      ['a', 0],
-      ['b', 1]
-    ]);
-    expect(
-      newlyPreempted(previous, [job('a', 1), job('b', 1), job('c', 2)]).map(j => j.id)
-    ).toEqual(['a']);
+  it('tells a preemption as it happens: asked, then what came of it (issue 44)', () => {
+    const now = Date.parse('2026-01-01T12:03:02Z');
+    const asked = {
+      state: 'preempting',
+      at: '2026-01-01T12:03:00Z',
+      reason: 'make room for the workshop (by admin)'
+    };
+    const base = { id: 7, name: 'train', transitions: [asked] };
+    // the announcement no longer says "is preempted; it runs again" while it runs on
+    const first = preemptionNews(
+      { ...base, state: 'preempting', preempt_deadline: '2026-01-01T12:04:00Z' },
+      now,
+      140
+    );
+    expect(first).toEqual({
+      key: '7#0:asked',
+      type: 'warning',
+      message:
+        'GPU job train is asked to checkpoint (make room for the workshop (by admin)); it has up to 58s before it is stopped.'
+    });
+    const killed = {
+      state: 'preempted',
+      at: '2026-01-01T12:04:16Z',
+      reason: 'killed after its 1 min grace period; 1m 31s of work to redo'
+    };
+    const requeued = { state: 'queued', at: '2026-01-01T12:04:16Z', reason: 'requeued' };
+    const after = { ...base, state: 'queued', transitions: [asked, killed, requeued] };
+    expect(preemptionNews(after, now, 140)).toEqual({
+      key: '7#0:done',
+      type: 'info',
+      message:
+        'GPU job train was preempted: killed after its 1 min grace period; 1m 31s of work to redo; requeued.'
+    });
+    // one that finished inside its grace: the finished notification says so, once
+    const done = { ...base, state: 'completed', transitions: [asked, { state: 'completed' }] };
+    expect(preemptionNews(done, now, 140)).toBeNull();
+    expect(finishedMessage(done)).toBe('GPU job train completed inside its grace period');
+    // (known only from the last poll, where it was still being preempted)
+    expect(finishedMessage({ ...base, state: 'completed' })).toBe(
+      'GPU job train completed inside its grace period'
+    );
+    expect(finishedMessage({ ...after, state: 'completed' })).toBe('GPU job train completed');
+    expect(preemptionNews({ ...base, state: 'running', transitions: [] }, now, 140)).toBeNull();
+    // too long for a notification: without the reason
+    const long = preemptionNews({ ...base, state: 'preempting', name: 'x'.repeat(60) }, now, 140);
+    expect(long?.message).toBe(
+      `GPU job ${'x'.repeat(60)} is asked to checkpoint and give its GPU back; it has its grace period before it is stopped.`
+    );
   });
 
   it('reads the job-finished event and ignores others', () => {

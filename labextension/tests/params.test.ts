@@ -1,4 +1,9 @@
-import { buildSubmitRequest, parseDuration, parseParameters } from '../src/params';
+import {
+  checkpointPlaceholder,
+  buildSubmitRequest,
+  parseDuration,
+  parseParameters
+} from '../src/params';
 
 describe('parseDuration', () => {
   it('accepts seconds and unit suffixes', () => {
@@ -138,5 +143,24 @@ describe('buildSubmitRequest', () => {
     expect(!result.ok && result.errors).toEqual([
       'The checkpoint interval is longer than the max runtime.'
     ]);
+  });
+});
+
+describe('checkpointPlaceholder', () => {
+  it('says the interval an empty field gets: the default, never past the max runtime', () => {
+    // issue 44: a 5 min max runtime gave the job 300 s while the field said 10m 00s
+    expect(checkpointPlaceholder(600, 86400, '5m')).toBe(
+      'empty: 5m 00s (capped at the max runtime)'
+    );
+    expect(checkpointPlaceholder(600, 86400, '')).toBe(
+      'empty: 10m 00s (at most the max runtime, and 24h)'
+    );
+    expect(checkpointPlaceholder(600, 86400, '2h')).toBe(
+      'empty: 10m 00s (at most the max runtime, and 24h)'
+    );
+    // the service's default max runtime when the field is empty, or not a duration
+    expect(checkpointPlaceholder(600, 300, 'soon')).toBe(
+      'empty: 5m 00s (capped at the max runtime)'
+    );
   });
 });

@@ -32,6 +32,8 @@ from .lab import (
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.timeout(420)]
 
+GRACE = 8
+
 PROFILES = [
     {
         "name": "share-250",
@@ -73,6 +75,8 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
                 "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             ]
         ),
+        # short enough to see a preemption through in the test (its default is 60 s)
+        extra_service_config=f"c.JobManager.preempt_grace = {GRACE}\n",
     )
     token = hub.add_user("ann")
     home = Path(hub.config["workdir"]) / "home" / "ann"
@@ -87,7 +91,14 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
     )
     write_notebook(
         home / "untagged.ipynb",
-        ["epochs = 1\n", "print('epochs', epochs)\n", "import time\ntime.sleep(600)\n"],
+        [
+            "epochs = 1\n",
+            "print('epochs', epochs)\n",
+            # code that takes no notice of a preemption (as a long call into a library
+            # may not): it runs on until the grace period ends
+            "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+            "time.sleep(600)\n",
+        ],
     )
 
     with chromium(sync_api, tmp_path) as page:
@@ -129,7 +140,18 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
             "?.placeholder.startsWith('empty: 24h')"
         )
         assert runtime.get_attribute("placeholder") == "empty: 24h 00m (at most 168h 00m)"
-        assert dialog.locator("input[name=checkpoint_interval]").input_value() == ""
+        checkpoint = dialog.locator("input[name=checkpoint_interval]")
+        assert checkpoint.input_value() == ""
+        # ... the interval it will get, never past the max runtime typed (issue 44: with 5 min
+        # it said "10m 00s" and the job got 300 s)
+        default = "empty: 10m 00s (at most the max runtime, and 24h)"
+        assert checkpoint.get_attribute("placeholder") == default
+        runtime.fill("5m")
+        assert (
+            checkpoint.get_attribute("placeholder") == "empty: 5m 00s (capped at the max runtime)"
+        )
+        runtime.fill("")
+        assert checkpoint.get_attribute("placeholder") == default
 
         # Bad input is refused in the dialog itself, every problem named, nothing sent.
         dialog.locator("input[name=max_runtime]").fill("soon")
@@ -261,15 +283,38 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         warning.wait_for(timeout=60_000)
         assert "your value 3 is overwritten (+1 in the job's log)" in warning.inner_text()
 
-        # Cancelling it asks first (its work is lost); keeping it keeps it.
+        # An admin preempts it: the lab says it is asked to checkpoint and for how long, then
+        # what came of it (issue 44: "is preempted; it runs again when a slice is free",
+        # while it ran on for its whole grace period, and was killed)
         card = page.locator(".jp-gpuslice-job").first
         card.get_by_text("untagged").first.wait_for()
+        untagged = card.get_attribute("data-job-id")
+        wait_for(
+            lambda: hub.api("GET", f"/api/jobs/{untagged}", token).json()["cells_done"] == 3,
+            60,
+            "the untagged job in its last cell, which ignores the preemption signal",
+        )
+        admin = hub.add_user("admin")
+        r = hub.api("POST", f"/api/jobs/{untagged}/preempt", admin, json={"reason": "a demo"})
+        assert r.status_code == 202, r.text
+        asked = page.locator(".Toastify__toast", has_text="GPU job untagged is asked to checkpoint")
+        asked.wait_for(timeout=30_000)
+        assert re.search(
+            r"\(a demo \(by admin\)\); it has up to \d+s before it is stopped\.", asked.inner_text()
+        )
+        killed = page.locator(
+            ".Toastify__toast",
+            has_text=f"GPU job untagged was preempted: killed after its {GRACE} s grace period;",
+        )
+        killed.wait_for(timeout=60_000)
+        assert re.search(r"; \d+s of work to redo; requeued\.", killed.inner_text())
+
+        # Cancelling it asks first (its work is lost); keeping it keeps it.
         card.get_by_role("button", name="Cancel").click()
         confirm = page.locator(".jp-Dialog")
         confirm.get_by_text("Cancel GPU job").wait_for()
         confirm.get_by_role("button", name="Keep it").click()
         confirm.wait_for(state="hidden")
-        untagged = card.get_attribute("data-job-id")
         assert hub.api("GET", f"/api/jobs/{untagged}", token).json()["state"] != "cancelled"
         card.get_by_role("button", name="Cancel").click()
         page.locator(".jp-Dialog").get_by_role("button", name="Cancel job").click()

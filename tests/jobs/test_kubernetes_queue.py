@@ -215,10 +215,10 @@ def test_an_interactive_spawn_takes_the_slice_and_the_cluster_preempts_the_job(
     cluster.pod_gone(name(jobs, a))
     tick(scheduler, cluster)
     job = row(jobs, a)
-    assert job.state == "queued" and job.preemptions == 1 and job.restarts == 1
+    assert job.state == "queued" and job.preemptions == 1 and job.restarts == 0
     tick(scheduler, cluster)  # its Job is gone: it is handed to the cluster again
     assert len(creates(cluster)) == 2
-    assert row(jobs, a).preemptions == 1 and row(jobs, a).restarts == 1
+    assert row(jobs, a).preemptions == 1 and row(jobs, a).restarts == 0
 
 
 def test_cancelling_a_waiting_job_deletes_its_kubernetes_job(tmp_path, cluster):

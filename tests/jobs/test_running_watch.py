@@ -8,6 +8,7 @@ The scheduler is driven at chosen instants (``tick(now)``) over a real SQLite le
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from sqlalchemy import update
 from gpuslice.run.jobdir import JobDir
 from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.db.models import utcnow
+from gpuslice_hub.durations import spoken
 from gpuslice_hub.jobs import runner_files
 from gpuslice_hub.jobs import scheduler as scheduler_module
 from gpuslice_hub.jobs.backends.base import RunStatus
@@ -254,4 +256,8 @@ def test_a_run_killed_at_the_end_of_its_grace_is_said_to_be(running):
     scheduler.tick(past)  # the grace is over: the service kills it
     assert backend.killed
     scheduler.tick(past + timedelta(seconds=1))
-    assert preempted_how(scheduler, job_id).startswith("killed after the grace period;")
+    grace = scheduler.jobs.preempt_grace
+    how = preempted_how(scheduler, job_id)
+    # the grace and the lost work, to the second as the lab and the admin panel write it
+    said = rf"killed after its {spoken(grace)} grace period; 1m 0\ds of work to redo"
+    assert re.fullmatch(said, how), how

@@ -59,7 +59,9 @@ class JobsHandler(JobsBase):
 
         def listed() -> dict[str, Any]:
             page, following, total = self.jobs.list_jobs(user, states, limit, order, cursor)
-            return {"jobs": page, "next": following, "total": total}
+            # the grace a preemption gives (the admin's Preempt dialog says what it costs)
+            grace = self.jobs.preempt_grace
+            return {"jobs": page, "next": following, "total": total, "preempt_grace": grace}
 
         await self.write_computed(listed)
 

@@ -24,7 +24,7 @@ from gpuslice.vocab import EXIT_COMPLETED, EXIT_FAILED, EXIT_PREEMPTED
 from .. import clock
 from ..db.jobs_models import JobRow
 from ..db.models import utcnow
-from ..durations import spoken
+from ..durations import spoken, work_span
 from ..errors import Refused
 from ..ledger import Caller
 from ..pools import Access
@@ -476,17 +476,18 @@ class Scheduler:
                 # (not the service's kill, which comes only once the grace is over)
                 how = "stopped without a checkpoint before its grace period ended"
             else:
-                how = "killed after the grace period"
+                how = f"killed after its {spoken(self.jobs.preempt_grace)} grace period"
         row.lost_work_seconds += lost
-        transition(s, row, "preempted", f"{how}; {lost:.1f}s of work to redo")
-        row.restarts += 1
+        transition(s, row, "preempted", f"{how}; {work_span(lost)} of work to redo")
+        # (not a restart: ``restarts`` counts the runs after a runner died, as the docs and
+        # ``max_restarts`` do; a preemption is counted in ``preemptions``)
         row.preempt_deadline = None
         transition(s, row, "queued", "requeued after preemption")
 
     def _requeue_crashed(
         self, s: Any, row: JobRow, runner: dict[str, Any], now: datetime, code: int | None
     ) -> None:
-        crashes = row.restarts - row.preemptions + 1
+        crashes = row.restarts + 1
         what = f"the runner exited unexpectedly ({'killed' if code is None else code})"
         if crashes > self.jobs.max_restarts:
             row.error = f"{what}; gave up after {self.jobs.max_restarts} restarts"

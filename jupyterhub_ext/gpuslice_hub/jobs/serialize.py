@@ -34,6 +34,8 @@ def job_json(job: Any, log_tail: str = "", transitions: list[Any] | None = None)
         "restarts": job.restarts,
         "preemptions": job.preemptions,
         "lost_work_seconds": round(job.lost_work_seconds, 3),
+        # while preempting: when the grace period ends (the run is killed then)
+        "preempt_deadline": iso(job.preempt_deadline) if job.state == "preempting" else None,
         # Time on a GPU: the ended runs' total, and when the current run began (null while
         # none runs). ``started_at`` is the first run's start: it counts queued time after
         # a preemption, and the max runtime is checked against these instead.

@@ -93,6 +93,19 @@
     return `${(s / 86400).toFixed(1)} d`;
   }
 
+  // Work done or lost, to the second: the rule the lab and the service's job history use
+  // (durations.work_span), so the panel and the researcher read the same figure.
+  function workSpan(s) {
+    if (s === null || s === undefined) return '–';
+    const total = Math.max(0, Math.floor(Number(s) || 0));
+    const hours = Math.floor(total / 3600);
+    const minutes = Math.floor((total % 3600) / 60);
+    const pad = n => String(n).padStart(2, '0');
+    if (hours) return `${hours}h ${pad(minutes)}m`;
+    if (minutes) return `${minutes}m ${pad(total % 60)}s`;
+    return `${total % 60}s`;
+  }
+
   const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
   const when = iso => (iso ? new Date(iso).toLocaleString() : '–');
 
@@ -600,25 +613,42 @@
     );
   }
 
-  // What a preemption will cost, said before it is confirmed: a job that never saved
-  // anything in this run starts over (unless it saves within the grace period).
-  function preemptWarning(job, now) {
+  // What a preemption will do and cost, said before it is confirmed, from what the service
+  // knows: the job's last checkpoint (none, or when) and the grace period. What the job
+  // does with the request is its own code's: a loop using gpuslice.checkpoint saves at the
+  // end of its current step and exits; other code runs on until it ends or the grace does.
+  function preemptWarning(job, now, grace) {
     const starts = (job.transitions || []).filter(t => t.state === 'starting');
     const started = starts.length ? Date.parse(starts[starts.length - 1].at) : NaN;
     const saved = job.last_checkpoint_at ? Date.parse(job.last_checkpoint_at) : NaN;
-    const requeue = 'It gives its slice back and is requeued. ';
-    if (Number.isNaN(saved) || (!Number.isNaN(started) && saved < started)) {
-      const ran = Number.isNaN(started) ? '' : ` (${duration((now - started) / 1000)} so far)`;
+    const known = grace !== null && grace !== undefined;
+    const within = known ? workSpan(grace) : 'its grace period';
+    const asked =
+      `It is asked to checkpoint and exit within ${within}, and is killed if still running ` +
+      'then. If it finishes within that time it completes; otherwise it is requeued. ';
+    // What a resume redoes: the work since the later of this run's start and the last save.
+    const safe = Number.isNaN(saved)
+      ? started
+      : Number.isNaN(started)
+        ? saved
+        : Math.max(saved, started);
+    const since = Number.isNaN(safe) ? null : Math.max(0, (now - safe) / 1000);
+    const sofar = since === null ? '' : ` ${workSpan(since)} so far,`;
+    const most =
+      since !== null && known ? ` up to ${workSpan(since + grace)} if it runs` : ' more if it runs';
+    const cost = `${sofar}${most} to the end of the grace period`;
+    if (Number.isNaN(saved)) {
       return (
-        requeue +
-        'It has no checkpoint from this run: unless it saves one within the grace period, ' +
-        `all the work of this run${ran} is lost and it starts over.`
+        asked +
+        'It has no checkpoint: unless it saves one when asked (gpuslice.checkpoint does, at ' +
+        `the end of its current step), it starts over and this run's work is lost:${cost}.`
       );
     }
+    const before = !Number.isNaN(started) && saved < started ? ', before this run began' : '';
     return (
-      requeue +
-      `It resumes from its last checkpoint, saved ${duration((now - saved) / 1000)} ago; ` +
-      'work since then is redone unless it saves again within the grace period.'
+      asked +
+      `Its last checkpoint was saved ${workSpan((now - saved) / 1000)} ago${before}: unless it ` +
+      `saves again when asked, it resumes from there and the work since is redone:${cost}.`
     );
   }
 
@@ -639,7 +669,7 @@
               onclick: () =>
                 confirmAction(
                   `Preempt job ${job.id} (${job.name}) of ${job.user}`,
-                  preemptWarning(job, Date.now()),
+                  preemptWarning(job, Date.now(), state.preemptGrace),
                   reason => api('POST', `jobs/${job.id}/preempt`, { reason })
                 )
             },
@@ -706,7 +736,7 @@
           h('td', {}, job.cells_total ? `${job.cells_done} / ${job.cells_total} cells` : '–'),
           h('td', {}, job.restarts),
           h('td', {}, job.preemptions),
-          h('td', {}, duration(job.lost_work_seconds)),
+          h('td', {}, workSpan(job.lost_work_seconds)),
           h('td', {}, ago(job.submitted_at)),
           h('td', { className: 'gs-actions' }, actions)
         )
@@ -1244,6 +1274,7 @@
       section('gs-jobs-error', async () => {
         const reply = await api('GET', jobsQuery());
         lastJobs = reply.jobs;
+        state.preemptGrace = reply.preempt_grace;
         renderJobs(lastJobs);
         renderJobPager(reply);
       }),
