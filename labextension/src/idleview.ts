@@ -145,7 +145,8 @@ export function idleNotice(
         key,
         type: 'warning',
         message,
-        actions: kernel ? 'keep' : 'keep-or-release',
+        // a kernel's warning offers the release too: the whole server's slice goes back
+        actions: 'keep-or-release',
         saveNotebooks: true,
         autoClose: false
       };

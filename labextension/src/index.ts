@@ -1,6 +1,18 @@
 // gpuslice in JupyterLab: status bar item, idle warnings, "Submit as GPU job", Jobs panel.
-import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette, IToolbarWidgetRegistry, Notification } from '@jupyterlab/apputils';
+import {
+  ConnectionLost,
+  IConnectionLost,
+  JupyterFrontEnd,
+  JupyterLab,
+  type JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import {
+  Dialog,
+  ICommandPalette,
+  IToolbarWidgetRegistry,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { INotebookTracker, type NotebookPanel } from '@jupyterlab/notebook';
@@ -15,6 +27,7 @@ import { confirmRelease, releaseGpu } from './release';
 import { pollIntervals } from './pollsettings';
 import { kernelNotebooks } from './sessions';
 import { GpuStatusItem } from './statusbar';
+import { markStopping, stoppingReason } from './stopping';
 import { submitJob } from './submit';
 
 export const SUBMIT_COMMAND = 'gpuslice:submit-job';
@@ -73,14 +86,26 @@ const plugin: JupyterFrontEndPlugin<void> = {
     watchUse(); // which of this server's tabs saves for the idle warnings (activetab.ts)
 
     let status: GpuStatusItem | null = null;
-    const released = (): void => status?.released();
+    let panel: JobsPanel | null = null;
+    // The server is stopping with its slice (released here or in another tab, or culled
+    // idle): the lab has said so, and polls nothing more of it.
+    const released = (): void => {
+      markStopping('released');
+      status?.released();
+      panel?.stopPolling(STOPPING_TEXT);
+    };
+    const culled = (reason: string | null): void => {
+      markStopping('culled');
+      status?.culled(reason);
+      panel?.stopPolling(STOPPING_TEXT);
+    };
     const notifier = new IdleNotifier(
       app,
       tracker,
       api,
       () => void status?.refresh(),
       released,
-      reason => status?.culled(reason)
+      culled
     );
     if (statusBar) {
       status = new GpuStatusItem(
@@ -105,13 +130,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         kernelPreference: { shouldStart: false, autoStartDefault: false }
       });
     };
-    const panel = new JobsPanel({
+    const jobs = new JobsPanel({
       api,
       openOutput,
       events: app.serviceManager.events.stream
     });
-    panel.title.icon = gpuIcon;
-    app.shell.add(panel, 'left', { rank: 600 });
+    panel = jobs;
+    jobs.title.icon = gpuIcon;
+    app.shell.add(jobs, 'left', { rank: 600 });
 
     // Poll intervals: the schema's defaults until the settings load, then the user's.
     let intervals = pollIntervals();
@@ -120,8 +146,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       if (status) {
         status.pollInterval = intervals.statusMs;
       }
-      panel.pollMs = intervals.jobsMs;
-      panel.hiddenPollMs = intervals.jobsHiddenMs;
+      jobs.pollMs = intervals.jobsMs;
+      jobs.hiddenPollMs = intervals.jobsHiddenMs;
     };
     settingRegistry
       ?.load(plugin.id)
@@ -133,7 +159,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.commands.addCommand(JOBS_COMMAND, {
       label: 'Show GPU jobs',
-      execute: () => app.shell.activateById(panel.id)
+      execute: () => app.shell.activateById(jobs.id)
     });
     app.commands.addCommand(SUBMIT_COMMAND, {
       label: 'Submit as GPU job…',
@@ -156,8 +182,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
           api,
           path,
           () => {
-            app.shell.activateById(panel.id);
-            void panel.refresh();
+            app.shell.activateById(jobs.id);
+            void jobs.refresh();
           },
           intervals.profilesMs
         );
@@ -194,4 +220,60 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+const STOPPING_TEXT =
+  'This server is stopping with its GPU slice. Your GPU jobs go on: start your server from ' +
+  'the hub to follow them here.';
+
+/**
+ * What the lab does when it loses its server. Where gpuslice stopped the server on purpose
+ * (released, culled idle) the person has been told why, and JupyterLab's "Server
+ * unavailable or unreachable" dialog would only contradict it (issue 44): nothing more is
+ * said. Otherwise it is the hub extension's dialog, which offers to restart the server
+ * (this plugin replaces @jupyterlab/hub-extension:connectionlost, disabled in
+ * package.json), or JupyterLab's own outside a hub.
+ */
+const connectionLost: JupyterFrontEndPlugin<IConnectionLost> = {
+  id: 'gpuslice-labextension:connection-lost',
+  description: 'Says nothing more of a server gpuslice stopped on purpose',
+  autoStart: true,
+  requires: [JupyterFrontEnd.IPaths],
+  optional: [JupyterLab.IInfo],
+  provides: IConnectionLost,
+  activate: (
+    app: JupyterFrontEnd,
+    paths: JupyterFrontEnd.IPaths,
+    info: JupyterLab.IInfo | null
+  ): IConnectionLost => {
+    const hubPrefix = paths.urls.hubPrefix || '';
+    let showing = false;
+    return async (manager, error, translator) => {
+      if (stoppingReason() !== null) {
+        return;
+      }
+      if (!hubPrefix) {
+        return ConnectionLost(manager, error, translator);
+      }
+      if (showing) {
+        return;
+      }
+      showing = true;
+      if (info) {
+        info.isConnected = false;
+      }
+      const result = await showDialog({
+        title: 'Server unavailable or unreachable',
+        body: `Your server at ${paths.urls.base} is not running.\nWould you like to restart it?`,
+        buttons: [Dialog.okButton({ label: 'Restart' }), Dialog.cancelButton({ label: 'Dismiss' })]
+      });
+      if (info) {
+        info.isConnected = true;
+      }
+      showing = false;
+      if (result.button.accept) {
+        await app.commands.execute('hub:restart');
+      }
+    };
+  }
+};
+
+export default [plugin, connectionLost];

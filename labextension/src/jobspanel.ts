@@ -99,9 +99,24 @@ export class JobsPanel extends Widget {
     void this.refresh();
   }
 
+  /**
+   * The server is stopping (its GPU released, or culled idle): poll it no more, say why,
+   * and keep the jobs as last seen (they go on without it).
+   */
+  stopPolling(why: string): void {
+    this.stopped = why;
+    window.clearTimeout(this.timer);
+    this.message.textContent = why;
+  }
+
+  private stopped: string | null = null;
+
   /** Fetch the jobs (and open logs) now, render, and schedule the next poll. */
   async refresh(): Promise<void> {
     window.clearTimeout(this.timer);
+    if (this.stopped !== null) {
+      return;
+    }
     try {
       const jobs = sortJobs(await this.options.api.jobs());
       this.notifyFinished(jobs);
@@ -112,7 +127,9 @@ export class JobsPanel extends Widget {
     } catch (error) {
       this.message.textContent = refusalMessage(error, 'Loading jobs');
     }
-    if (this.isDisposed) {
+    if (this.isDisposed || this.stopped !== null) {
+      // (stopped while this poll was out: its answer, or its failure, is not news)
+      this.message.textContent = this.stopped ?? this.message.textContent;
       return;
     }
     this.render();

@@ -59,8 +59,17 @@ SERVER_ARGS = [
     "--GPUSliceExtension.idle_window=1",
     "--GPUSliceExtension.policy_from_service=False",
     "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    # window.jupyterapp, for LOSE_CONNECTION
+    "--LabApp.expose_app_in_browser=True",
 ]
 STATUS_TEXT = "document.querySelector('.jp-gpuslice-status')?.textContent"
+# What JupyterLab's service manager signals when it loses its server (a request that could
+# not be made): the application's IConnectionLost handler answers it. Resolves after the
+# next frame, when a dialog it opened is in the page.
+LOSE_CONNECTION = """() => new Promise(resolve => {
+    window.jupyterapp.serviceManager.connectionFailure.emit(new Error('connection lost'));
+    requestAnimationFrame(() => requestAnimationFrame(resolve));
+})"""
 
 
 def gpu_status(hub: Any, user: str, token: str) -> dict[str, Any]:
@@ -135,11 +144,11 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         toast.wait_for(state="visible", timeout=IDLE_TIMEOUT * 1000)
         keep = toast.get_by_role("button", name="Keep working")
         assert keep.is_visible()
-        # a kernel's warning: the server keeps its slice, and "release" (which would stop
-        # the whole server, and other notebooks' running work) is not offered there
+        # a kernel's warning: its cull keeps the slice; giving the GPU back is offered there
+        # too, as the docs promise (issue 44: it offered only "Keep working")
         # it names the notebook whose kernel goes
         assert "The kernel of analysis.ipynb, idle on the GPU" in toast.inner_text()
-        assert not toast.get_by_role("button", name="Save and release GPU").count()
+        assert toast.get_by_role("button", name="Save and release GPU").is_visible()
         wait_for(
             lambda: "edited before the warning" in notebook.read_text(),
             timeout=20,
@@ -184,12 +193,25 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         page.keyboard.press("Shift+Enter")
         page.wait_for_function(f"() => /· ([2-9]\\d|100)% ·/.test({STATUS_TEXT})", timeout=60_000)
 
+        # The jobs panel polls while it is open.
+        find_in_palette(page, "Show GPU jobs", run=True)
+        jobs_message = page.locator(".jp-gpuslice-jobs-message")
+        page.locator(".jp-gpuslice-jobs").wait_for(state="visible")
+        # A lost server the lab did not stop on purpose: the hub's dialog offers a restart.
+        lost = page.locator(".jp-Dialog", has_text="Server unavailable or unreachable")
+        page.evaluate(LOSE_CONNECTION)
+        lost.wait_for(state="visible", timeout=10_000)
+        assert lost.get_by_role("button", name="Restart").is_visible()
+        lost.get_by_role("button", name="Dismiss").click()
+        lost.wait_for(state="hidden")
+
         # The palette's release command: confirm, then the lab says what happened and polls
-        # no more (no orange countdown, no failing status requests).
-        polls: list[float] = []
+        # no more (no orange countdown, no failing status or jobs requests, and no
+        # "Server unavailable" dialog: issue 44).
+        polls: list[tuple[float, str]] = []
         page.on(
             "request",
-            lambda r: polls.append(time.monotonic()) if "gpuslice/api/status" in r.url else None,
+            lambda r: polls.append((time.monotonic(), r.url)) if "gpuslice/api/" in r.url else None,
         )
         find_in_palette(page, "Release GPU", run=True)
         confirm = page.locator(".jp-Dialog", has_text="Release the GPU?")
@@ -205,9 +227,14 @@ def test_status_item_and_idle_warning_with_keep_working(hub_factory: Any, tmp_pa
         held = hub.api("GET", "/api/allocations?user=ann&state=all", hub.service_token).json()
         reasons = [a["release_reason"] for a in held["allocations"]]
         assert reasons == ["released by its owner: released by the user"], reasons
-        # a poll interval (5 s) and more with no status request from the tab
+        # a poll interval (5 s; the open jobs panel's 3 s) and more with no request from the
+        # tab; the panel says why it stopped
         wait_for(lambda: time.monotonic() - released_at > 6, 20, "a poll interval")
-        assert [t for t in polls if t > released_at + 0.5] == []
+        assert [u for t, u in polls if t > released_at + 0.5] == []
+        assert "This server is stopping with its GPU slice" in jobs_message.inner_text()
+        # the server is gone: JupyterLab's lost connection says nothing over what was said
+        page.evaluate(LOSE_CONNECTION)
+        assert not lost.count()
 
 
 def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path) -> None:
@@ -250,6 +277,9 @@ def test_save_and_release_gives_the_slice_back(hub_factory: Any, tmp_path: Path)
         # the tab that released is not told it was another
         assert not page.locator(".Toastify__toast", has_text="in another tab").count()
         hub.wait_gone("ann", timeout=60)
+        # the other tab learnt of the release: no "Server unavailable" dialog once it is gone
+        other.evaluate(LOSE_CONNECTION)
+        assert not other.locator(".jp-Dialog", has_text="Server unavailable").count()
         # how to get a GPU again: the hub's home, where the server starts from the form
         done.get_by_role("button", name="Go to the hub").click()
         page.wait_for_url(re.compile(r"/hub/home"), timeout=30_000)
