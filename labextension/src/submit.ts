@@ -184,6 +184,26 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
     this.applyClassWindow();
   }
 
+  /**
+   * Offer only the priority classes the service lets this user submit (issue 45: any user
+   * could ask for `high`); a class the dialog was opened with that is not allowed falls
+   * back to the first one allowed. Null: the service said nothing, all are offered.
+   */
+  private offerPriorities(allowed: string[] | null): void {
+    if (allowed === null) {
+      return;
+    }
+    const current = this.priority.value;
+    const kept = PRIORITIES.filter(value => allowed.includes(value));
+    this.priority.replaceChildren(
+      ...kept.map(value => new Option(value, value, false, value === current))
+    );
+    if (!kept.includes(current as (typeof PRIORITIES)[number]) && kept.length) {
+      this.priority.value = kept[0];
+    }
+    this.applyClassWindow();
+  }
+
   private async loadProfiles(): Promise<void> {
     let profiles: IProfile[];
     let simulated = false;
@@ -205,6 +225,7 @@ export class SubmitForm extends Widget implements Dialog.IBodyWidget<ISubmitForm
         this.runtime.placeholder = `empty: ${formatDuration(jobs.max_runtime)} (at most ${formatDuration(jobs.max_runtime_limit)})`;
         this.runtimeLimit = jobs.max_runtime_limit ?? null;
         this.showWindows(jobs.windows ?? [], jobs.class_windows ?? {});
+        this.offerPriorities(jobs.allowed_priorities ?? null);
         this.showBurst(jobs.burst);
       }
     } catch (error) {

@@ -117,6 +117,8 @@ export interface IJobDefaults {
   class_windows?: Record<string, string>;
   /** Where a burstable job may be sent when it waits too long (null: nowhere). */
   burst?: IBurst | null;
+  /** The priority classes the caller may submit (JobManager.priority_access); null: any. */
+  allowed_priorities?: string[] | null;
 }
 
 export interface IProfiles {

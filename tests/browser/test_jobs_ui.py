@@ -128,6 +128,9 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
         assert " free" in options[0], options
         assert "unavailable: not allowed for your groups" in options[1], options
         assert profile.input_value() == "share-250"  # the first available one
+        # only the classes ann may submit: high is the admins' (JobManager.priority_access)
+        priorities = dialog.locator("select[name=priority] option").all_inner_texts()
+        assert priorities == ["preemptible", "normal"], priorities
         # no time window nor burst partition is configured: their fields are not shown
         # (once, a style that made the fields flex boxes overrode their hidden attribute)
         assert dialog.locator("input[name=burstable]").is_hidden()
