@@ -306,9 +306,10 @@ class GPUSliceService(Application):
         0.0,
         help="""Days of history to keep (0: keep everything). About once a day the service
         deletes events, the state history of jobs that ended, and allocations released
-        longer ago than this. What the deleted idle-reclaim events counted stays in the
-        metrics' counters and the all-time reclaimed GPU-hours. At least 30: the admin
-        panel's longest window.""",
+        longer ago than this; the folders of jobs that ended before then are removed from
+        ``jobs_root`` (whether or not their outputs were copied back). What the deleted
+        idle-reclaim events counted stays in the metrics' counters and the all-time
+        reclaimed GPU-hours. At least 30: the admin panel's longest window.""",
     ).tag(config=True)
 
     quota_suggestion_days = Float(

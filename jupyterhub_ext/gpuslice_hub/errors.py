@@ -19,6 +19,7 @@ REFUSAL_CODES = {
     "no_account": "the user has no system account to run a job as",
     "over_quota": "it would take the user or their group over a quota",
     "too_many_jobs": "the user has as many unfinished jobs as they may",
+    "over_disk_quota": "the user's job folders take as much disk as theirs may",
     "no_capacity": "nothing free fits; the message says what is free instead",
     "server_holds_allocation": "that server already holds a slice of another profile",
     "wrong_state": "the thing is not in a state that allows this (already ended, not running)",

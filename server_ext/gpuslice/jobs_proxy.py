@@ -304,12 +304,15 @@ async def sync_outputs(service: Service, root: str, job: dict[str, Any]) -> bool
         log.warning("gpuslice: not copying the outputs of job %s into %s: %s", job["id"], folder, e)
         return False
 
-    def write(name: str, data: bytes) -> None:
+    def write(name: str, data: bytes) -> bool:
         try:
             write_beneath(root_real, f"{folder}/{name}", data)
+            return True
         except OSError as e:
             log.warning("gpuslice: not writing %s/%s: %s", folder, name, e)
+            return False
 
+    copied = True
     for fmt, name in (("ipynb", "output.ipynb"), ("html", "output.html")):
         try:
             data = await service.call("GET", f"api/jobs/{job['id']}/output?format={fmt}", raw=True)
@@ -317,11 +320,23 @@ async def sync_outputs(service: Service, root: str, job: dict[str, Any]) -> bool
             if e.status_code != 404:
                 raise
             continue
-        write(name, data)
+        copied = write(name, data) and copied
     # the whole log (the runner keeps at most 1 MiB of printed output, and its own events),
     # where the panel shows only the service's default tail
     reply = await service.call("GET", f"api/jobs/{job['id']}/log?tail={WHOLE_LOG_BYTES}")
-    write("job.log", str(reply.get("log", "")).encode("utf-8", "replace"))
+    copied = write("job.log", str(reply.get("log", "")).encode("utf-8", "replace")) and copied
+    if copied:
+        # Told only once all of it is here: the service then removes the job's own folder
+        # after its job_folder_retention_days (one not told keeps it until its history
+        # retention). A service that cannot hear it now hears it at the next try.
+        try:
+            await service.call("POST", f"api/jobs/{job['id']}/collected", {})
+        except ProxyError as e:
+            if e.status_code >= 500:
+                raise
+            log.info(
+                "gpuslice: the service did not take job %s's outputs as copied: %s", job["id"], e
+            )
     write(".gpuslice-job.json", json.dumps({"id": job["id"], "state": job["state"]}).encode())
     return True
 

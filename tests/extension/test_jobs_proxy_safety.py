@@ -41,6 +41,9 @@ OUTPUT_HTML = b"<html><body>output</body></html>"
 LOG = "[t] job started\n[t] job completed\n"
 
 
+POST_JOBS = ("POST", "/svc/api/jobs")
+
+
 class FakeJobs:
     """The service's job routes the server calls, with jobs kept in a dict."""
 
@@ -70,7 +73,12 @@ class FakeJobs:
         return job
 
     def posted(self) -> list[dict[str, Any]]:
-        return [body for method, _, body in self.calls if method == "POST"]
+        """The submissions."""
+        return [body for method, path, body in self.calls if (method, path) == POST_JOBS]
+
+    def collected(self) -> list[str]:
+        """The jobs the server said it had copied the outputs of."""
+        return [p.split("/")[-2] for m, p, _ in self.calls if m == "POST" and "collected" in p]
 
     def job_calls(self) -> list[tuple[str, str]]:
         """Every call but the watcher's listing."""
@@ -127,6 +135,10 @@ def jobs(env, jp_root_dir):
             self.job(job_id)
             self.write({"log": LOG})
 
+    class Collected(Base):
+        def post(self, job_id: str) -> None:
+            self.write(self.job(job_id))
+
     class Profiles(Base):
         def get(self) -> None:
             self.write({"profiles": [], "jobs": {"max_notebook_bytes": svc.max_notebook_bytes}})
@@ -138,6 +150,7 @@ def jobs(env, jp_root_dir):
             (r"/svc/api/jobs/(\d+)/output", Output),
             (r"/svc/api/jobs/(\d+)/log", Log),
             (r"/svc/api/profiles", Profiles),
+            (r"/svc/api/jobs/(\d+)/collected", Collected),
         ]
     )
     with socket.socket() as s:
@@ -240,6 +253,8 @@ def test_submit_outputs_and_resubmit_land_in_the_job_folder(jobs, env, root):
         "id": 1,
         "state": "completed",
     }
+    # and the service is told, once all of it is here: it may remove the job's own folder
+    assert jobs.collected() == ["1"]
     # copied once: the next look asks the service for the job only
     before = len(jobs.job_calls())
     assert fetch(env, api("jobs/1"))[0] == 200
@@ -363,6 +378,8 @@ def test_outputs_are_never_written_through_a_link(jobs, env, root, outside, name
     assert {p.name for p in folder.iterdir() if not p.is_symlink() and p.stat().st_nlink == 1} == (
         written
     )
+    # not all of it: the service keeps the job's folder (until its history retention)
+    assert jobs.collected() == []
 
 
 def test_the_done_marker_is_neither_read_nor_written_through_a_link(jobs, env, root, outside):

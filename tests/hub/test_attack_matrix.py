@@ -148,6 +148,11 @@ TABLE: dict[tuple[str, str], tuple[dict[str, str], frozenset[int]]] = {
     ("GET", "/api/jobs/{job_id}/output"): (JOB_OWNER_OR_ADMIN, frozenset({404})),
     # ann's job is queued: an admin's preemption is refused as "not running" (409)
     ("POST", "/api/jobs/{job_id}/preempt"): (ADMIN_SCOPE, frozenset({409})),
+    # the owner's (server's) word that it copied the outputs; ann's job is queued: 409
+    ("POST", "/api/jobs/{job_id}/collected"): (
+        who("ann", "ann_server", hidden=("bob",)),
+        frozenset({409}),
+    ),
     ("GET", "/api/admin/overview"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/usage"): (ADMIN_SCOPE, frozenset()),
     ("GET", "/api/admin/capacity"): (ADMIN_SCOPE, frozenset()),

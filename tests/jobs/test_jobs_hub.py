@@ -456,6 +456,23 @@ def test_only_those_the_priority_access_names_may_submit_high(jobs_hub):
         assert hub.api("DELETE", f"/api/jobs/{r.json()['id']}", token).status_code == 200
 
 
+def test_the_admin_overview_shows_what_the_job_folders_take(jobs_hub):
+    hub = jobs_hub
+    admin, plain = hub.add_user("admin", admin=True), hub.add_user("pat")
+    assert submit(hub, plain, slices=2).status_code == 201  # (a folder, whatever else ran)
+
+    def measured():
+        standing = hub.api("GET", "/api/admin/overview", admin).json()["jobs_root"]
+        return standing["measured_at"] and standing["folders"] and standing
+
+    # measured by the folder sweep (at the service's start, then every 10 minutes), with
+    # the folders made and removed since
+    standing = wait_for(measured, 30, "the jobs root to be measured")
+    assert standing["bytes"] > 0 and standing["folders"] >= 1, standing
+    assert standing["path"] == str(hub.workdir / "gpuslice-jobs")
+    assert standing["user_cap_bytes"] == 10 << 30 and standing["retention_days"] == 7
+
+
 def test_service_restart_mid_run_loses_no_job(jobs_hub):
     hub = jobs_hub
     alice = hub.add_user("alice")

@@ -91,6 +91,14 @@ def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp
         assert "answer 42" in out.cells[-1].outputs[0]["text"]
         assert (folder / "output.html").stat().st_size > 1000
         assert "completed" in (folder / "job.log").read_text()
+        # the server told the service it has them: the job's own folder may go in time
+        # (JobManager.job_folder_retention_days; until then it stays)
+        copied = wait_for(
+            lambda: hub.api("GET", f"/api/jobs/{job['id']}", alice).json()["outputs_collected_at"],
+            30,
+            "the server to report the outputs copied",
+        )
+        assert copied and (hub.workdir / "gpuslice-jobs" / str(job["id"])).is_dir()
 
         event = events.result(timeout=30)
         assert event["job_id"] == job["id"] and event["state"] == "completed"
@@ -106,6 +114,16 @@ def test_submit_from_the_server_lands_results_in_the_users_folder(proxy_hub, tmp
         assert again.json()["id"] != job["id"] and again.json()["profile"] == "mig-1g.10gb"
         r = server_api(hub, alice, "DELETE", f"jobs/{again.json()['id']}")
         assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+        # one cancelled before it started (8 whole GPUs: it never fits here) loses its folder
+        # on the service's side at once; the snapshot stays in alice's gpu-jobs folder
+        body = {"path": "work/answer.ipynb", "profile": "gpu-1", "slices": 8}
+        waiting = server_api(hub, alice, "POST", "jobs", json=body).json()
+        service_folder = hub.workdir / "gpuslice-jobs" / str(waiting["id"])
+        assert waiting["state"] == "queued" and service_folder.is_dir(), waiting
+        r = server_api(hub, alice, "DELETE", f"jobs/{waiting['id']}")
+        assert r.status_code == 200 and r.json()["folder_removed_at"] is not None, r.text
+        assert not service_folder.exists()
+        assert (home / waiting["output_path"] / "answer.ipynb").is_file()
 
         # the submit dialog's time window and burst choices reach the service (which
         # refuses burst here, naming why), and a resubmission keeps the window

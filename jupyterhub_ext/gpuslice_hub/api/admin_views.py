@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from ..admin.accounting import group_usage
 from ..admin.overcommit import overcommit_view
@@ -30,9 +31,17 @@ class AdminOverviewHandler(AdminBase):
         inv = self.service.inventory
         backend = inv.backend if inv else None
         simulated = bool(inv and inv.simulated)
+        jobs = self.service.jobs
+
+        def computed() -> dict[str, Any]:
+            out = overview(self.ledger, utcnow(), backend, simulated)
+            # the job folders' disk, as the last sweep measured it (null: no job scheduler)
+            out["jobs_root"] = jobs.disk_standing() if jobs is not None else None
+            return out
+
         # in a worker thread: on a large cluster this takes tens of milliseconds that
         # spawns waiting on the event loop should not
-        await self.write_computed(lambda: overview(self.ledger, utcnow(), backend, simulated))
+        await self.write_computed(computed)
 
 
 class AdminUsageHandler(AdminBase):

@@ -48,6 +48,7 @@ STATUS_BY_CODE = {
     "no_capacity": 409,
     "server_holds_allocation": 409,
     "wrong_state": 409,
+    "over_disk_quota": 413,
     "over_quota": 429,
     "too_many_jobs": 429,
 }

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from ..jobs.manager import SUBMIT_FIELDS, JobManager
+from ..jobs.serialize import output_path
 from ..jobs.states import ALLOWED, TERMINAL
 from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
 
@@ -115,6 +116,12 @@ class JobOutputHandler(JobsBase):
         if fmt not in ("ipynb", "html"):
             raise RequestError(400, "query argument format must be 'ipynb' or 'html'")
         data = await asyncio.to_thread(self.jobs.output, job, fmt, self.service.max_notebook_bytes)
+        if data is None and job.folder_removed_at is not None:
+            raise RequestError(
+                404,
+                f"job {job.id}'s folder was removed on the service's side: its outputs are "
+                f"in your notebook folder's {output_path(job)}, where JupyterLab copied them",
+            )
         if data is None:
             raise RequestError(404, f"job {job.id} has no {fmt} output yet")
         self.set_header(
@@ -124,6 +131,21 @@ class JobOutputHandler(JobsBase):
         # The HTML is the owner's notebook rendered: never run it in the service's origin.
         self.set_header("Content-Security-Policy", "sandbox")
         self.finish(data)
+
+
+class JobCollectedHandler(JobsBase):
+    """``POST api/jobs/<id>/collected``: the owner's server has copied the ended job's
+    outputs into their folder (``gpu-jobs/<name>-<id>/``), so the job's own folder may go
+    after ``job_folder_retention_days``. The owner's word about their own job only: it can
+    make their folder go sooner, never anyone else's."""
+
+    @api_authenticated
+    async def post(self, job_id: str) -> None:
+        ident = self.identity()
+        job = await self.owned(ident, job_id)
+        if ident.kind != "user" or job.user != ident.name:
+            raise RequestError(403, "only the job's owner (their server) copies its outputs")
+        self.write_json(await asyncio.to_thread(self.jobs.outputs_collected, job.id))
 
 
 class JobPreemptHandler(JobsBase):
@@ -149,4 +171,5 @@ def job_handlers(api: str) -> list[tuple[str, type]]:
         (url_path_join(api, r"jobs/(\d+)/log"), JobLogHandler),
         (url_path_join(api, r"jobs/(\d+)/output"), JobOutputHandler),
         (url_path_join(api, r"jobs/(\d+)/preempt"), JobPreemptHandler),
+        (url_path_join(api, r"jobs/(\d+)/collected"), JobCollectedHandler),
     ]

@@ -24,7 +24,12 @@ class JobRow(Base):
     __tablename__ = "jobs"
     # the state with each row's id and revision: the (id, revision) pairs of the active
     # jobs, which the scheduler asks for every pass (row_cache.py), come from the index alone
-    __table_args__ = (Index("ix_jobs_state_id_revision", "state", "id", "revision"),)
+    __table_args__ = (
+        Index("ix_jobs_state_id_revision", "state", "id", "revision"),
+        # the ended jobs whose folders are still on disk, which the folder sweep reads
+        # (jobs/folders.py): from the index, however many jobs ended long ago
+        Index("ix_jobs_folder_removed_at_state", "folder_removed_at", "state"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(100))
     user: Mapped[str] = mapped_column(String(255), index=True)
@@ -65,6 +70,11 @@ class JobRow(Base):
     burstable: Mapped[bool] = mapped_column(Boolean, default=False)
     bursts: Mapped[int] = mapped_column(Integer, default=0)
     burst_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    # when the owner's server said it had copied the ended job's outputs into their
+    # gpu-jobs folder (POST api/jobs/<id>/collected), and when the service removed the job's
+    # folder (jobs/folders.py); None: not yet
+    outputs_collected_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    folder_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # moved by every UPDATE of the row, ORM or Core, in SQL (``revision + 1`` where the
     # statement does not set it): the scheduler's pass reads again only the rows whose
     # revision moved (row_cache.py). Counted by the database, not from the value a session

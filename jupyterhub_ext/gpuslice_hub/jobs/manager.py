@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,8 +34,21 @@ from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..pools import check_borrowers_can_borrow, parse_pools
 from ..profiles import Profile
+from ..serialize import iso
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
+from .folders import (
+    RootSize,
+    Swept,
+    UserUsage,
+    disk_bytes,
+    due_for_removal,
+    is_job_folder,
+    record_removed,
+    remove_folder,
+    size_text,
+    user_folders,
+)
 from .job_writes import record_transition, write_job
 from .jobdirs import create_job_dir, folder_mismatch, read_notebook, set_aside_stale
 from .ordering import queue_order
@@ -152,6 +166,23 @@ class JobManager(LoggingConfigurable):
     ).tag(config=True)
     max_jobs_per_user = Integer(
         200, help="How many unfinished (queued or running) jobs a user may have."
+    ).tag(config=True)
+    job_folder_retention_days = Float(
+        7.0,
+        help="""Days an ended job's folder (its notebook, checkpoints, output and log, in
+        ``jobs_root``) is kept once the owner's JupyterLab server has copied its outputs
+        into their ``gpu-jobs/<name>-<id>/`` folder; it is removed then (0: at the first
+        sweep after the copy; sweeps run every 10 minutes). A folder whose outputs were never
+        copied stays until the job ended longer ago than
+        ``GPUSliceService.history_retention_days`` (when that is set); a job cancelled
+        before it started loses its folder at once.""",
+    ).tag(config=True)
+    max_job_folder_bytes_per_user = Integer(
+        10 * 1024**3,
+        help="""The most disk a user's job folders in ``jobs_root`` may take, in bytes
+        (default 10 GiB): once they take that much, a submission is refused (413) with what
+        they use and how to free it. Measured as the folders' allocated blocks, at most every
+        30 seconds per user. 0: no limit.""",
     ).tag(config=True)
     priority_access = Dict(
         PRIORITY_ACCESS,
@@ -328,6 +359,16 @@ class JobManager(LoggingConfigurable):
                 "JobManager.burst_when_allocated_above", "must be from 0 (off) to below 1"
             )
         self.priority_rules = parse_priority_access(self.priority_access)
+        if self.job_folder_retention_days < 0:
+            raise ConfigError("JobManager.job_folder_retention_days", "must be 0 or more days")
+        if self.max_job_folder_bytes_per_user < 0:
+            raise ConfigError(
+                "JobManager.max_job_folder_bytes_per_user", "must be 0 (no limit) or more"
+            )
+        # each user's job folders' bytes, for the cap; the jobs root's, as the last sweep saw
+        self.usage = UserUsage()
+        self.root_size = RootSize()
+        self._root_lock = threading.Lock()
         # jobs moved by defragmentation since start, and the milli-GPUs they held (metrics)
         self.moved_jobs = 0
         self.moved_milli = 0
@@ -355,6 +396,7 @@ class JobManager(LoggingConfigurable):
         self.backend_order: dict[int, int] = {}
         self.wake = Wakeup()
         self.task: asyncio.Future | None = None
+        self.sweeper: asyncio.Future | None = None  # (setup.sweep_forever)
         # Cancelled jobs whose run the backend could not stop (an engine that did not
         # answer), tried again at each pass (``retry_kills``): the run's reference, and the
         # slices that go back once it is stopped.
@@ -429,6 +471,7 @@ class JobManager(LoggingConfigurable):
             account = self.account(caller.user)
         except AccountError as e:
             raise Refused("no_account", str(e)) from None
+        self._check_disk(caller.user)
         with self.db.writing() as s:
             # in statements built once, not an ORM object flushed twice: a busy site's
             # JupyterLabs submit thousands a day
@@ -477,6 +520,9 @@ class JobManager(LoggingConfigurable):
                 account,
             )
             write_job(conn, job_id, {"job_dir": str(job_dir)})
+            made = disk_bytes(job_dir)
+            self.usage.add(caller.user, made)
+            self._root_changed(made, 1)
             row = CURRENT_ROW.execute(conn, {"job_id": job_id}).one()
             first = SimpleNamespace(state="queued", from_state=None, at=now, reason=reason)
             out = job_json(row, transitions=[first])
@@ -485,6 +531,29 @@ class JobManager(LoggingConfigurable):
         # a parameter the notebook overwrites gives a result computed with another value.
         out["warnings"] = parameter_warnings(nb, spec["parameters"])
         return out
+
+    def _check_disk(self, user: str) -> None:
+        """Refused (``over_disk_quota``) when ``user``'s job folders take their cap or more:
+        the message says how much, and how to free it."""
+        cap = self.max_job_folder_bytes_per_user
+        if cap <= 0:
+            return
+        used = self.usage.used(user, lambda: user_folders(self.db, user))
+        if used < cap:
+            return
+        days = self.job_folder_retention_days
+        after = f"{days:g} days after" if days else "once"
+        raise Refused(
+            "over_disk_quota",
+            f"your batch jobs' folders take {size_text(used)} on the service's disk, and "
+            f"{size_text(cap)} is the most a user's may take "
+            f"(JobManager.max_job_folder_bytes_per_user). To free it: cancel queued jobs you "
+            f"no longer need (the folder of a job that never started goes at once); an ended "
+            f"job's folder goes {after} your JupyterLab has copied its outputs into your "
+            "gpu-jobs folder (open JupyterLab to have them copied); or ask an admin",
+            used_bytes=used,
+            limit_bytes=cap,
+        )
 
     def _validate(self, body: dict[str, Any]) -> dict[str, Any]:
         profile = body.get("profile")
@@ -716,6 +785,8 @@ class JobManager(LoggingConfigurable):
                 job.run_seconds += max(0.0, (utcnow() - job.attempt_started_at).total_seconds())
             transition(s, job, "cancelled", why)
             job.allocation_ids = []
+            # nothing ran: its folder holds the notebook (which the owner has) and no more
+            never_ran = not was_active and job.started_at is None
         if was_active:
             # (the runner is killed, and says nothing more: the log says why it stops here)
             self.log_line(job, f"{why}; stopping it")
@@ -726,6 +797,7 @@ class JobManager(LoggingConfigurable):
                 self.backend.kill(ref)
             except Exception as e:
                 self.log.info("job %s: cancelling it in %s: %s", job_id, self.backend.name, e)
+                never_ran = False  # (it may start there yet: the sweep removes it later)
         elif self.delegated and ref.get("unsure"):
             # a submission whose answer never came (it timed out, or the service died while
             # it was made): the engine may hold it all the same
@@ -735,8 +807,88 @@ class JobManager(LoggingConfigurable):
                     self.backend.kill({**ref, self.queueing.ref_key: found})
             except Exception as e:
                 self.log.info("job %s: cancelling it in %s: %s", job_id, self.backend.name, e)
+                never_ran = False
         self.release(allocs, f"job {job_id} cancelled")
+        if never_ran:
+            self._remove_folder(job.id, job.user, job.job_dir, utcnow())
         return self.get(job_id) or {}
+
+    # -- job folders (folders.py) ---------------------------------------------------------
+
+    def _remove_folder(self, job_id: int, user: str, job_dir: str, now: datetime) -> bool:
+        """Remove an ended job's folder and record it; False when it could not go now."""
+        freed = disk_bytes(Path(job_dir))
+        try:
+            remove_folder(self.root, job_dir)
+        except OSError as e:
+            self.log.warning("job %s: its folder %s could not be removed: %s", job_id, job_dir, e)
+            return False
+        record_removed(self.db, job_id, now)
+        self.usage.forget(user)
+        self._root_changed(-freed, -1)
+        return True
+
+    def _root_changed(self, delta: int, folders: int) -> None:
+        """What a folder made or removed changes in the jobs root's size between two
+        sweeps' measures (which each start from the disk again)."""
+        with self._root_lock:
+            size = self.root_size
+            if size.bytes is not None:
+                self.root_size = RootSize(
+                    max(0, size.bytes + delta), max(0, size.folders + folders), size.measured_at
+                )
+
+    def sweep_folders(self, now: datetime, history_days: float = 0.0) -> Swept:
+        """Remove the folders of ended jobs that are due (``folders.due_for_removal``), then
+        measure the jobs root. Off the event loop: it walks folders."""
+        swept = Swept()
+        elsewhere = 0
+        due = due_for_removal(self.db, now, self.job_folder_retention_days, history_days)
+        for row in due:
+            if row.id in self.kills_pending:
+                continue  # (its run may still write there: once it is stopped)
+            if not is_job_folder(self.root, row.job_dir):
+                elsewhere += 1  # (under another jobs_root: not this service's to remove)
+                continue
+            if self._remove_folder(row.id, row.user, row.job_dir, now):
+                swept.removed += 1
+            else:
+                swept.failed += 1
+        if elsewhere:
+            self.log.info("%d ended jobs' folders are outside %s: left alone", elsewhere, self.root)
+        folders = sum(1 for _ in self.root.iterdir()) if self.root.is_dir() else 0
+        measured = RootSize(disk_bytes(self.root), folders, now)
+        with self._root_lock:
+            self.root_size = measured
+        return swept
+
+    def outputs_collected(self, job_id: int) -> dict[str, Any]:
+        """The owner's server copied the ended job's outputs into their ``gpu-jobs`` folder:
+        its folder may go after ``job_folder_retention_days``."""
+        with self.db.writing() as s:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise Refused("not_found", f"no job {job_id}")
+            if job.state not in TERMINAL:
+                raise Refused(
+                    "wrong_state",
+                    f"job {job_id} is {job.state}: its outputs are copied once it has ended",
+                )
+            if job.outputs_collected_at is None:
+                job.outputs_collected_at = utcnow()
+        return self.get(job_id) or {}
+
+    def disk_standing(self) -> dict[str, Any]:
+        """The jobs root's size as the last sweep measured it (the admin overview)."""
+        size = self.root_size
+        return {
+            "path": str(self.root),
+            "bytes": size.bytes,
+            "folders": size.folders,
+            "measured_at": iso(size.measured_at),
+            "user_cap_bytes": self.max_job_folder_bytes_per_user or None,
+            "retention_days": self.job_folder_retention_days,
+        }
 
     def _stop_cancelled(self, job: Any, ref: dict[str, Any], allocs: list[int]) -> list[int]:
         """Stop a cancelled job's run; the slices that may go back now."""

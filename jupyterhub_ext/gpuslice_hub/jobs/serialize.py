@@ -56,6 +56,10 @@ def job_json(job: Any, log_tail: str = "", transitions: list[Any] | None = None)
         "burst_gpu_hours": round((job.burst_gpu_seconds or 0.0) / 3600, 4),
         "error": job.error,
         "output_path": output_path(job),
+        # when the owner's server copied the outputs there, and when the service removed
+        # the job's own folder (jobs/folders.py): its log and outputs are then in theirs only
+        "outputs_collected_at": iso(job.outputs_collected_at),
+        "folder_removed_at": iso(job.folder_removed_at),
         "allocation_ids": list(job.allocation_ids or []),
         "log_tail": log_tail,
         "transitions": [

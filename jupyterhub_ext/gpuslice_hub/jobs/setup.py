@@ -14,6 +14,7 @@ from gpuslice_spawner.kubernetes_resources import KubernetesResourcesConfig
 from gpuslice_spawner.launchers.slurm import SlurmGres
 from gpuslice_spawner.slurm_gres import SlurmGresConfig
 
+from ..db.models import utcnow
 from ..errors import ConfigError
 from ..kubecluster import KubernetesClusterConfig
 from ..metrics import pass_histogram
@@ -23,6 +24,7 @@ from .backends import LocalBackend
 from .backends.kubernetes import LABEL_VALUE
 from .backends.slurm import NAME as SLURM_NAME
 from .backends.slurm import SlurmBackend
+from .folders import SWEEP_EVERY
 from .manager import JobManager
 from .scheduler import Scheduler
 from .states import PRIORITY_CLASSES
@@ -63,7 +65,26 @@ def start_jobs(app: GPUSliceService) -> JobManager:
     scheduler = Scheduler(manager, simulated=bool(app.inventory and app.inventory.simulated))
     scheduler.pass_seconds = pass_histogram(app.registry)
     manager.task = asyncio.ensure_future(scheduler.run_forever())
+    # job folders of ended jobs go when due, the history retention's included (folders.py)
+    manager.sweeper = asyncio.ensure_future(sweep_forever(manager, app.history_retention_days))
     return manager
+
+
+async def sweep_forever(manager: JobManager, history_days: float) -> None:
+    """Sweep the job folders at start, then every ``SWEEP_EVERY`` seconds, in a thread (it
+    removes and walks folders); a failure is logged and tried again at the next sweep."""
+    while True:
+        try:
+            swept = await asyncio.to_thread(manager.sweep_folders, utcnow(), history_days)
+            if swept.removed or swept.failed:
+                manager.log.info(
+                    "job folders: %d removed, %d could not be (tried again later)",
+                    swept.removed,
+                    swept.failed,
+                )
+        except Exception:
+            manager.log.exception("sweeping the job folders failed; trying again later")
+        await asyncio.sleep(SWEEP_EVERY)
 
 
 def slurm_model_gaps(profiles: Mapping[str, Profile], gres: SlurmGres) -> list[str]:
