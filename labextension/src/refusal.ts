@@ -26,8 +26,10 @@ export function refusalMessage(error: unknown, doing: string): string {
         ? `${doing} failed: not found. GPU features may not be enabled on this server.`
         : `${doing} failed: ${said}`;
     case 409:
+    case 413:
     case 429:
-      // (429: a quota or the limit of unfinished jobs; the message says which)
+      // (413: a notebook over the size limit, or job folders over the disk cap; 429: a
+      // quota or the limit of unfinished jobs; the message says which and what to do)
       return `${doing} was refused: ${said}`;
     case 503:
       // unreachable, timed out or not configured at all: the message says which

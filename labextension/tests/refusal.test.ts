@@ -14,6 +14,10 @@ describe('refusalMessage', () => {
     expect(
       refusalMessage(new ApiError(429, 'you have 10 unfinished jobs, the limit'), 'Submitting')
     ).toBe('Submitting was refused: you have 10 unfinished jobs, the limit');
+    // 413: over the notebook size limit or the disk cap; the message says how to free room
+    expect(
+      refusalMessage(new ApiError(413, 'your job folders take 11 GiB of 10 GiB'), 'Submitting')
+    ).toBe('Submitting was refused: your job folders take 11 GiB of 10 GiB');
     const down = refusalMessage(new ApiError(503, 'GPUSLICE_SERVICE_URL is not set'), 'Loading');
     expect(down).toContain('unavailable (GPUSLICE_SERVICE_URL is not set)');
     expect(down).not.toContain('Try again');

@@ -96,8 +96,7 @@ def test_submit_the_open_notebook_and_follow_it_to_its_output(
             "print('epochs', epochs)\n",
             # code that takes no notice of a preemption (as a long call into a library
             # may not): it runs on until the grace period ends
-            "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
-            "time.sleep(600)\n",
+            "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\ntime.sleep(600)\n",
         ],
     )
 

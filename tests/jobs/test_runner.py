@@ -20,12 +20,13 @@ from tests.jobs.notebooks import loop_checkpoint_written, make_job_dir
 EXIT_PREEMPTED = 75
 
 
-def start_runner(job_dir: Path) -> subprocess.Popen:
+def start_runner(job_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gpuslice.run", str(job_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -48,8 +49,8 @@ def preempt_when(job_dir: Path, ready: Any, what: str) -> str:
     return log
 
 
-def run_to_end(job_dir: Path, timeout: float = 120) -> int:
-    proc = start_runner(job_dir)
+def run_to_end(job_dir: Path, timeout: float = 120, env: dict[str, str] | None = None) -> int:
+    proc = start_runner(job_dir, env)
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode is not None, out
     return proc.returncode
@@ -239,3 +240,22 @@ def test_a_cell_that_clears_the_namespace_does_not_break_the_runner(tmp_path: Pa
     jd = make_job_dir(tmp_path / "job", cells=cells)
     assert run_to_end(jd) == 0, (jd / "job.log").read_text()
     assert (jd / "name.txt").read_text() == "cell-3"
+
+
+def test_the_kernels_connection_file_is_in_the_jobs_runtime_folder(tmp_path: Path):
+    """Issue 45: its ports and signing key went to the system's temporary folder (where six
+    were left after cancelled jobs), not to JUPYTER_RUNTIME_DIR in the job folder, which
+    the service sets for every job (jobs/accounts.py)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    seen = tmp_path / "connection-file.txt"
+    cell = f"import ipykernel\nopen({str(seen)!r}, 'w').write(ipykernel.get_connection_file())"
+    jd = make_job_dir(tmp_path / "job", cells=[cell])
+    runtime = jd / ".runtime"
+    env = {"JUPYTER_RUNTIME_DIR": str(runtime), "TMPDIR": str(temp)}
+    assert run_to_end(jd, env=env) == 0, (jd / "job.log").read_text()
+    used = Path(seen.read_text())
+    assert used.parent == runtime and used.name.startswith("kernel-"), used
+    assert oct(runtime.stat().st_mode & 0o777) == "0o700"
+    assert not used.exists()  # removed with its kernel
+    assert list(temp.iterdir()) == []

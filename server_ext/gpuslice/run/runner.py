@@ -14,10 +14,12 @@ import json
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_core.utils import ensure_async
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
@@ -254,6 +256,13 @@ class Runner:
         )
         self.client.on_stream = self._log_output
         km = self.client.km = self.client.create_kernel_manager()
+        # The kernel's connection file (its ports and signing key) in the job's runtime
+        # folder (JUPYTER_RUNTIME_DIR, inside the job folder): a kernel manager of its own
+        # writes it to the system's temporary folder otherwise, where it outlived a
+        # cancelled job (issue 45). Removed with the kernel, or with the job folder.
+        runtime = jupyter_runtime_dir()
+        os.makedirs(runtime, mode=0o700, exist_ok=True)
+        km.connection_file = os.path.join(runtime, f"kernel-{uuid.uuid4().hex}.json")
         try:
             await self.client.async_start_new_kernel(cwd=workdir)
             await self.client.async_start_new_kernel_client()
