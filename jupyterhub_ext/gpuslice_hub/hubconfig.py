@@ -340,6 +340,13 @@ class _MergingSection(Config):
             value = _MERGERS[key](_plain(value, key), self._gpuslice[key])
         super().__setitem__(key, value)
 
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """``c.JupyterHub.update({...})``, and ``c.merge(...)`` (which updates each section
+        it merges into), merge gpuslice's entries in as an assignment does: ``dict.update``
+        would replace them, dropping the service and its roles (issue 45)."""
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
     def __setattr__(self, key: str, value: Any) -> None:
         if key == "_gpuslice":
             object.__setattr__(self, key, value)

@@ -281,7 +281,28 @@ class GPUSliceMixin(Spawner):
     def _server_key(self) -> tuple[str, str]:
         return (self.user.name, self.name)  # type: ignore[attr-defined]
 
+    _protection_checked: ClassVar[bool] = False
+
+    def _check_protection(self) -> None:
+        """Say once, loudly, when the config undid what keeps a user from switching idle
+        reclaim off: ``configure_jupyterhub`` sets ``Spawner.disable_user_config``, and a
+        later ``c.Spawner`` (or ``c.LocalProcessSpawner``, ...) line setting it False lets
+        every user's ``~/.jupyter`` disable the extension (issue 45)."""
+        if GPUSliceMixin._protection_checked:
+            return
+        GPUSliceMixin._protection_checked = True
+        if not self.disable_user_config:
+            self.log.warning(  # type: ignore[attr-defined]
+                "gpuslice: disable_user_config is False for %s (configure_jupyterhub sets "
+                "c.Spawner.disable_user_config = True; a later line of the hub's config set "
+                "it back): every user's own ~/.jupyter config can switch idle reclaim off. "
+                "Only the service's reclaim of silent servers (reclaim_silent_after) still "
+                "frees their slices.",
+                type(self).__name__,
+            )
+
     async def start(self) -> Any:
+        self._check_protection()
         self._starts_of[self._server_key] = self._starts + 1
         self._spawn_log.events.clear()
         self.last_stop = None

@@ -156,6 +156,20 @@ def test_hub_config_is_merged_whatever_the_order():
     assert sorted(s["name"] for s in loaded.JupyterHub.services) == ["gpuslice", "prom"]
 
 
+def test_a_later_update_or_merge_keeps_gpuslices_service_and_roles():
+    """Issue 45: ``c.JupyterHub.update({...})`` and ``c.merge(...)`` after
+    ``configure_jupyterhub`` replaced its service and roles (dict.update bypasses the
+    merging assignment), leaving the hub without the service."""
+    c = Config()
+    configure_jupyterhub(c, config_file="g.py", admin_users={"ada"})
+    c.JupyterHub.update({"services": [{"name": "prom", "api_token": "t"}]})
+    site = Config({"JupyterHub": {"load_roles": [{"name": "ops", "scopes": ["admin:users"]}]}})
+    c.merge(site)
+    assert sorted(s["name"] for s in c.JupyterHub.services) == ["gpuslice", "prom"]
+    roles = {r["name"] for r in c.JupyterHub.load_roles}
+    assert {"ops", "gpuslice-admin", "gpuslice-service"} <= roles, roles
+
+
 def test_a_job_environment_is_an_allow_list():
     account = Account("ann", 1234, 1234, (1234,), "/nonexistent-home", "/bin/bash")
     service_env = {
