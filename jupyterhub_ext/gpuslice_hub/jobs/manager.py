@@ -149,6 +149,16 @@ class JobManager(LoggingConfigurable):
         "(0: no aging). Local backend only: on Slurm and Kubernetes the engine orders the "
         "queue (set here, it is refused at start).",
     ).tag(config=True)
+    hold_for_after = Float(
+        7200.0,
+        help="Seconds the first queued job that fits nowhere, not even once every running "
+        "batch job has ended (it waits for people's servers to give slices back), may wait "
+        "while later jobs take the capacity that frees up; past this, later jobs that would "
+        "use its pools are held for it, so that it starts as soon as the room is there (no "
+        "job waits for ever behind a stream of smaller ones). A first job that will fit when "
+        "running jobs end always gets a reservation: later ones start only where they end "
+        "before it or leave it its room (EASY backfill). Local backend only.",
+    ).tag(config=True)
     default_checkpoint_interval = Float(
         600.0, help="Checkpoint interval (s) of a job that does not ask for one."
     ).tag(config=True)

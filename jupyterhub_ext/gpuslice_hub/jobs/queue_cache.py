@@ -43,6 +43,10 @@ QUEUED_COLUMNS = (
     JobRow.not_before,
     JobRow.waiting_reason,
     JobRow.time_window,
+    # how long it may run: a job may backfill behind a blocked one if it ends before that
+    # one's reservation (reservation.py)
+    JobRow.max_runtime,
+    JobRow.run_seconds,
 )
 LOOKBACK = 200
 FULL_READ_PASSES = 100
@@ -82,6 +86,8 @@ class QueuedJob:
     time_window: str | None
     # submitted_at in microseconds since the epoch, worked out once (queue_order)
     submitted_us: int
+    max_runtime: float = 86400.0
+    run_seconds: float = 0.0
 
     @classmethod
     def of(cls, row: Any) -> QueuedJob:
@@ -98,6 +104,8 @@ class QueuedJob:
             row.waiting_reason,
             row.time_window,
             micros(row.submitted_at),
+            float(row.max_runtime),
+            float(row.run_seconds or 0.0),
         )
 
 

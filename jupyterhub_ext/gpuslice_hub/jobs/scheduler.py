@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -40,6 +41,7 @@ from .ordering import queue_order
 from .queue_cache import NEWEST_TRANSITION, QueueCache
 from .recovery import LAUNCHING, recover
 from .refusals import KeptRefusals
+from .reservation import Reservation, reserve
 from .row_cache import RowCache
 from .runner_files import RunnerFiles
 from .runner_state import ATTEMPT_ID
@@ -188,7 +190,7 @@ class Scheduler:
                 # the queue in the same transaction, read only when it may move
                 queued = None if marker is None else self._read_queue(s, marker)
             if marker is not None and queued is not None:  # (None exactly when marker is)
-                self._start_queued(now, queued)
+                self._start_queued(now, queued, active)
                 # only once the pass went through: one that failed is tried again
                 self._marker, self._full_at = marker, now
 
@@ -599,8 +601,10 @@ class Scheduler:
             if key in served or now >= res.expires:
                 self.jobs.reservations.pop(key, None)
 
-    def _start_queued(self, now: datetime, queued: list[Any]) -> None:
-        """Start what fits, in queue order.
+    def _start_queued(self, now: datetime, queued: list[Any], running: Sequence[Any] = ()) -> None:
+        """Start what fits, in queue order; behind a job that does not fit, what does not
+        delay it (``running``: the jobs holding slices, whose ends it waits for; see
+        reservation.py).
 
         A pass costs in proportion to the shapes that are blocked, not to the queue: the pass
         itself frees nothing, so a refusal holds for every later job of the same shape (no
@@ -642,6 +646,8 @@ class Scheduler:
         # wants capacity in them waits behind them (split pools: one in other pools need
         # not). A set: thousands of blocked jobs wait for a handful of different pools.
         blocked: set[frozenset[str] | None] = set()
+        # the first blocked job of each of those pools: its reservation (reservation.py)
+        reserved: dict[frozenset[str] | None, tuple[Reservation, int, str]] = {}
         refused: dict[tuple[Any, ...], Refused] = {}
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
@@ -665,8 +671,6 @@ class Scheduler:
                 )
                 blocked.add(self._widest(job, may_borrow))
                 continue
-            # Behind a blocked job, only preemptible jobs may backfill: they can be evicted
-            # again when the blocked one's slice frees up.
             # A job is one request, however many passes it waits: a learning placement policy
             # counts it on the first pass that considers it (tried or not), never again.
             first = job.waiting_reason is None
@@ -674,18 +678,26 @@ class Scheduler:
             access = self.jobs.ledger.access("batch", job.groups or (), 100 * rank, borrow)
             widest = access.widest if access is not None else None
             only = None
-            if job.priority_class != "preemptible" and blocked:
-                # it may use only what no job ahead of it waits for (split pools: a pool of
-                # its own); none left: it waits behind them
-                only = _left_over(widest, blocked)
-                if not only:
-                    reasons[job.id] = "waiting behind a higher-priority job"
-                    if first:
-                        self.jobs.ledger.observe(job.profile)
-                    continue
-                if access is not None:
-                    access = access.within(only)
-                widest = only
+            # Behind a blocked job, a job may start where it does not delay it: in pools no
+            # blocked job waits for (split pools), or by the blocked jobs' reservations
+            # (EASY backfill, reservation.py). A preemptible job may always, behind a job
+            # that may preempt it: its room is taken back when that one needs it.
+            holding: list[tuple[Reservation, Any]] = []
+            if blocked:
+                left = _left_over(widest, blocked)
+                if left:
+                    only = left
+                    if access is not None:
+                        access = access.within(only)
+                    widest = only
+                else:
+                    holding = self._reservations_over(job, widest, reserved, now)
+                    held = next((r for r, trial in holding if trial is None), None)
+                    if held is not None:
+                        reasons[job.id] = reserved_reason(held, reserved)
+                        if first:
+                            self.jobs.ledger.observe(job.profile)
+                        continue
             # jobs that may use different pools are blocked apart (split pools)
             shape = (job.profile, job.slices, access.tries if access else None)
             # (the user's own key only where the shape is not refused already: behind a
@@ -717,6 +729,19 @@ class Scheduler:
             if refusal is not None:
                 reasons[job.id] = refusal.message
                 if refusal.code == "no_capacity":
+                    if widest not in reserved and not any(
+                        _overlap(widest, key) for key in reserved
+                    ):
+                        # the first job these pools cannot take: it gets a reservation
+                        head = reserve(
+                            self.jobs.ledger,
+                            job,
+                            access,
+                            running,
+                            now,
+                            self.jobs.hold_for_after,
+                        )
+                        reserved[widest] = (head, rank, _job_name(job))
                     blocked.add(widest)
                     # one plan per blocked shape a pass: it looks at every movable job
                     moved = ""
@@ -729,9 +754,36 @@ class Scheduler:
                         self._preempt_for(job, rank, access)
                 continue
             assert granted is not None
+            for reservation, trial in holding:
+                reservation.commit(trial)  # it holds this room past the reservation
             self.moves.pop(job.id, None)
             self._start(job, granted, now)
         self._waiting({j.id: j.waiting_reason for j in due}, reasons)
+
+    def _reservations_over(
+        self,
+        job: Any,
+        widest: frozenset[str] | None,
+        reserved: dict[frozenset[str] | None, tuple[Reservation, int, str]],
+        now: datetime,
+    ) -> list[tuple[Reservation, Any]]:
+        """The reservations ``job`` must not delay (those over pools it may use), each
+        with what letting it through makes of it (``Reservation.allows``: None where it
+        may not start). A preemptible job behind a head that may preempt it delays
+        nobody."""
+        rank = PRIORITY_CLASSES[job.priority_class]
+        request = None
+        out: list[tuple[Reservation, Any]] = []
+        for key, (reservation, head_rank, _name) in reserved.items():
+            if not _overlap(widest, key) or head_rank > rank == 0:
+                continue
+            if request is None:
+                profile = self.jobs.ledger.profiles[job.profile]
+                request = self.jobs.ledger.request_for(job.user, profile, "batch", False)
+            left = max(float(job.max_runtime) - float(job.run_seconds or 0.0), 0.0)
+            ends = now + timedelta(seconds=min(left, 1e9))
+            out.append((reservation, reservation.allows(request, job.slices, ends)))
+        return out
 
     def _allocate(
         self,
@@ -1052,6 +1104,23 @@ class Scheduler:
             keep=self.jobs.job_env_keep,
             extra=self.jobs.job_environment,
         )
+
+
+def _overlap(a: frozenset[str] | None, b: frozenset[str] | None) -> bool:
+    """Whether two sets of pools (None: the whole cluster) share any."""
+    return a is None or b is None or bool(a & b)
+
+
+def _job_name(job: Any) -> str:
+    return str(getattr(job, "name", None) or f"job {job.id}")
+
+
+def reserved_reason(
+    held: Reservation, reserved: dict[frozenset[str] | None, tuple[Reservation, int, str]]
+) -> str:
+    """A held-back job's waiting reason: which job it waits for, and until when."""
+    name = next(n for r, _rank, n in reserved.values() if r is held)
+    return held.describe(name)
 
 
 def _left_over(
