@@ -662,7 +662,9 @@ class GPUSliceService(Application):
             if self.hosts:
                 raise ConfigError("hosts", "is read from Slurm with gpu_backend = 'slurm'")
             gres = SlurmGresConfig(parent=self)
-            hosts = read_slurm_hosts(gres.value(), gres.gpu_memory_mib)
+            # the burst partition's nodes are capacity bought elsewhere, not this cluster's
+            burst = self.config.get("JobManager", {}).get("burst_partition") or ""
+            hosts = read_slurm_hosts(gres.value(), gres.gpu_memory_mib, leave_out=[burst])
             self.log.log(level, "inventory from Slurm: %s", ", ".join(h["name"] for h in hosts))
             # declared from what Slurm said; named for where it came from (what the start
             # line, /api/health and the admin panel show)

@@ -23,7 +23,9 @@ def build_hosts(
     ignore_drain: bool = False,
 ) -> list[HostState]:
     """Free capacity per present host, after subtracting every active allocation.
-    ``ignore_drain``: count drained GPUs as if in service (what a drain takes away)."""
+    ``ignore_drain``: count drained GPUs as if in service (what a drain takes away). The
+    GPUs of a host its engine runs no new work on (``engine_out``: Slurm drained it, or
+    it is in a reservation) count as drained: the engine would not run a grant there."""
     layout = _Layout(hosts, gpus)
     by_host: dict[str, list[Any]] = defaultdict(list)
     for a in active:
@@ -55,7 +57,8 @@ class _Layout:
                 for m in g.mig_instances
                 if m.present
             ]
-            drained = g.drained and not ignore_drain
+            out = getattr(h, "engine_out", None)  # (ORM rows and views alike)
+            drained = (g.drained or bool(out)) and not ignore_drain
             gpu = GPUState(g.uuid, g.model, g.memory_mib, mig=slots, drained=drained)
             state.gpus.append(gpu)
             by_uuid[g.uuid] = gpu

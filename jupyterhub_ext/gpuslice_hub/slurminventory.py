@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gpuslice.gpu.profiles import DEFAULT_COMPUTE_SLICES, parse_mig_profile
@@ -145,10 +145,28 @@ def pack_mig(instances: Counter[str], model: str, memory_mib: int) -> list[dict[
     return [{"model": model, "memory_mib": memory_mib, "mig": layout} for layout in layouts]
 
 
+def home_nodes(
+    nodes: list[Mapping[str, Any]], leave_out: Collection[str]
+) -> list[Mapping[str, Any]]:
+    """The nodes that are this cluster's capacity: not those whose every partition is one
+    of ``leave_out`` (the burst partition's: capacity bought elsewhere, see the admin
+    guide's burst section). A node in a home partition too stays."""
+    away = {p for p in leave_out if p}
+    return [
+        n
+        for n in nodes
+        if not away or not (set(map(str, n.get("partitions") or [])) or {""}) <= away
+    ]
+
+
 def read_slurm_hosts(
-    cfg: SlurmGres, memory: Mapping[str, int], env: Mapping[str, str] | None = None
+    cfg: SlurmGres,
+    memory: Mapping[str, int],
+    env: Mapping[str, str] | None = None,
+    leave_out: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """Slurm's GPU nodes as hosts: one ``sinfo --json``."""
+    """Slurm's GPU nodes as hosts: one ``sinfo --json``. ``leave_out``: partitions whose
+    nodes are not this cluster's (:func:`home_nodes`)."""
     try:
         data = json_command(["sinfo", "--json"], env, 30)
     except SlurmReadError as e:
@@ -156,7 +174,8 @@ def read_slurm_hosts(
     nodes = data.get("nodes")
     if not isinstance(nodes, list):
         raise ConfigError(KEY, "sinfo --json gave no node list")
-    hosts = hosts_from_nodes([n for n in nodes if isinstance(n, dict)], cfg, memory)
+    ours = home_nodes([n for n in nodes if isinstance(n, dict)], leave_out)
+    hosts = hosts_from_nodes(ours, cfg, memory)
     if not hosts:
         raise ConfigError(KEY, "Slurm has no node with GPU gres (gres.conf)")
     return hosts

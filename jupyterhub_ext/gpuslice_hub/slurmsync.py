@@ -1,5 +1,6 @@
 """The loop that keeps the ledger's external holdings equal to what Slurm's jobs hold
-beyond gpuslice's own slices (``GPUSliceService.slurm_sync_interval``), and, hourly, checks
+beyond gpuslice's own slices (``GPUSliceService.slurm_sync_interval``), and which nodes
+Slurm starts no new work on (drained, down, reserved: never offered), and, hourly, checks
 the service's hosts against Slurm's nodes and their gres."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 from gpuslice_spawner.launchers.slurm import SlurmGres
 
 from .ledger import Ledger
-from .slurmusage import SlurmReadError, read_held, read_nodes, steady
+from .slurmusage import SlurmReadError, read_held, read_node_states, read_nodes, steady
 
 
 async def sync_once(
@@ -36,6 +37,21 @@ async def sync_once(
     if added or released:
         log.info("Slurm: %d holding(s) outside gpuslice added, %d released", added, released)
     return added, released, problems, now
+
+
+async def sync_node_states(
+    ledger: Ledger,
+    log: logging.Logger,
+    read: Callable[[], Mapping[str, str]] = read_node_states,
+) -> list[str]:
+    """Mirror which nodes Slurm starts no new work on (drained, down, in a reservation)
+    into the ledger, which then offers nothing there: one read, applied at once (a drain
+    takes effect in Slurm at once too). A failed read raises and changes nothing."""
+    out = await asyncio.to_thread(read)
+    changes = await asyncio.to_thread(ledger.mirror_engine_out, out)
+    for change in changes:
+        log.info("Slurm: %s", change)
+    return changes
 
 
 # How often the service's hosts are compared with Slurm's nodes (an hour)
@@ -76,6 +92,8 @@ async def run_slurm_sync(
                 checked = loop.time()
                 for problem in await check_nodes(ledger, cfg):
                     log.error("Slurm and the service's hosts disagree: %s", problem)
+            # nodes first: a node Slurm runs nothing new on is not offered from now
+            await sync_node_states(ledger, log)
             _, _, problems, before = await sync_once(
                 ledger, cfg, log, read, before, batch_by_id=own_jobs is not None
             )

@@ -161,7 +161,96 @@ def read_held(
     return held_by_jobs(data, exclude)
 
 
-def json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> dict[str, Any]:
+# A node's base state (``sinfo --json``'s ``state``) or flag (``state_flags``) on which
+# slurmctld starts no new job, in words. (MAINTENANCE and RESERVED come with a reservation,
+# said from the reservation itself; POWERED_DOWN is a cloud node Slurm powers up for a job.)
+OUT_STATES = {
+    "down": "down",
+    "error": "in error",
+    "future": "not in service yet",
+    "unknown": "not registered with slurmctld",
+}
+OUT_FLAGS = {
+    "DRAIN": "drained",
+    "FAIL": "failing",
+    "NOT_RESPONDING": "not responding",
+    "REBOOT_ISSUED": "rebooting",
+    "POWER_DOWN": "to be powered down",
+    "POWERING_DOWN": "powering down",
+    "INVALID_REG": "registered with a configuration that does not match slurm.conf",
+}
+
+
+def node_out(node: Mapping[str, Any]) -> str:
+    """Why slurmctld starts no new job on ``node`` (an ``sinfo --json`` node), in words;
+    "" where it does. A drained node with jobs still on it is "draining"."""
+    base = str(node.get("state") or "").lower()
+    flags = {str(f).upper() for f in node.get("state_flags") or []}
+    words = [OUT_STATES[base]] if base in OUT_STATES else []
+    for flag, word in OUT_FLAGS.items():
+        if flag in flags:
+            busy = flag == "DRAIN" and base in ("allocated", "mixed", "completing")
+            words.append("draining" if busy else word)
+    if not words:
+        return ""
+    reason = str(node.get("reason") or "").strip()
+    return f"{' and '.join(words)} in Slurm" + (f": {reason}" if reason else "")
+
+
+def parse_reservations(out: str) -> list[dict[str, str]]:
+    """``scontrol -o show reservation``: one ``Key=Value`` record per line."""
+    records = []
+    for line in out.splitlines():
+        if "ReservationName=" not in line:
+            continue  # ("No reservations in the system")
+        record = {}
+        for item in line.split():
+            key, sep, value = item.partition("=")
+            if sep:
+                record[key] = value
+        records.append(record)
+    return records
+
+
+def reserved_nodes(reservations: list[dict[str, str]]) -> dict[str, str]:
+    """Per node, the active reservation it is in, in words. A job that is not sent into a
+    reservation (``--reservation``) never runs on its nodes, and gpuslice sends no server
+    there: the whole node is out, even where the reservation holds only some of its cores
+    or GPUs."""
+    out: dict[str, str] = {}
+    for r in reservations:
+        if r.get("State", "").upper() != "ACTIVE":
+            continue
+        nodes = r.get("Nodes", "")
+        if not nodes or nodes == "(null)":
+            continue
+        flags = set(r.get("Flags", "").upper().split(","))
+        kind = "maintenance reservation" if "MAINT" in flags else "reservation"
+        for node in expand_hostlist(nodes):
+            out.setdefault(node, f"in Slurm's {kind} {r.get('ReservationName', '?')}")
+    return out
+
+
+def read_node_states(env: Mapping[str, str] | None = None, timeout: float = 30) -> dict[str, str]:
+    """Every node slurmctld starts no new job on now, and why: drained, down, failing, not
+    responding (one ``sinfo --json``), or in an active reservation (one ``scontrol show
+    reservation``)."""
+    data = json_command(["sinfo", "--json"], env, timeout)
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise SlurmReadError("sinfo --json gave no node list")
+    out = {
+        str(n.get("name")): why
+        for n in nodes
+        if isinstance(n, dict) and n.get("name") and (why := node_out(n))
+    }
+    text = text_command(["scontrol", "-o", "show", "reservation"], env, timeout)
+    for node, why in reserved_nodes(parse_reservations(text)).items():
+        out[node] = f"{out[node]}; {why}" if node in out else why
+    return out
+
+
+def text_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> str:
     source = env if env is not None else os.environ
     try:
         out = subprocess.run(
@@ -175,8 +264,13 @@ def json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float)
         raise SlurmReadError(f"{argv[0]} could not run: {e}") from e
     if out.returncode != 0:
         raise SlurmReadError(f"{argv[0]} failed: {out.stderr.strip()[:500]}")
+    return out.stdout
+
+
+def json_command(argv: list[str], env: Mapping[str, str] | None, timeout: float) -> dict[str, Any]:
+    text = text_command(argv, env, timeout)
     try:
-        data = json.loads(out.stdout)
+        data = json.loads(text)
     except ValueError as e:
         raise SlurmReadError(f"{argv[0]} --json printed no JSON: {e}") from e
     if not isinstance(data, dict):

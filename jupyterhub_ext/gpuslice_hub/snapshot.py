@@ -38,6 +38,8 @@ class HostView:
     cpu_milli: int
     memory_mib: int
     present: bool
+    # why the engine runs no new work here now (HostRow.engine_out); None: it does
+    engine_out: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ def current_generation(s: Session) -> int:
 
 def load_inventory(s: Session, generation: int) -> InventoryView:
     hosts = tuple(
-        HostView(r.name, r.cpu_milli, r.memory_mib, r.present)
+        HostView(r.name, r.cpu_milli, r.memory_mib, r.present, r.engine_out)
         for r in s.connection().execute(select(HostRow.__table__)).all()
     )
     migs: dict[str, list[MigView]] = defaultdict(list)

@@ -91,7 +91,18 @@ def render_form(
                 "checked": p["name"] == first,
                 "status": status,
                 "details": [
-                    d for d in (description, memory, _idle(p), _reserved(p), _from_batch(p)) if d
+                    d
+                    for d in (
+                        description,
+                        memory,
+                        _idle(p),
+                        _reserved(p),
+                        _from_batch(p),
+                        # what the counts leave out, and why: drains, nodes the engine
+                        # takes no new work on (the service's words)
+                        p.get("out_of_service") or "",
+                    )
+                    if d
                 ],
                 "reason": "" if available else (p.get("reason") or ""),
             }

@@ -111,6 +111,10 @@ class HostRow(Base):
     memory_mib: Mapped[int] = mapped_column(Integer)
     # False once discovery no longer reports the host; held slices stay until released.
     present: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Why the engine (Slurm) runs no new work here now (drained, down, in a reservation),
+    # mirrored every sync pass; None: it does. Its GPUs are then offered to nobody, as a
+    # drained GPU is not, and their holders keep them.
+    engine_out: Mapped[str | None] = mapped_column(String(255), nullable=True, default=None)
 
 
 class GPURow(Base):

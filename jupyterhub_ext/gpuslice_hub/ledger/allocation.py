@@ -14,6 +14,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from ..clusterview import build_hosts
 from ..db.lean import Lean
 from ..db.loopguard import hold
 from ..db.models import (
@@ -21,12 +22,13 @@ from ..db.models import (
 )
 from ..errors import Pending, Refused
 from ..placement import Placement, Refusal, Request, place_in
-from ..placement.state import ClusterState
+from ..placement.state import ClusterState, from_hosts
 from ..pools import Access
 from ..profiles import Profile
 from ..quotas import Charge, Quotas
 from ..serialize import allocation_json
 from ..snapshot import (
+    ActiveState,
     AllocationView,
     ClaimView,
     InventoryView,
@@ -247,6 +249,7 @@ class AllocationMixin(CapacityMixin):
         access: Access | None = None,
         avoid: frozenset[str] = frozenset(),
         overcommit: bool = True,
+        engine_placed: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         if enforce_quota:
             _allowed(profile, caller)
@@ -280,9 +283,23 @@ class AllocationMixin(CapacityMixin):
                 active = self.active_cache.state(s)
                 charge = self._charge(self.effective_quotas(s), inv, caller, profile, enforce_quota)
                 with self.cluster_cache.use(inv, active) as state, hold(self._policy_lock):
-                    result = self._place(
-                        inv, state, caller, profile, request, access, purpose, learn, host, avoid
-                    )
+                    try:
+                        result = self._place(
+                            inv,
+                            state,
+                            caller,
+                            profile,
+                            request,
+                            access,
+                            purpose,
+                            learn,
+                            host,
+                            avoid,
+                        )
+                    except Refused:
+                        if not (engine_placed and host is not None):
+                            raise
+                        result = self._where_engine_runs(inv, active, request, host)
                 row = self._write_allocation(
                     s,
                     caller,
@@ -352,6 +369,28 @@ class AllocationMixin(CapacityMixin):
         if host is not None:
             raise Refused("no_capacity", f"no free {profile.name} on {host} in the ledger")
         raise self._no_capacity(inv, caller, profile, state, access, purpose == "interactive")
+
+    def _where_engine_runs(
+        self, inv: InventoryView, active: ActiveState, request: Request, host: str
+    ) -> Placement:
+        """A slice for work the engine already runs on ``host``, drained GPUs included: a
+        drain (an admin's in gpuslice, or the engine's own, which lets running work end,
+        and a reservation the work was sent into) keeps new grants off a node, never the
+        record of what runs there. Refused ``no_capacity`` where even then none is free."""
+        hosts = build_hosts(
+            [h for h in inv.hosts if h.name == host],
+            [g for g in inv.gpus if g.host == host],
+            [a for a in active.views.values() if a.host == host],
+            ignore_drain=True,
+        )
+        result = (
+            place_in(request, from_hosts(hosts), self.policy, learn=False, host=host)
+            if hosts
+            else None
+        )
+        if not isinstance(result, Placement):
+            raise Refused("no_capacity", f"no free {request.kind} slice on {host} in the ledger")
+        return result
 
     def catch_up(self, s: Session, newest_event: int | None = None) -> None:
         """Bring the kept inventory, quotas and active allocations up to what ``s`` reads:
@@ -443,6 +482,7 @@ class AllocationMixin(CapacityMixin):
             learn=False,
             host=host,
             enforce_quota=False,
+            engine_placed=True,
         )
         return alloc
 

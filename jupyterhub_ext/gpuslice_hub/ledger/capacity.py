@@ -272,12 +272,24 @@ class CapacityMixin(LedgerBase):
                     # a spawn takes a batch job's slice, waiting up to this for it
                     entry["from_batch"] = True
                     entry["from_batch_seconds"] = preempted
+                away = self._out_of_service(inv, widest, p.name, total)
+                if away:
+                    # counted out of free and total, and said why (a drain, Slurm's word)
+                    entry["out_of_service"] = away
                 if reserved is not None:
                     entry["reserved_free"] = reserved[p.name][0]
                 if batch is not None:
                     entry["batch_free"], entry["batch_total"] = batch[p.name]
                 out.append(entry)
             return out
+
+    def _out_of_service(
+        self, inv: InventoryView, allowed: frozenset[str] | None, name: str, total: int
+    ) -> str:
+        """How many more of profile ``name`` there would be but for drained GPUs and nodes
+        the engine takes no new work on, and why ("": none)."""
+        more = self._totals(inv, allowed, ignore_drain=True)[name] - total
+        return f"{more} more {_out_words(inv)}" if more > 0 else ""
 
     def quota_standing(self, user: str, groups: Iterable[str]) -> list[dict[str, Any]]:
         """The quotas that limit *user* and what is held against each (see Quotas.standing)."""
@@ -301,10 +313,28 @@ class CapacityMixin(LedgerBase):
             drained = count_fits(charged, self._empty(inv, True, allowed)) - total
         if total == 0:
             if drained > 0:
-                return "every GPU that offers it is drained for maintenance"
+                return f"every GPU that offers it is {_out_words(inv, every=True)}"
             return f"no host has {p.summary()}"
-        more = f"; {drained} more on GPUs drained for maintenance" if drained > 0 else ""
+        more = f"; {drained} more {_out_words(inv)}" if drained > 0 else ""
         if self.overcommit.settings.on and p.kind == "share" and p.gpu_memory_mib > 0:
             # the count is of shares charged in full: holders charged less hold more
             more += ", and more held through overcommit"
         return f"all in use ({total} of {total} in use{more})"
+
+
+def _out_words(inv: InventoryView, every: bool = False) -> str:
+    """Where the capacity that is not offered is: "on GPUs drained for maintenance" (an
+    admin's drain in gpuslice) and/or "on nodes that take no new work now (gsn1: drained
+    in Slurm: disk swap)" (the engine's word, mirrored by slurmsync.py). ``every``: said
+    of every GPU that offers a profile ("drained for maintenance or on nodes ...")."""
+    admin = any(g.drained for g in inv.gpus if g.present)
+    nodes = [f"{h.name}: {h.engine_out}" for h in inv.hosts if h.present and h.engine_out]
+    parts = []
+    if admin or not nodes:
+        parts.append("drained for maintenance" if every else "on GPUs drained for maintenance")
+    if nodes:
+        where = "on a node" if every else "on nodes"
+        parts.append(
+            f"{where} that take{'s' if every else ''} no new work now ({'; '.join(nodes)})"
+        )
+    return " or ".join(parts)

@@ -20,17 +20,17 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from gpuslice.gpu.profiles import parse_mig_profile
 from gpuslice_spawner.launchers.slurm import SlurmGres, gres_counts
 
 from ..clusterview import build_hosts
-from ..db.models import utcnow
+from ..db.models import HostRow, utcnow
 from ..placement import GPUState, HostState
 from ..serialize import allocation_json
-from ..snapshot import AllocationView, GPUView, InventoryView, load_allocation
+from ..snapshot import AllocationView, GPUView, InventoryView, bump_generation, load_allocation
 from .allocation import AllocationMixin
 from .base import ALLOCATIONS, CLAIMS
 from .holders import HOLDERS, engine_of
@@ -246,6 +246,32 @@ class ExternalMixin(AllocationMixin):
             if a.purpose == EXTERNAL and a.profile.partition(":")[0] == actor:
                 current[(a.host, a.server_name)].append(a)
         return inv, active, wanted, current
+
+    def mirror_engine_out(self, out: Mapping[str, str], engine: str = "Slurm") -> list[str]:
+        """Record per present host why its engine starts no new work there now (``out``:
+        node -> why; a host not in it takes work): such a host is offered to nobody
+        (``clusterview.build_hosts``), its holders keep what they hold. Returns the
+        changes, in words."""
+        want = {name: (why[:255] or None) for name, why in out.items()}
+        with self.db.reading() as s:
+            inv = self.inventory_cache.get(s)
+        if all(h.engine_out == want.get(h.name) for h in inv.hosts if h.present):
+            return []  # most passes: nothing changed, no write
+        changes: list[str] = []
+        actor = engine.lower()
+        with self.db.writing() as s:
+            for row in s.scalars(select(HostRow).where(HostRow.present)):
+                why = want.get(row.name)
+                if row.engine_out == why:
+                    continue
+                row.engine_out = why
+                said = f"{row.name}: {why}" if why else f"{row.name} takes work again in {engine}"
+                changes.append(said)
+                kind = "host-out" if why else "host-back"
+                self._event(s, kind, None, actor, None, None, said, {"host": row.name})
+            if changes:
+                bump_generation(s)  # what is free changed: every count is made again
+        return changes
 
     def slurm_mismatches(self, slurm: Mapping[str, Counter[str]], cfg: SlurmGres) -> list[str]:
         """:func:`gres_mismatches` of the ledger's inventory and Slurm's nodes."""

@@ -30,9 +30,15 @@ class InventoryMixin(LedgerBase):
             seen_hosts, seen_gpus, seen_mig = set(), set(), set()
             for h in inventory.hosts:
                 seen_hosts.add(h.name)
+                old = s.get(HostRow, h.name)
                 s.merge(
                     HostRow(
-                        name=h.name, cpu_milli=h.cpu_milli, memory_mib=h.memory_mib, present=True
+                        name=h.name,
+                        cpu_milli=h.cpu_milli,
+                        memory_mib=h.memory_mib,
+                        present=True,
+                        # the engine's word stands until its next pass (slurmsync.py)
+                        engine_out=old.engine_out if old is not None else None,
                     )
                 )
                 for g in h.gpus:
