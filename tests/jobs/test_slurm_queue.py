@@ -210,6 +210,22 @@ def test_the_ledger_holds_a_job_where_slurm_runs_it_until_slurm_ends_it(tmp_path
     assert row(jobs, a).state == "completed" and batch_slices(ledger) == []
 
 
+def test_a_job_slurm_runs_on_a_node_it_takes_no_new_work_on_is_recorded_there(tmp_path):
+    # n2 is in a reservation the job was sent into (or drained after Slurm started it):
+    # offered to nobody, but what Slurm runs there is recorded there, not taken for foreign
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    ledger.mirror_engine_out({"n2": "in Slurm's reservation gpuslice-batch"})
+    assert ledger.profile_capacity()["gpu-1"] == (1, 1)
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n2")
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.transitions[-1].reason == "Slurm started it on n2"
+    assert batch_slices(ledger) == [(f"job-{a}", "n2")]
+    assert job.backend_ref["unrecorded"] is False
+
+
 def test_a_job_slurm_requeues_gives_its_slice_back_and_runs_again_where_slurm_says(tmp_path):
     ledger, jobs, scheduler, slurm = setup(tmp_path)
     (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))

@@ -297,9 +297,12 @@ class AllocationMixin(CapacityMixin):
                             avoid,
                         )
                     except Refused:
-                        if not (engine_placed and host is not None):
+                        found = None
+                        if engine_placed and host is not None:
+                            found = self._where_engine_runs(inv, active, request, host)
+                        if found is None:
                             raise
-                        result = self._where_engine_runs(inv, active, request, host)
+                        result = found
                 row = self._write_allocation(
                     s,
                     caller,
@@ -372,11 +375,11 @@ class AllocationMixin(CapacityMixin):
 
     def _where_engine_runs(
         self, inv: InventoryView, active: ActiveState, request: Request, host: str
-    ) -> Placement:
+    ) -> Placement | None:
         """A slice for work the engine already runs on ``host``, drained GPUs included: a
         drain (an admin's in gpuslice, or the engine's own, which lets running work end,
         and a reservation the work was sent into) keeps new grants off a node, never the
-        record of what runs there. Refused ``no_capacity`` where even then none is free."""
+        record of what runs there. None where even then none is free."""
         hosts = build_hosts(
             [h for h in inv.hosts if h.name == host],
             [g for g in inv.gpus if g.host == host],
@@ -388,9 +391,7 @@ class AllocationMixin(CapacityMixin):
             if hosts
             else None
         )
-        if not isinstance(result, Placement):
-            raise Refused("no_capacity", f"no free {request.kind} slice on {host} in the ledger")
-        return result
+        return result if isinstance(result, Placement) else None
 
     def catch_up(self, s: Session, newest_event: int | None = None) -> None:
         """Bring the kept inventory, quotas and active allocations up to what ``s`` reads:
@@ -680,8 +681,9 @@ class AllocationMixin(CapacityMixin):
     def servers_missing(
         self, existing: set[tuple[str, str]], grace: timedelta, now: datetime | None = None
     ) -> set[tuple[str, str]]:
-        """(user, server) of the interactive allocations past ``grace`` whose server is not
-        in ``existing``: what :meth:`reconcile_servers` would release. Reads only."""
+        """(user, server) of the interactive allocations at least ``grace`` old whose server
+        is not in ``existing``: the ones to ask the hub about before
+        :meth:`reconcile_servers`. Reads only."""
         with self.db.reading() as s:
             return {(v.user, v.server_name) for v in self._unmatched(s, existing, grace, now)}
 
@@ -691,19 +693,36 @@ class AllocationMixin(CapacityMixin):
         grace: timedelta,
         now: datetime | None = None,
         only: set[tuple[str, str]] | None = None,
+        stopped: dict[tuple[str, str], datetime] | None = None,
     ) -> list[int]:
         """Release interactive allocations whose server no longer exists on the hub.
 
-        Allocations younger than ``grace`` are left alone: a spawn in progress holds its
-        allocation before the hub lists the server as running. ``only``: release none but
-        these servers' (the ones the caller has confirmed gone).
+        ``stopped``: the servers the hub reported stopped (it has their user and lists the
+        server as neither running nor starting nor stopping), each with when it was asked.
+        Their allocations granted before then are released whatever their age: a spawn
+        holds its allocation only while the hub lists its server as starting (``pending``
+        "spawn"), so the hub knew of it, and it is over. Other allocations missing from
+        ``existing`` are released only past ``grace``: the hub may not list a spawn yet (a
+        grant made after it was asked), or could not tell (a user it does not have). With
+        ``only``, of these, none but those servers' (the ones the caller confirmed gone).
         """
         released = []
+        stopped = stopped or {}
+        now = now or utcnow()
         with self.db.writing() as s:
-            for view in self._unmatched(s, existing, grace, now):
-                if only is not None and (view.user, view.server_name) not in only:
+            for view in self._unmatched(s, existing, timedelta(0), now):
+                key = (view.user, view.server_name)
+                asked = stopped.get(key)
+                if asked is not None and view.created_at < asked:
+                    # its spawner's release did not reach the service (the hub stops its
+                    # services before its servers when it shuts down): the record of a
+                    # stop the service asked for (an idle cull) says why, as it would have
+                    reason = self._why_stopped(s, view.id) or "server stopped on the hub"
+                elif now - view.created_at >= grace and (only is None or key in only):
+                    reason = "server no longer exists on the hub"
+                else:
                     continue
-                self._release(s, view, "reconciler", "server no longer exists on the hub")
+                self._release(s, view, "reconciler", reason)
                 released.append(view.id)
         return released
 
