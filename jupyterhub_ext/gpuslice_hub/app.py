@@ -99,7 +99,7 @@ from .profiles import parse_profiles
 from .quotas import parse_quotas
 from .secretfiles import check_secret_settings, is_sqlite, read_password_file, with_password
 from .silent import SILENT_KIND, find_silent, silent_detail
-from .slurminventory import read_slurm_hosts
+from .slurminventory import check_slurm_units, read_slurm_hosts
 from .slurmsync import run_slurm_sync
 from .templating import check_template_paths, page_environment
 
@@ -508,6 +508,15 @@ class GPUSliceService(Application):
                 "slurm_sync_interval",
                 "squeue is not on the service's PATH, so Slurm's holdings cannot be read",
             )
+        # Slurm serves the slices (its inventory, its jobs, its mirror, or the servers'
+        # gres names set here): a share is a whole number of its shards or MPS units
+        check_slurm_units(
+            SlurmGresConfig(parent=self).value(),
+            self.parsed_profiles.values(),
+            "slurm" in (self.gpu_backend, self.job_backend)
+            or self.slurm_sync_interval > 0
+            or bool(self.config.get("SlurmGresConfig")),
+        )
         check_cluster_config(
             KubernetesClusterConfig(parent=self),
             next(

@@ -24,14 +24,15 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from gpuslice.gpu.profiles import DEFAULT_COMPUTE_SLICES, parse_mig_profile
-from gpuslice_spawner.launchers.slurm import SlurmGres
+from gpuslice_spawner.launchers.slurm import SlurmGres, share_units
 
 from .errors import ConfigError
 from .ledger.external import is_mig_type
+from .profiles import Profile
 from .slurmusage import SHARE_GRES, SlurmReadError, json_command, parse_gres_detail
 
 KEY = "gpu_backend"
@@ -157,6 +158,24 @@ def home_nodes(
         for n in nodes
         if not away or not (set(map(str, n.get("partitions") or [])) or {""}) <= away
     ]
+
+
+def check_slurm_units(cfg: SlurmGres, profiles: Iterable[Profile], used: bool) -> None:
+    """Refuse at start a share profile that is no whole number of Slurm's share units
+    (``used``: Slurm serves the slices: its inventory, its batch jobs or its mirror are
+    on, or ``c.SlurmGresConfig`` is set for the servers). The job asks Slurm for units,
+    the ledger charges milli-GPUs: a share-300 with 8 shards per GPU asked for 3 shards
+    (375 milli), Slurm put the third such job on another GPU than the ledger, and the
+    ledger offered a whole GPU Slurm could not run."""
+    if not used:
+        return
+    for i, profile in enumerate(profiles):
+        if profile.kind != "share":
+            continue
+        try:
+            share_units(profile.gpu_milli, cfg)
+        except ValueError as e:
+            raise ConfigError(f"profiles[{i}].gpu_milli", f"profile {profile.name}: {e}") from None
 
 
 def read_slurm_hosts(

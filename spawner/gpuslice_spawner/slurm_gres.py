@@ -48,11 +48,16 @@ class SlurmGresConfig(Configurable):
         8,
         min=1,
         help="Count of Name=shard per GPU in gres.conf; a share of milli m asks for "
-        "ceil(m * shards_per_gpu / 1000) shards.",
+        "m * shards_per_gpu / 1000 shards, which must be a whole number: a share profile "
+        "that is not is refused at start, naming the nearest shares that are (with 8, "
+        "multiples of 125).",
     ).tag(config=True)
 
     mps_per_gpu = Integer(
-        100, min=1, help="Count of Name=mps per GPU in gres.conf (100 makes N a percentage)."
+        100,
+        min=1,
+        help="Count of Name=mps per GPU in gres.conf (100 makes N a percentage); a share "
+        "must be a whole number of them, as with shards_per_gpu.",
     ).tag(config=True)
 
     pin_to_granted_host = Bool(

@@ -40,12 +40,13 @@ NODE_NAMES = ("gsn1", "gsn2")  # Slurm writes a job on both as "gsn[1-2]"
 
 
 def _node_gpus(devdir: Path, node: str, first_minor: int) -> list[FakeGPU]:
-    """Per node: one MIG-like 1g.10gb instance and one whole A100."""
+    """Per node: one MIG-like 1g.10gb instance and one whole A100, also sharded 8 ways (a
+    job holding the A100 leaves no shard of it, and the other way round)."""
     gpus = []
-    for i, gtype in enumerate(("1g.10gb", "a100")):
+    for i, (gtype, extra) in enumerate((("1g.10gb", ()), ("a100", (("shard", 8),)))):
         path = devdir / f"{node}-nvidia{i}"
         _make_device(path, first_minor + i)
-        gpus.append(FakeGPU("gpu", gtype, path))
+        gpus.append(FakeGPU("gpu", gtype, path, extra))
     return gpus
 
 
@@ -86,7 +87,13 @@ def start_nodes(
         gres += gres_lines(name, gpus)
         (root / "spool" / name).mkdir()
         nodes.append(
-            Node(name, int(hw["CPUs"]), int(hw["RealMemory"]), hardware, "gpu:1g.10gb:1,gpu:a100:1")
+            Node(
+                name,
+                int(hw["CPUs"]),
+                int(hw["RealMemory"]),
+                hardware,
+                "gpu:1g.10gb:1,gpu:a100:1,shard:8",
+            )
         )
     node_lines = "\n".join(
         f"NodeName={n.name} NodeHostname={n.name} NodeAddr=127.0.0.1 Port={port} "

@@ -1,7 +1,8 @@
 """The engine's word wins (issue 46): on a real two-node Slurm (``slurm_nodes``) the ledger
 never offers a node Slurm starts nothing new on (draining, in a maintenance reservation),
-mirrored by the service's own Slurm loop; a grant it does make is one Slurm runs; and the
-burst partition's node is no part of this cluster's inventory (``slurm_burst``)."""
+mirrored by the service's own Slurm loop; a grant it does make is one Slurm runs; shares
+are whole numbers of Slurm's shards, so shares and whole GPUs are never booked twice; and
+the burst partition's node is no part of this cluster's inventory (``slurm_burst``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gpuslice_hub.errors import Refused
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.slurmsync import run_slurm_sync
 from gpuslice_spawner.form import render_form
-from gpuslice_spawner.launchers.slurm import SlurmGres
+from gpuslice_spawner.launchers.slurm import SlurmGres, sbatch_options
 from tests.harness.hub import wait_for
 from tests.harness.slurm import A100, SlurmCluster
 from tests.harness.slurm_nodes import BURST_NODES, node_hosts
@@ -27,7 +28,9 @@ pytestmark = [pytest.mark.slurm]
 GRES = SlurmGres(gpu_types={A100: "a100"})
 PROFILES = [
     {"name": "mig-1g.10gb", "kind": "mig", "mig_profile": "1g.10gb", "display_name": "Small MIG"},
-    {"name": "gpu-1", "kind": "gpu", "count": 1},
+    {"name": "gpu-1", "kind": "gpu", "count": 1, "models": [A100]},
+    {"name": "share-375", "kind": "share", "gpu_milli": 375},
+    {"name": "share-300", "kind": "share", "gpu_milli": 300},
 ]
 HOLD = 'while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 0.1; done\n'
 ALICE = Caller("alice", (), "alice")
@@ -149,3 +152,74 @@ def test_the_burst_partitions_node_is_not_this_clusters_capacity(
     home, _cloud = BURST_NODES
     inventory = GPUSliceService(config=config).discover()
     assert [h.name for h in inventory.hosts] == [home]
+
+
+def test_a_share_that_is_no_whole_number_of_shards_is_refused_at_start(tmp_path: Path):
+    from gpuslice_hub.app import GPUSliceService
+    from gpuslice_hub.errors import ConfigError
+
+    config = tmp_path / "gpuslice_config.py"
+    config.write_text(
+        'c.GPUSliceService.gpu_backend = "simulated"\n'
+        'c.GPUSliceService.job_backend = "slurm"\n'
+        "c.SlurmGresConfig.shards_per_gpu = 8\n"
+        "c.GPUSliceService.profiles = [\n"
+        '    {"name": "share-250", "kind": "share", "gpu_milli": 250},\n'
+        '    {"name": "share-300", "kind": "share", "gpu_milli": 300},\n'
+        "]\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        GPUSliceService(config_file=str(config)).load_settings()
+    assert e.value.key == "profiles[1].gpu_milli"
+    assert str(e.value).endswith(
+        "profile share-300: a share of 300 milli-GPU is no whole number of Slurm's shard units "
+        "(8 per GPU, each 125 milli-GPU); the nearest that are: 250 (2 shards) or 375 (3 shards)"
+    )
+
+
+async def test_shares_and_whole_gpus_are_never_booked_twice(
+    slurm_nodes: SlurmCluster, mirrored: tuple[Ledger, Callable[[], Awaitable[None]]]
+):
+    """Three shares of 3 of a GPU's 8 shards, then a whole GPU, on two nodes of one sharded
+    A100 each: every grant the ledger makes runs in Slurm where it is pinned (the spawner's
+    own sbatch options), and the whole GPU is refused while Slurm has none to run it."""
+    ledger, two_passes = mirrored
+    # the issue's share-300 (which the service now refuses at start) asked for 3 shards,
+    # 375 milli, while the ledger charged 300: its grant is never submitted
+    odd, _ = ledger.allocate(ALICE, "share-300", "odd")
+    with pytest.raises(ValueError, match=r"nearest that are: 250 \(2 shards\) or 375"):
+        sbatch_options(odd, GRES)
+    ledger.release(odd["id"], "alice", "its job could not be submitted")
+
+    grants = [ledger.allocate(ALICE, "share-375", f"s{i}")[0] for i in range(3)]
+    assert [g["assignments"][0]["milli"] for g in grants] == [375] * 3  # 3 shards' worth
+    jobs = [slurm_nodes.sbatch(HOLD, *sbatch_options(g, GRES)) for g in grants]
+    for job, g in zip(jobs, grants, strict=True):
+        info = slurm_nodes.wait_state(job, "RUNNING", timeout=60)
+        assert (info["NodeList"], info["TresPerNode"]) == (g["host"], "gres:shard:3")
+    # no A100 is whole in the ledger, nor in Slurm: a whole-GPU job waits for resources
+    with pytest.raises(Refused):
+        ledger.allocate(ALICE, "gpu-1", "whole")
+    whole = slurm_nodes.sbatch(HOLD, "--gres=gpu:a100:1")
+    wait_for(
+        lambda: slurm_nodes.job_info(whole)["Reason"] not in ("None", ""),
+        30,
+        "Slurm to look at the whole-GPU job",
+    )
+    assert slurm_nodes.job_info(whole)["JobState"] == "PENDING"
+    slurm_nodes.run("scancel", whole)
+    # the mirror takes none of gpuslice's own shares for a job outside it
+    await two_passes()
+    assert [a for a in ledger.allocations() if a["purpose"] == "external"] == []
+
+    # the share alone on its node ends: its A100 is whole again in both
+    alone = next(g for g in grants if sum(h["host"] == g["host"] for h in grants) == 1)
+    (slurm_nodes.root / "jobs" / f"{jobs[grants.index(alone)]}.release").touch()
+    slurm_nodes.wait_state(jobs[grants.index(alone)], "COMPLETED", timeout=30)
+    ledger.release(alone["id"], "alice", "test")
+    gpu, _ = ledger.allocate(ALICE, "gpu-1", "whole")
+    assert gpu["host"] == alone["host"]
+    pinned = slurm_nodes.sbatch("true\n", *sbatch_options(gpu, GRES))
+    slurm_nodes.wait_state(pinned, "COMPLETED", timeout=60)
+    for job in jobs:
+        (slurm_nodes.root / "jobs" / f"{job}.release").touch()

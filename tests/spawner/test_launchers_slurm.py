@@ -67,14 +67,20 @@ def test_a_gpu_of_any_model_asks_for_the_one_whole_gpu_type():
 def test_share_as_shards_scales_milli_to_shards_per_gpu():
     assert gres_spec(SHARE) == "shard:2"  # 250/1000 of 8
     assert gres_spec(SHARE, SlurmGres(shards_per_gpu=16)) == "shard:4"
-    # never less than granted: 100 milli of 8 shards is 0.8 -> 1
+    # exactly, never rounded: 100 milli of 8 shards would be 0.8 shards, and one shard holds
+    # 125 milli of the GPU where the ledger charged 100 (Slurm then places others elsewhere)
     small = grant("share", assignment(milli=100))
-    assert gres_spec(small) == "shard:1"
+    with pytest.raises(ValueError, match=r"nearest that are: 125 \(1 shard\)$"):
+        gres_spec(small)
+    with pytest.raises(ValueError, match=r"300 .* 250 \(2 shards\) or 375 \(3 shards\)"):
+        gres_spec(grant("share", assignment(milli=300)))
 
 
 def test_share_as_mps_is_a_percentage():
     assert gres_spec(SHARE, SlurmGres(share="mps")) == "mps:25"
     assert gres_spec(SHARE, SlurmGres(share="mps", mps_per_gpu=1000)) == "mps:250"
+    with pytest.raises(ValueError, match=r"250 \(25 mps\) or 260 \(26 mps\)"):
+        gres_spec(grant("share", assignment(milli=255)), SlurmGres(share="mps"))
 
 
 def test_a_job_of_several_slices_asks_for_their_sum_on_their_one_host():

@@ -10,12 +10,12 @@ host the service placed it on, and slurmd picks the device (and sets
 * whole GPUs  -> ``--gres=gpu:<type>:N``; the type per GPU model comes from config, a model
   without one is requested untyped (``gpu:N``).
 * share       -> ``--gres=shard:N`` with N = milli scaled to the shards per GPU, or
-  ``--gres=mps:N`` with N = milli scaled to the MPS count per GPU (100: a percentage).
+  ``--gres=mps:N`` with N = milli scaled to the MPS count per GPU (100: a percentage):
+  exactly, a share that is no whole number of them is refused (:func:`share_units`).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -112,12 +112,36 @@ def gres_counts(grant: Mapping[str, Any], config: SlurmGres | None = None) -> Co
         milli = int(assignments[0].get("milli") or 0)
         if not 0 < milli <= 1000:
             raise ValueError(f"share of {milli} milli-GPU is out of range")
-        per_gpu = cfg.shards_per_gpu if cfg.share == "shard" else cfg.mps_per_gpu
-        # round up: a share must never get less than it was granted
-        counts[cfg.share] = math.ceil(milli * per_gpu / 1000)
+        # exactly: a share rounded up to whole shards holds more of the GPU than the ledger
+        # charged, and Slurm then places others where the ledger thinks there is room
+        counts[cfg.share] = share_units(milli, cfg)
     else:
         raise ValueError(f"grant {grant.get('id')} has unknown kind {kind!r}")
     return counts
+
+
+def share_units(milli: int, config: SlurmGres | None = None) -> int:
+    """How many of Slurm's share units (``shard`` or ``mps``) a share of ``milli``
+    milli-GPUs is: exactly a whole number of them, or ValueError naming the nearest shares
+    that are (Slurm counts units, the ledger milli-GPUs: they must agree)."""
+    cfg = config or SlurmGres()
+    per_gpu = cfg.shards_per_gpu if cfg.share == "shard" else cfg.mps_per_gpu
+    units, rest = divmod(milli * per_gpu, 1000)
+    if rest == 0 and units >= 1:
+        return units
+    whole = [n * 1000 // per_gpu for n in range(1, per_gpu + 1) if n * 1000 % per_gpu == 0]
+    below = [m for m in whole if m < milli][-1:]
+    above = [m for m in whole if m > milli][:1]
+    nearest = " or ".join(f"{m} ({_units(m * per_gpu // 1000, cfg.share)})" for m in below + above)
+    raise ValueError(
+        f"a share of {milli} milli-GPU is no whole number of Slurm's {cfg.share} units "
+        f"({per_gpu} per GPU, each {1000 / per_gpu:g} milli-GPU); the nearest that are: "
+        f"{nearest}"
+    )
+
+
+def _units(n: int, name: str) -> str:
+    return f"{n} {name}" if name == "mps" or n == 1 else f"{n} {name}s"
 
 
 def _joined(counts: Counter[str]) -> str:
