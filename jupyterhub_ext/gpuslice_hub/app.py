@@ -78,10 +78,11 @@ from .kubeapi import api_configuration
 from .kubecluster import (
     KubernetesClusterConfig,
     check_cluster_config,
+    check_kubernetes_units,
     read_cluster_hosts,
     run_kubernetes_sync,
 )
-from .kubecluster import read_held as read_kubernetes_held
+from .kubecluster import read_cluster as read_kubernetes_cluster
 from .ledger import Ledger
 from .loopwatch import GCPauses, LoopWatch, tune_garbage_collection
 from .metrics import (
@@ -524,6 +525,14 @@ class GPUSliceService(Application):
                 "",
             ),
             set(self.config.get("KubernetesClusterConfig", {})),
+        )
+        # Kubernetes serves the slices: its inventory, its jobs, or the servers' resource
+        # names set here (configure_jupyterhub hands them to GPUSliceKubeSpawner)
+        check_kubernetes_units(
+            KubernetesResourcesConfig(parent=self).value(),
+            self.parsed_profiles.values(),
+            "kubernetes" in (self.gpu_backend, self.job_backend)
+            or bool(self.config.get("KubernetesResourcesConfig")),
         )
         if self.history_retention_days != 0 and self.history_retention_days < MIN_RETENTION_DAYS:
             raise ConfigError(
@@ -990,7 +999,7 @@ class GPUSliceService(Application):
             run_kubernetes_sync(
                 self.ledger,
                 cluster.sync_interval,
-                lambda: read_kubernetes_held(configuration, res, accounted()),
+                lambda: read_kubernetes_cluster(configuration, res, accounted()),
                 self.log,
                 self._kubernetes_synced,
             )

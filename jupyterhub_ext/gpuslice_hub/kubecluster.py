@@ -11,18 +11,24 @@ label and advertise them):
   the label's spelling (the spawner selects nodes with the same label, so it still matches);
 * the memory: ``nvidia.com/gpu.memory`` (MiB), else the model's name, else
   ``gpu_memory_mib``;
-* the physical GPUs: ``nvidia.com/gpu.count``; MIG instances: the allocatable
-  ``nvidia.com/mig-<profile>`` resources (the device plugin's *mixed* strategy; the *single*
-  strategy is refused, its instances look like whole GPUs), packed onto GPUs of the model;
-  the other GPUs are whole (shares of them are time-slices of whole GPUs). Without the count
-  label, the whole GPUs are those the device plugin advertises (``nvidia.com/gpu`` and
-  ``nvidia.com/gpu.shared``, divided by ``nvidia.com/gpu.replicas``).
+* the GPUs: what the node's ``allocatable`` says the scheduler can hand out (GFD's
+  ``nvidia.com/gpu.count`` also counts GPUs the device plugin stopped advertising). MIG
+  instances: the allocatable ``nvidia.com/mig-<profile>`` resources (the device plugin's
+  *mixed* strategy; the *single* strategy is refused, its instances look like whole GPUs),
+  on the fewest GPUs of the model that hold them (:mod:`.migpack`); whole GPUs: the
+  allocatable ``nvidia.com/gpu`` and ``nvidia.com/gpu.shared``, divided by
+  ``nvidia.com/gpu.replicas`` (shares of them are time-slices of whole GPUs).
 
-Holdings, each pass one list of nodes and one of pods (all namespaces, bound, not ended, in
-pages): each pod's GPU resources (the larger of its containers' sum and any init container)
-in the mirror's units (:data:`UNITS`: a whole GPU, a MIG instance of a profile, or
-milli-GPUs of time-sliced or HAMi shares); pods that carry gpuslice's labels (its servers'
-and its batch jobs') are left out, since the ledger records those itself.
+Each pass, one list of nodes and one of pods (all namespaces, bound, not ended, in pages):
+
+* holdings: each pod's GPU resources (the larger of its containers' sum and any init
+  container) in the mirror's units (:data:`UNITS`: a whole GPU, a MIG instance of a
+  profile, or milli-GPUs of time-sliced or HAMi shares); pods that carry gpuslice's labels
+  (its servers' and its batch jobs') are left out, since the ledger records those itself;
+* closed nodes: cordoned (``spec.unschedulable``), or with a NoSchedule / NoExecute taint
+  that gpuslice's pods do not tolerate (``KubernetesResourcesConfig.tolerations``): the
+  scheduler puts no new pod there, so the ledger offers nothing there
+  (``Ledger.mirror_engine_out``) until the node opens again; what is held there stays held.
 
 Tested against a stand-in API server answering in the API's shapes, with nodes labelled as
 GFD labels them; no cluster runs here.
@@ -37,6 +43,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from typing import Any
 
 from traitlets import Dict, Float, Unicode
@@ -44,8 +51,11 @@ from traitlets.config import Configurable
 
 from gpuslice_spawner.launchers.kubernetes import (
     ALLOCATION_LABEL,
+    BLOCKING_EFFECTS,
     KubernetesResources,
+    kueue_queue_value,
     product_label_value,
+    share_slices,
 )
 from gpuslice_spawner.launchers.slurm import SlurmGres
 
@@ -53,7 +63,9 @@ from .errors import ConfigError
 from .jobs.backends.kubernetes import JOB_LABEL
 from .kubeapi import list_all, run_sync
 from .ledger import Ledger
-from .slurminventory import model_memory_mib, pack_mig
+from .migpack import pack_mig_exact
+from .profiles import Profile
+from .slurminventory import model_memory_mib
 from .slurmusage import steady
 
 KEY = "gpu_backend"
@@ -128,6 +140,35 @@ def check_cluster_config(
             )
 
 
+def check_kubernetes_units(
+    res: KubernetesResources, profiles: Iterable[Profile], used: bool
+) -> None:
+    """Refuse at start what the cluster's units cannot hold (``used``: Kubernetes serves
+    the slices: its inventory, its batch jobs or its servers' resource names are set): a
+    share profile that is no whole number of the device plugin's time-slices (the pod asks
+    for slices, the ledger charges milli-GPUs: a share-250 with 2 replicas would be placed
+    four to a GPU that has two slices), and a server queue that is no label value."""
+    if not used:
+        return
+    if res.server_queue:
+        try:
+            kueue_queue_value(res.server_queue)
+        except ValueError as e:
+            raise ConfigError("KubernetesResourcesConfig.server_kueue_queue", str(e)) from None
+    if res.share_mode == "hami":
+        return  # HAMi's shares are percentages of a GPU, not slices
+    for i, profile in enumerate(profiles):
+        if profile.kind != "share":
+            continue
+        try:
+            share_slices(profile.gpu_milli, res.replicas)
+        except ValueError as e:
+            key = "KubernetesResourcesConfig.time_slicing_replicas"
+            if res.replicas:
+                key = f"profiles[{i}].gpu_milli"
+            raise ConfigError(key, f"profile {profile.name}: {e}") from None
+
+
 def cpu_milli(quantity: str) -> int:
     """A CPU quantity ("64", "63500m", "1.5") in milli-CPUs."""
     text = str(quantity).strip()
@@ -191,14 +232,14 @@ def hosts_from_nodes(
                 if key.startswith(res.mig_prefix) and int(value) > 0
             }
         )
-        # GPUs not in MIG mode, as the device plugin advertises them (in time-slices)
+        # GPUs not in MIG mode, as the device plugin advertises them (in time-slices): what
+        # the scheduler can hand out. GFD's nvidia.com/gpu.count also counts GPUs the
+        # plugin no longer advertises (unhealthy ones): never offered
         advertised = int(allocatable.get(res.gpu, 0) or 0) + int(
             allocatable.get(res.shared_gpu, 0) or 0
         )
-        # every physical GPU, MIG ones included (GFD); without the label, what is advertised
-        count = int(labels.get(GPU_COUNT_LABEL, 0) or 0)
-        if not count and not advertised and not mig:
-            continue  # no GPUs
+        if not advertised and not mig:
+            continue  # no GPUs it can schedule
         if labels.get(MIG_STRATEGY_LABEL) == "single":
             raise ConfigError(
                 KEY,
@@ -224,14 +265,26 @@ def hosts_from_nodes(
         mib = int(labels.get(GPU_MEMORY_LABEL, 0) or 0) or model_memory_mib(
             model, memory, MEMORY_SETTING
         )
-        gpus = pack_mig(mig, model, mib) if mig else []
-        whole = count - len(gpus) if count else math.ceil(advertised / _replicas(labels))
-        if whole < 0:
+        replicas = _replicas(labels)
+        if replicas > 1 and res.replicas and replicas != res.replicas:
+            # a share's pod asks for slices by the setting: on this node they would be
+            # another size than the ledger charges
+            raise ConfigError(
+                "KubernetesResourcesConfig.time_slicing_replicas",
+                f"is {res.replicas}, but node {name} is labelled {GPU_REPLICAS_LABEL}="
+                f"{replicas}: give every time-sliced node the same replicas",
+            )
+        try:
+            # the fewest GPUs that hold the instances: the others are advertised whole
+            gpus = pack_mig_exact(mig, model, mib) if mig else []
+        except ValueError as e:
             raise ConfigError(
                 KEY,
-                f"node {name}: {count} GPU(s) ({GPU_COUNT_LABEL}) cannot hold its MIG "
-                f"instances ({', '.join(f'{n} of {p}' for p, n in sorted(mig.items()))})",
-            )
+                f"node {name}: its {model} GPUs ({mib} MiB) cannot hold its MIG instances "
+                f"({', '.join(f'{n} of {p}' for p, n in sorted(mig.items()))}): {e}",
+            ) from None
+        # a time-sliced GPU is advertised as its replicas; a part of them is no GPU
+        whole = advertised // replicas
         if whole:
             gpus.insert(0, {"model": model, "memory_mib": mib, "count": whole})
         hosts.append(
@@ -258,6 +311,53 @@ def node_replicas(nodes: list[Mapping[str, Any]]) -> dict[str, int]:
 def _replicas(labels: Mapping[str, str]) -> int:
     """How many time-slices each of a node's GPUs is advertised as (GFD's label)."""
     return max(1, int(labels.get(GPU_REPLICAS_LABEL, "1") or 1))
+
+
+def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Whether one of ``tolerations`` tolerates ``taint``, by Kubernetes' rules: the same
+    effect (or none named), and the same key and value (``Equal``, the default) or the
+    key alone (``Exists``; no key: every taint). A NoExecute toleration with
+    ``tolerationSeconds`` evicts the pod in the end: not tolerated."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if taint.get("effect") == "NoExecute" and t.get("tolerationSeconds") is not None:
+            continue
+        if (t.get("operator") or "Equal") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (
+            taint.get("value") or ""
+        ):
+            return True
+    return False
+
+
+def closed_reason(node: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> str:
+    """Why the scheduler puts no new gpuslice pod on ``node`` (cordoned, a taint its pods
+    do not tolerate), or "" when it may."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return f"cordoned in {ENGINE}"
+    allowed = list(tolerations)
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in BLOCKING_EFFECTS and not tolerates(allowed, taint):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"tainted {taint.get('key')}{value}:{taint.get('effect')} in {ENGINE}"
+    return ""
+
+
+def closed_nodes(
+    nodes: Iterable[Mapping[str, Any]], tolerations: Iterable[Mapping[str, Any]]
+) -> dict[str, str]:
+    """The nodes no new gpuslice pod can land on, and why (:func:`closed_reason`)."""
+    allowed = list(tolerations)
+    out = {}
+    for node in nodes:
+        why = closed_reason(node, allowed)
+        if why:
+            out[str((node.get("metadata") or {}).get("name"))] = why
+    return out
 
 
 def is_recorded(pod: Mapping[str, Any], jobs: Collection[str]) -> bool:
@@ -329,11 +429,26 @@ async def read_nodes(configuration: Any) -> list[Any]:
     return await list_all(configuration, "CoreV1Api", "list_node")
 
 
+@dataclass(frozen=True)
+class ClusterRead:
+    """One pass's read: what the pods the ledger does not record hold, per node
+    (:func:`held_by_pods`), and the nodes closed to new pods (:func:`closed_nodes`)."""
+
+    held: dict[str, Counter[str]]
+    closed: dict[str, str] = field(default_factory=dict)
+
+
 async def read_held(
     configuration: Any, res: KubernetesResources, jobs: Collection[str] = ()
 ) -> dict[str, Counter[str]]:
-    """What the pods the ledger does not record hold, per node: one list of nodes, one of
-    pods (``jobs``: :func:`held_by_pods`)."""
+    """What the pods the ledger does not record hold, per node (:func:`read_cluster`)."""
+    return (await read_cluster(configuration, res, jobs)).held
+
+
+async def read_cluster(
+    configuration: Any, res: KubernetesResources, jobs: Collection[str] = ()
+) -> ClusterRead:
+    """One list of nodes, one of pods (``jobs``: :func:`held_by_pods`)."""
     nodes, pods = await asyncio.gather(
         read_nodes(configuration),
         list_all(
@@ -344,7 +459,9 @@ async def read_held(
             field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
         ),
     )
-    return held_by_pods(pods, res, node_replicas(nodes), jobs)
+    return ClusterRead(
+        held_by_pods(pods, res, node_replicas(nodes), jobs), closed_nodes(nodes, res.tolerations)
+    )
 
 
 def read_cluster_hosts(
@@ -368,14 +485,17 @@ async def run_kubernetes_sync(
     log: logging.Logger,
     on_synced: Callable[[], None] = lambda: None,
 ) -> None:
-    """Keep the ledger's external holdings equal to what the cluster's other pods hold.
-    ``read``: a coroutine function returning :func:`read_held`'s answer. A holding is kept
-    once two reads agree on it; a failed read changes nothing."""
+    """Keep the ledger's external holdings equal to what the cluster's other pods hold,
+    and its record of the nodes closed to new pods. ``read``: a coroutine function
+    returning :func:`read_cluster`'s answer. A pod's holding is kept once two reads agree
+    on it; a node's closing and opening are followed at once (an admin's cordon is no
+    flicker, and nothing may be granted there meanwhile); a failed read changes nothing."""
     before: dict[str, Counter[str]] | None = None
     reported: set[str] = set()
     while True:
         try:
-            now = dict(await read())
+            found = await read()
+            now = dict(found.held)
             held = now if before is None else steady(before, now)
             added, released, problems = await asyncio.to_thread(
                 ledger.sync_external, held, UNITS, engine=ENGINE, all_by_id=True
@@ -387,6 +507,9 @@ async def run_kubernetes_sync(
                     added,
                     released,
                 )
+            # nothing is offered on a node closed to new pods; its holders keep theirs
+            for change in await asyncio.to_thread(ledger.mirror_engine_out, found.closed, ENGINE):
+                log.info("Kubernetes: %s", change)
             on_synced()
             for problem in problems:
                 if problem not in reported:  # once, not every few seconds

@@ -10,7 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .kubernetes_resources import KubernetesResourcesConfig
-from .launchers.kubernetes import ALLOCATION_LABEL, KubernetesResources, kubespawner_settings
+from .launchers.kubernetes import (
+    ALLOCATION_LABEL,
+    KUEUE_QUEUE_LABEL,
+    KubernetesResources,
+    kubespawner_settings,
+    kueue_queue_value,
+)
 from .spawner import GPUSliceMixin
 
 try:
@@ -54,9 +60,19 @@ class GPUSliceKubeSpawner(GPUSliceMixin, KubeSpawner):
         self.extra_resource_limits = {**limits, **settings.extra_resource_limits}
         self.extra_resource_guarantees = {**guarantees, **settings.extra_resource_guarantees}
         self.node_selector = {**selector, **settings.node_selector}
+        # the tolerations the service judged the nodes by (a node whose taints they do not
+        # tolerate is never offered), beside the admin's own; once each, spawn after spawn
+        # (read by name: mypy cannot type KubeSpawner's trait)
+        current: list[dict[str, Any]] = list(getattr(self, "tolerations"))  # noqa: B009
+        self.tolerations = current + [t for t in settings.tolerations if t not in current]
         # the service's mirror of the cluster's pods knows this one by it: not foreign
-        labels = self._kept("extra_labels", ALLOCATION_LABEL.__eq__)
-        self.extra_labels = {**labels, ALLOCATION_LABEL: str(grant["id"])}
+        own = {ALLOCATION_LABEL: str(grant["id"])}
+        if res.server_queue:
+            # Kueue's quota then counts the GPUs servers hold, so it does not admit batch
+            # work onto them
+            own[KUEUE_QUEUE_LABEL] = kueue_queue_value(res.server_queue)
+        labels = self._kept("extra_labels", {ALLOCATION_LABEL, KUEUE_QUEUE_LABEL}.__contains__)
+        self.extra_labels = {**labels, **own}
 
     async def load_user_options(self) -> None:
         # KubeSpawner reads user_options["profile"] as a profile_list slug; here it names a

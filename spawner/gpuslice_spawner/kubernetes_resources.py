@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import cast
 
-from traitlets import Enum, Unicode
+from traitlets import Dict, Enum, Int, List, Unicode
 from traitlets.config import Configurable
 
-from .launchers.kubernetes import KubernetesResources, ShareMode
+from .launchers.kubernetes import DEFAULT_TOLERATIONS, KubernetesResources, ShareMode
 
 
 class KubernetesResourcesConfig(Configurable):
@@ -66,6 +66,39 @@ class KubernetesResourcesConfig(Configurable):
         "Kubernetes choose the node (gpuslice's per-host accounting may then drift).",
     ).tag(config=True)
 
+    time_slicing_replicas = Int(
+        0,
+        help="How many time-slices the NVIDIA device plugin makes of each GPU (its config's "
+        "sharing.timeSlicing.resources[].replicas; GFD labels the nodes "
+        "nvidia.com/gpu.replicas). A share profile's pod asks for gpu_milli x replicas / "
+        "1000 of them, which must be a whole number: with 4, share-250 is one slice and "
+        "share-500 two; with 2, share-250 is refused at start. 0: not set, which refuses "
+        "share profiles at start where Kubernetes time-slicing serves them (share_mode "
+        "'time-slicing-renamed' or 'time-slicing'). With gpu_backend = 'kubernetes', a "
+        "time-sliced node labelled with other replicas is refused at start. Not used with "
+        "'hami'.",
+    ).tag(config=True)
+
+    tolerations = List(
+        Dict(),
+        default_value=[dict(t) for t in DEFAULT_TOLERATIONS],
+        help="Tolerations of every gpuslice pod (servers and batch jobs), as Kubernetes "
+        "writes them ({'key', 'operator', 'value', 'effect'}). A node with a NoSchedule or "
+        "NoExecute taint these do not tolerate, like a cordoned node, is not offered (the "
+        "service holds its free GPUs while KubernetesClusterConfig.sync_interval mirrors "
+        "the cluster). Set them here rather than in KubeSpawner.tolerations, so the service "
+        "knows them. The default tolerates the usual GPU-node taint nvidia.com/gpu.",
+    ).tag(config=True)
+
+    server_kueue_queue = Unicode(
+        "",
+        help="Kueue LocalQueue of the servers' pods (the label kueue.x-k8s.io/queue-name), "
+        "so Kueue's quota counts the GPUs interactive servers hold and does not admit "
+        "batch work onto them. Needs Kueue's pod integration for the hub's namespace; a "
+        "server's pod then waits for Kueue's admission like any pod of the queue. Empty: no "
+        "label.",
+    ).tag(config=True)
+
     def value(self) -> KubernetesResources:
         return KubernetesResources(
             gpu=self.gpu_resource,
@@ -76,4 +109,7 @@ class KubernetesResourcesConfig(Configurable):
             hami_cores=self.hami_cores_resource,
             product_label=self.gpu_product_label or None,
             host_label=self.node_host_label or None,
+            replicas=self.time_slicing_replicas,
+            tolerations=tuple(dict(t) for t in self.tolerations),
+            server_queue=self.server_kueue_queue,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +44,7 @@ def grant(kind: str, mig: str = "", host: str = "gpu-node-1", milli: int = 1000)
     ],
 )
 def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resource):
+    # a share-250 with the device plugin's 4 time-slices a GPU: one slice
     job = job_manifest(
         12,
         "alice@example.org",
@@ -53,6 +56,7 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
         max_runtime_seconds=3600,
         env={"GPUSLICE_JOB_ID": "12"},
         run_as=(1001, 1001, (1001, 2000)),
+        resources=KubernetesResources(replicas=4),
     )
     validate(job)
     pod = job["spec"]["template"]["spec"]
@@ -81,20 +85,51 @@ def test_job_manifest_is_valid_and_does_not_count_disruptions(kind, mig, resourc
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
 
 
-def test_servers_preempt_preemptible_jobs_and_no_job_preempts_a_server():
+def test_one_priority_class_per_job_class_in_order_and_no_job_preempts_a_server():
     classes = {c["metadata"]["name"]: c for c in priority_classes()}
     for c in classes.values():
         validate(c)
+    values = [classes[f"gpuslice-{p}"]["value"] for p in ("preemptible", "normal", "high")]
+    # the scheduler's queue takes pending pods by value: high first, then normal
+    assert values == sorted(set(values)), values
     # a pod preempts only pods of a lower value; servers and the cluster's other pods have
-    # the default priority, 0
+    # the default priority, 0: a class that may preempt is never above it, so no job ever
+    # preempts a server, and none but preemptible ones are ever preempted by a job
     server = 0
+    for c in classes.values():
+        if c["preemptionPolicy"] == "PreemptLowerPriority":
+            assert c["value"] <= server, c["metadata"]["name"]
     preemptible = classes["gpuslice-preemptible"]
     assert preemptible["value"] < server and preemptible["preemptionPolicy"] == "Never"
-    for name in ("gpuslice-normal", "gpuslice-high"):
-        assert classes[name]["value"] == server  # never above a server
-        assert classes[name]["value"] > preemptible["value"]  # but above preemptible jobs
-        assert classes[name]["preemptionPolicy"] == "PreemptLowerPriority"
+    normal = classes["gpuslice-normal"]
+    assert normal["value"] > preemptible["value"]
+    assert normal["preemptionPolicy"] == "PreemptLowerPriority"  # preempts preemptible ones
     assert not any(c["globalDefault"] for c in classes.values())
+
+
+def test_the_admin_guide_applies_the_priority_classes_the_jobs_name():
+    """The manifest the guide tells admins to apply is the one the backend refers to."""
+    import yaml
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "admin-guide.md").read_text()
+    block = re.search(r"<!-- manifest: priority-classes -->\n```yaml\n(.*?)\n```", guide, re.S)
+    assert block, "the guide has no PriorityClass manifest"
+    applied = [doc for doc in yaml.safe_load_all(block.group(1)) if doc]
+    for doc in applied:
+        validate(doc)
+    assert applied == priority_classes()
+
+
+def test_a_jobs_pod_tolerates_what_the_service_judged_the_nodes_by():
+    mine = {"key": "example.com/batch", "operator": "Equal", "value": "yes", "effect": "NoExecute"}
+    res = KubernetesResources(tolerations=(mine,))
+    job = job_manifest(3, "ann", "normal", "img", "pvc", [grant("gpu")], res)
+    validate(job)
+    assert job["spec"]["template"]["spec"]["tolerations"] == [mine]
+    default = job_manifest(3, "ann", "normal", "img", "pvc", [grant("gpu")])
+    assert default["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
 
 
 def test_a_kueue_job_is_created_suspended_in_its_queue_and_names_are_checked():

@@ -32,6 +32,7 @@ from gpuslice_hub.jobs.manager import JobManager  # noqa: E402
 from gpuslice_hub.jobs.scheduler import Scheduler  # noqa: E402
 from gpuslice_hub.kubeapi import api_configuration  # noqa: E402
 from gpuslice_hub.ledger import Caller, Ledger  # noqa: E402
+from gpuslice_spawner.launchers.kubernetes import KubernetesResources  # noqa: E402
 from tests.jobs.fake_kube_api import FakeCluster, settle, start_fake_api  # noqa: E402
 from tests.jobs.full_cluster import insert_queued  # noqa: E402
 from tests.jobs.test_kubernetes_backend import CLASS_VALUES, OWNER  # noqa: E402
@@ -59,7 +60,13 @@ def setup(
 ) -> tuple[Ledger, JobManager, Scheduler]:
     ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=PROFILES, hosts=HOSTS)
     backend = KubernetesBackend(
-        api_configuration(cluster.url), cluster.namespace, "runner:1", "gpuslice-jobs", watch=watch
+        api_configuration(cluster.url),
+        cluster.namespace,
+        "runner:1",
+        "gpuslice-jobs",
+        # the device plugin's 4 time-slices a GPU: a share-250 is one
+        resources=KubernetesResources(replicas=4),
+        watch=watch,
     )
     cluster.closers.append(backend.close)
     jobs = JobManager(ledger, ledger.db, backend, tmp_path / "jobs")

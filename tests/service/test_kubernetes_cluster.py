@@ -21,12 +21,15 @@ import pytest
 from gpuslice.gpu import discover
 from gpuslice_hub.errors import ConfigError, Refused
 from gpuslice_hub.kubecluster import (
+    closed_nodes,
     cpu_milli,
     held_by_pods,
     hosts_from_nodes,
     memory_mib,
+    read_cluster,
     read_held,
     run_kubernetes_sync,
+    tolerates,
 )
 from gpuslice_hub.profiles import parse_profiles
 from gpuslice_spawner.launchers.kubernetes import KubernetesResources
@@ -120,7 +123,6 @@ def test_quantities_are_read_as_the_api_writes_them():
         ({"labels": {"nvidia.com/mig.strategy": "single"}}, "'single' MIG strategy"),
         ({"drop": "nvidia.com/gpu.product"}, "no nvidia.com/gpu.product label"),
         ({"labels": {"kubernetes.io/hostname": "other"}}, "its kubernetes.io/hostname label"),
-        ({"labels": {"nvidia.com/gpu.count": "1"}}, "cannot hold its MIG instances"),
     ],
 )
 def test_nodes_the_ledger_could_not_describe_are_refused_naming_the_node(change, words):
@@ -219,7 +221,7 @@ def test_a_foreign_pod_is_never_offered_and_its_gpu_comes_back_when_it_ends(tmp_
     async def mirror() -> None:
         task = asyncio.ensure_future(
             run_kubernetes_sync(
-                ledger, 0.05, lambda: read_held(configuration, RES), logging.getLogger("t")
+                ledger, 0.05, lambda: read_cluster(configuration, RES), logging.getLogger("t")
             )
         )
         try:
@@ -339,6 +341,8 @@ def test_no_way_to_reach_the_api_stops_the_service_with_one_line_naming_the_sett
         + ("" if key == "gpu_backend" else hosts + "\n")
         + f"c.GPUSliceService.profiles = {SIM_PROFILES!r}\n"
         'c.GPUSliceService.ip = "127.0.0.1"\nc.GPUSliceService.port = 1\n'
+        # (share-250 is one of four time-slices: the units are fine, the API is not)
+        "c.KubernetesResourcesConfig.time_slicing_replicas = 4\n"
         f"{setting}\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
@@ -355,3 +359,220 @@ def test_no_way_to_reach_the_api_stops_the_service_with_one_line_naming_the_sett
     assert "the Kubernetes API cannot be reached" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "ledger.sqlite").exists()
+
+
+# -- what the scheduler can hand out: allocatable, exact MIG, closed nodes (issue 46) -------
+
+A100_LABELS = {
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    "nvidia.com/gpu.memory": "81920",
+    "nvidia.com/mig.strategy": "mixed",
+}
+
+
+def test_whole_gpus_are_what_the_node_can_hand_out_not_gfds_count():
+    # GFD counts four GPUs; the device plugin advertises three (one went unhealthy): a
+    # fourth granted would wait Pending for ever
+    sick = node("gpu-c", {**A100_LABELS, "nvidia.com/gpu.count": "4"}, {"nvidia.com/gpu": "3"})
+    (host,) = hosts_from_nodes([sick], RES, {}, known_models=[A100])
+    assert host["gpus"] == [{"model": A100, "memory_mib": 81920, "count": 3}]
+    # a time-sliced node: its slices, divided by the replicas; a node advertising nothing
+    # (its device plugin down) has nothing to offer
+    sliced = node(
+        "gpu-d",
+        {**A100_LABELS, "nvidia.com/gpu.count": "4", "nvidia.com/gpu.replicas": "4"},
+        {"nvidia.com/gpu.shared": "12"},
+    )
+    down = node("gpu-e", {**A100_LABELS, "nvidia.com/gpu.count": "8"}, {"nvidia.com/gpu": "0"})
+    hosts = hosts_from_nodes([sliced, down], RES, {}, known_models=[A100])
+    assert [(h["name"], h["gpus"][0]["count"]) for h in hosts] == [("gpu-d", 3)]
+
+
+def test_a_mixed_mig_node_is_rebuilt_with_as_many_gpus_as_it_has():
+    # four A100s, two split 3g.40gb + 2g.20gb + 1g.10gb + 1g.10gb (mixed strategy): the
+    # device plugin advertises the instances and the two whole GPUs
+    mixed = node(
+        "gpu-m",
+        {**A100_LABELS, "nvidia.com/gpu.count": "4"},
+        {
+            "nvidia.com/gpu": "2",
+            "nvidia.com/mig-3g.40gb": "2",
+            "nvidia.com/mig-2g.20gb": "2",
+            "nvidia.com/mig-1g.10gb": "4",
+        },
+    )
+    (host,) = hosts_from_nodes([mixed], RES, {}, known_models=[A100])
+    whole = [g["count"] for g in host["gpus"] if "count" in g]
+    layouts = [g["mig"] for g in host["gpus"] if "mig" in g]
+    assert whole == [2] and len(layouts) == 2, host["gpus"]  # four GPUs, as the node has
+    assert sorted(p for layout in layouts for p in layout) == sorted(
+        ["3g.40gb"] * 2 + ["2g.20gb"] * 2 + ["1g.10gb"] * 4
+    )
+    for layout in layouts:  # each a GPU that holds them: 7 compute slices, 80 GB
+        sizes = [tuple(int(x) for x in p.replace("g.", " ").rstrip("gb").split()) for p in layout]
+        assert sum(s for s, _ in sizes) <= 7 and sum(g for _, g in sizes) <= 80, layout
+    inventory = discover("static", [host])
+    assert len(inventory.hosts[0].gpus) == 4
+    assert sum(len(g.mig_instances) for g in inventory.hosts[0].gpus) == 8
+
+
+def test_mig_instances_no_gpu_of_the_model_can_hold_are_refused_naming_the_node():
+    big = node("gpu-s", {**A100_LABELS, "nvidia.com/gpu.memory": "40960"}, {})
+    big["status"]["allocatable"]["nvidia.com/mig-7g.80gb"] = "1"
+    with pytest.raises(ConfigError) as e:
+        hosts_from_nodes([big], RES, {})
+    assert e.value.key == "gpu_backend" and "gpu-s" in str(e.value)
+    assert "cannot hold its MIG instances" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ({"unschedulable": True}, "cordoned in Kubernetes"),
+        (
+            {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
+            "tainted dedicated=ml:NoSchedule in Kubernetes",
+        ),
+        (
+            {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+            "tainted node.kubernetes.io/unreachable:NoExecute in Kubernetes",
+        ),
+        # what gpuslice's pods tolerate (the default: the GPU nodes' own taint), and a taint
+        # that only discourages a pod, keep the node open
+        ({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}, ""),
+        ({"taints": [{"key": "dedicated", "effect": "PreferNoSchedule"}]}, ""),
+        ({}, ""),
+    ],
+)
+def test_a_node_is_closed_when_cordoned_or_tainted_against_gpuslices_pods(spec, why):
+    closed = node("gpu-a", {}, {})
+    closed["spec"] = spec
+    assert closed_nodes([closed], RES.tolerations) == ({"gpu-a": why} if why else {})
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerated"),
+    [
+        ({"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}, True),
+        ({"key": "dedicated", "value": "ml"}, True),  # Equal, every effect
+        ({"key": "dedicated", "operator": "Exists"}, True),
+        ({"operator": "Exists"}, True),  # no key: every taint
+        ({"key": "dedicated", "value": "other"}, False),
+        ({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}, False),
+        ({"key": "other", "operator": "Exists"}, False),
+    ],
+)
+def test_tolerations_are_matched_as_kubernetes_matches_them(toleration, tolerated):
+    taint = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    assert tolerates([toleration], taint) is tolerated
+    # a NoExecute toleration for a while evicts the pod in the end
+    evicting = {"key": "x", "effect": "NoExecute"}
+    assert not tolerates([{"key": "x", "operator": "Exists", "tolerationSeconds": 60}], evicting)
+
+
+def test_cordoned_and_tainted_nodes_are_offered_nothing_every_pass(tmp_path, cluster):
+    """Through the stand-in API server: the mirror's pass reads the nodes' state, and the
+    ledger offers nothing on a node the scheduler puts no new pod on, until it opens."""
+    from gpuslice_hub.kubeapi import api_configuration
+
+    hosts = hosts_from_nodes(NODES, RES, {}, known_models=[A100])
+    profiles = [
+        {"name": "mig-1g", "kind": "mig", "mig_profile": "1g.10gb"},
+        {"name": "whole", "kind": "gpu", "count": 1},
+    ]
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles=profiles, hosts=hosts)
+    configuration = api_configuration(cluster.url)
+    gpu_a, gpu_b = cluster.nodes[0], cluster.nodes[1]
+    assert ledger.profile_capacity()["mig-1g"] == (7, 7)
+    assert ledger.profile_capacity()["whole"] == (10, 10)  # six on gpu-a, four on gpu-b
+
+    def free() -> tuple[int, int]:
+        capacity = ledger.profile_capacity()
+        return capacity["mig-1g"][0], capacity["whole"][0]
+
+    async def mirror() -> None:
+        task = asyncio.ensure_future(
+            run_kubernetes_sync(
+                ledger, 0.05, lambda: read_cluster(configuration, RES), logging.getLogger("t")
+            )
+        )
+        try:
+            # kubectl cordon gpu-a; gpu-b carries the GPU nodes' taint, which gpuslice's
+            # pods tolerate, and one that only discourages pods
+            gpu_a["spec"] = {"unschedulable": True}
+            gpu_b["spec"] = {
+                "taints": [
+                    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                    {"key": "spot", "effect": "PreferNoSchedule"},
+                ]
+            }
+            await until(lambda: free() == (0, 4))
+            # a taint gpuslice's pods do not tolerate closes gpu-b too
+            gpu_b["spec"]["taints"].append(
+                {"key": "team", "value": "vision", "effect": "NoExecute"}
+            )
+            await until(lambda: free() == (0, 0))
+            (entry,) = [e for e in ledger.availability("ann", []) if e["name"] == "mig-1g"]
+            assert "cordoned in Kubernetes" in str(entry), entry  # says why
+            # kubectl uncordon gpu-a, the taint removed: offered again
+            gpu_a["spec"] = {}
+            gpu_b["spec"]["taints"].pop()
+            await until(lambda: free() == (7, 10))
+        finally:
+            task.cancel()
+
+    asyncio.run(mirror())
+
+
+def service_with(tmp_path, monkeypatch, profiles, **resources):
+    from traitlets.config import Config
+
+    from gpuslice_hub.app import GPUSliceService
+
+    config = Config()
+    config.GPUSliceService.profiles = profiles
+    for name, value in resources.items():
+        setattr(config.KubernetesResourcesConfig, name, value)
+    monkeypatch.chdir(tmp_path)  # no gpuslice_config.py to read
+    return GPUSliceService(config=config)
+
+
+QUARTER = {"name": "share-250", "kind": "share", "gpu_milli": 250}
+HALF = {"name": "share-500", "kind": "share", "gpu_milli": 500}
+WHOLE = {"name": "gpu-1", "kind": "gpu", "count": 1}
+
+
+def test_a_share_that_is_no_whole_number_of_time_slices_is_refused_at_start(tmp_path, monkeypatch):
+    # the device plugin makes two slices of a GPU: a quarter is half of one, and the ledger
+    # would place four where the plugin has two
+    service = service_with(tmp_path, monkeypatch, [WHOLE, QUARTER], time_slicing_replicas=2)
+    with pytest.raises(ConfigError) as e:
+        service.load_settings()
+    assert e.value.key == "profiles[1].gpu_milli"
+    assert "profile share-250" in str(e.value) and "nearest valid gpu_milli 500" in str(e.value)
+    # a half is one of the two: served (its pod asks for one gpu.shared)
+    service_with(tmp_path, monkeypatch, [WHOLE, HALF], time_slicing_replicas=2).load_settings()
+    # replicas not said: no share can be served by time-slicing
+    service = service_with(tmp_path, monkeypatch, [HALF], share_mode="time-slicing")
+    with pytest.raises(ConfigError) as e:
+        service.load_settings()
+    assert e.value.key == "KubernetesResourcesConfig.time_slicing_replicas"
+    assert "profile share-500" in str(e.value)
+    # HAMi's shares are percentages, not slices
+    service_with(tmp_path, monkeypatch, [QUARTER], share_mode="hami").load_settings()
+    # and a server queue that no label can hold
+    service = service_with(tmp_path, monkeypatch, [WHOLE], server_kueue_queue="interactive gpu")
+    with pytest.raises(ConfigError) as e:
+        service.load_settings()
+    assert e.value.key == "KubernetesResourcesConfig.server_kueue_queue"
+
+
+def test_a_time_sliced_node_with_other_replicas_than_the_setting_is_refused():
+    labels = {**A100_LABELS, "nvidia.com/gpu.replicas": "4"}
+    sliced = node("gpu-t", labels, {"nvidia.com/gpu.shared": "16"})
+    (host,) = hosts_from_nodes([sliced], KubernetesResources(replicas=4), {}, [A100])
+    assert host["gpus"] == [{"model": A100, "memory_mib": 81920, "count": 4}]
+    with pytest.raises(ConfigError) as e:
+        hosts_from_nodes([sliced], KubernetesResources(replicas=2), {}, [A100])
+    assert e.value.key == "KubernetesResourcesConfig.time_slicing_replicas"
+    assert "gpu-t" in str(e.value) and "nvidia.com/gpu.replicas=4" in str(e.value)

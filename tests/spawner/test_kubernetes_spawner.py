@@ -111,7 +111,7 @@ async def test_pod_of_each_profile_kind_is_valid_and_holds_the_grant(
     product: str,
     version: str,
 ):
-    pod = await pod_for(make_spawner(share_mode=share_mode), grant)
+    pod = await pod_for(make_spawner(share_mode=share_mode, time_slicing_replicas=4), grant)
     validate(pod, version)
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"] == limits
@@ -162,6 +162,35 @@ async def test_admin_resources_survive_and_the_previous_grant_does_not(make_spaw
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
         "kubernetes.io/hostname": "node2",
     }
+
+
+async def test_server_pods_carry_the_kueue_queue_and_the_tolerations_nodes_are_judged_by(
+    make_spawner: Any,
+):
+    mine = {"key": "example.com/notebooks", "operator": "Exists", "effect": "NoSchedule"}
+    spawner = make_spawner(
+        server_kueue_queue="interactive-gpu",
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        extra_labels={"team": "ml"},
+    )
+    spawner.tolerations = [mine]  # the admin's own, on KubeSpawner
+    for grant in (MIG_GRANT, GPU_GRANT):  # one spawner object, two spawns
+        pod = await pod_for(spawner, grant)
+        validate(pod, "latest")
+        labels = pod["metadata"]["labels"]
+        # Kueue's quota counts the server's GPUs, so it admits no batch work onto them
+        assert labels["kueue.x-k8s.io/queue-name"] == "interactive-gpu"
+        assert labels["team"] == "ml"
+        assert labels["gpuslice.dev/allocation-id"] == str(grant["id"])
+        # the admin's toleration and the service's, once each spawn after spawn
+        assert pod["spec"]["tolerations"] == [
+            mine,
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        ]
+    plain = await pod_for(make_spawner(), MIG_GRANT)
+    assert "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+    with pytest.raises(ValueError, match="not a valid label value"):
+        make_spawner(server_kueue_queue="bad queue").apply_grant(MIG_GRANT)
 
 
 async def test_resource_and_label_names_come_from_config(make_spawner: Any):

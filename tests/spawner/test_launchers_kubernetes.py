@@ -94,15 +94,61 @@ def test_two_mig_instances_of_a_profile_are_counted():
     assert kubespawner_settings(grant).extra_resource_limits == {"nvidia.com/mig-1g.18gb": "2"}
 
 
+# the device plugin's time-slicing replicas, as c.KubernetesResourcesConfig says them
+SLICED = KubernetesResources(replicas=4)
+
+
 def test_share_default_is_renamed_time_slicing():
-    s = kubespawner_settings(SHARE_GRANT)
+    s = kubespawner_settings(SHARE_GRANT, SLICED)
     assert s.extra_resource_limits == {"nvidia.com/gpu.shared": "1"}
     assert s.node_selector["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
 
 
 def test_share_with_plain_time_slicing_is_one_gpu_replica():
-    s = kubespawner_settings(SHARE_GRANT, KubernetesResources(share_mode="time-slicing"))
+    res = KubernetesResources(share_mode="time-slicing", replicas=4)
+    s = kubespawner_settings(SHARE_GRANT, res)
     assert s.extra_resource_limits == {"nvidia.com/gpu": "1"}
+
+
+def share_of(milli: int) -> dict[str, Any]:
+    grant = copy.deepcopy(SHARE_GRANT)
+    grant["assignments"][0]["milli"] = milli
+    return grant
+
+
+@pytest.mark.parametrize(
+    ("milli", "replicas", "slices"),
+    [(500, 2, "1"), (250, 4, "1"), (500, 4, "2"), (750, 4, "3"), (375, 8, "3")],
+)
+def test_a_share_asks_for_as_many_time_slices_as_it_is_of_a_gpu(milli, replicas, slices):
+    # the plugin hands out slices of 1000/replicas milli-GPU: a share-500 with 4 replicas is
+    # two of them, or the ledger would place four such shares where the plugin runs two
+    for mode, resource in [
+        ("time-slicing-renamed", "nvidia.com/gpu.shared"),
+        ("time-slicing", "nvidia.com/gpu"),
+    ]:
+        res = KubernetesResources(share_mode=mode, replicas=replicas)
+        assert kubespawner_settings(share_of(milli), res).extra_resource_limits == {
+            resource: slices
+        }
+
+
+@pytest.mark.parametrize(
+    ("milli", "replicas", "words"),
+    [
+        (250, 2, "0.5 of the 2 time-slices of a GPU; .* nearest valid gpu_milli 500"),
+        (300, 8, "2.4 of the 8 .* nearest valid gpu_milli 250 or 375"),
+        (250, 3, "no share is, with 3 replicas"),
+        (250, 0, "time-slicing replicas are not known"),
+    ],
+)
+def test_a_share_that_is_no_whole_number_of_slices_is_refused(milli, replicas, words):
+    with pytest.raises(ValueError, match=words):
+        kubespawner_settings(share_of(milli), KubernetesResources(replicas=replicas))
+    # HAMi's shares are percentages of a GPU: no slices
+    hami = KubernetesResources(share_mode="hami", replicas=replicas)
+    limits = kubespawner_settings(share_of(milli), hami).extra_resource_limits
+    assert limits["nvidia.com/gpu"] == "1"
 
 
 def test_share_with_hami_carries_memory_cap_and_compute_percent():
@@ -138,6 +184,7 @@ def test_names_are_configurable():
         "extra_resource_limits": {"example.com/mig-1g.18gb": "1"},
         "extra_resource_guarantees": {"example.com/mig-1g.18gb": "1"},
         "node_selector": {"example.com/product": "NVIDIA-H100-80GB-HBM3"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     }
     assert kubespawner_settings(GPU_GRANT, res).extra_resource_limits == {"example.com/gpu": "2"}
 
@@ -219,8 +266,8 @@ def assert_extended_resources_acceptable(resources: dict[str, str]) -> None:
     "grant, resources",
     [
         (MIG_GRANT, KubernetesResources()),
-        (SHARE_GRANT, KubernetesResources()),
-        (SHARE_GRANT, KubernetesResources(share_mode="time-slicing")),
+        (SHARE_GRANT, SLICED),
+        (SHARE_GRANT, KubernetesResources(share_mode="time-slicing", replicas=4)),
         (SHARE_GRANT, KubernetesResources(share_mode="hami")),
         (GPU_GRANT, KubernetesResources()),
     ],
@@ -236,6 +283,7 @@ async def test_pod_is_valid_kubernetes(
     assert container["resources"]["limits"] == settings.extra_resource_limits
     assert container["resources"]["requests"] == settings.extra_resource_limits
     assert pod["spec"]["nodeSelector"] == settings.node_selector
+    assert pod["spec"]["tolerations"] == settings.tolerations
     assert_extended_resources_acceptable(container["resources"]["limits"])
 
 

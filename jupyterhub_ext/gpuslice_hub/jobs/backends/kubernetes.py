@@ -84,6 +84,7 @@ def job_manifest(
     only where a grant names a host. ``queue``: Kueue's LocalQueue, or "" without Kueue.
     ``attempt``: the submission's id, as a label (found again after a timed-out create)."""
     limits, selector = pod_placement(grants, resources)
+    tolerations = [dict(t) for t in (resources or KubernetesResources()).tolerations]
     labels = _labels(job_id, user)
     if attempt:
         labels[ATTEMPT_LABEL] = attempt
@@ -133,6 +134,8 @@ def job_manifest(
                 # a job gets no token: nothing of the cluster's API either
                 "automountServiceAccountToken": False,
                 **({"nodeSelector": selector} if selector else {}),
+                # the tolerations the service judged the nodes by, as a server's pod has
+                **({"tolerations": tolerations} if tolerations else {}),
                 "containers": [
                     {
                         "name": "runner",
@@ -169,22 +172,31 @@ def job_manifest(
     }
 
 
-# The PriorityClasses' values. A pod preempts only pods of a *lower* value, so: the
-# preemptible class is below the default priority (0) that servers and the cluster's other
-# pods have, and those preempt it; normal and high jobs are at 0, so they preempt
-# preemptible jobs but never a server (nor each other: with Kueue, its queues order them).
-PRIORITY_VALUES = {"preemptible": -1000, "normal": 0, "high": 0}
+# The PriorityClasses' values, one each: the scheduler's queue takes pending pods in this
+# order (high first). A pod of a PreemptLowerPriority class preempts any pod of a lower
+# value, and servers and the cluster's other pods have the default priority, 0. So:
+# preemptible jobs are below 0 and never preempt: servers, normal jobs and any other pod
+# preempt them; normal jobs are at 0: they preempt preemptible jobs, never a server, a
+# high job or another pod; high jobs are above 0, and so must never preempt (they would
+# preempt servers, normal jobs and the cluster's other pods): first in line for what frees.
+PRIORITY_VALUES = {"preemptible": -1000, "normal": 0, "high": 1000}
+PREEMPTION_POLICIES = {
+    "preemptible": "Never",
+    "normal": "PreemptLowerPriority",
+    "high": "Never",
+}
 
 
 def priority_classes() -> list[dict[str, Any]]:
-    """The PriorityClasses the Jobs refer to; the preemptible one never preempts."""
+    """The PriorityClasses the Jobs refer to (the admin guide's manifest): only normal
+    preempts, and only preemptible jobs (:data:`PRIORITY_VALUES`)."""
     return [
         {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
             "metadata": {"name": PRIORITY_CLASS_NAMES[p]},
             "value": v,
-            "preemptionPolicy": "Never" if p == "preemptible" else "PreemptLowerPriority",
+            "preemptionPolicy": PREEMPTION_POLICIES[p],
             "globalDefault": False,
             "description": f"gpuslice {p} batch jobs",
         }
