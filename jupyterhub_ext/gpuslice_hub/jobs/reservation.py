@@ -13,9 +13,9 @@ will be then. A later job of any class may start now if it fits and either
 Interactive servers have no expected end: what they hold is held at the reservation's
 time too. A head that would not fit even once every running batch job has ended waits for
 people's servers to give slices back, at no time anyone can tell: later jobs take what
-fits meanwhile, until the head has waited ``JobManager.hold_for_after``; from then on nothing that would use its pools starts
-before it, so that it starts as soon as the room is there and no job waits for ever behind
-a stream of smaller ones (no starvation).
+fits meanwhile, until the head has waited ``JobManager.hold_for_after``; from then on
+nothing that would use its pools starts before it, so that it starts as soon as the room
+is there and no job waits for ever behind a stream of smaller ones (no starvation).
 
 The checks place on copies of the ledger's arrays with the ledger's own placement code,
 ``learn=False``: a what-if that the learning policies do not count. The ledger may then
@@ -76,34 +76,49 @@ class Reservation:
 
     job_id: int
     start: datetime | None
-    shadow: ClusterState
+    # (None with no start: the cluster then is nobody's to keep, and never built)
+    shadow: ClusterState | None
     request: Request
     count: int
     policy: Any
     # it waits for people's servers, and has waited past JobManager.hold_for_after
     strict: bool = False
+    # (commits so far, request, count) found to delay the head (see ``allows``)
+    _held: set[tuple[int, Request, int]] = dataclasses.field(default_factory=set)
+    _commits: int = 0
 
-    def allows(self, request: Request, count: int, ends: datetime) -> ClusterState | None:
+    def allows(
+        self, request: Request | None, count: int, ends: datetime
+    ) -> tuple[bool, ClusterState | None]:
         """Whether a job of ``count`` x ``request``, expected to end at ``ends``, may
-        start now without delaying the head: None where it may not, else the cluster at
-        the reservation's time with it (``commit`` once it has started)."""
+        start now without delaying the head, and the cluster at the reservation's time
+        with it, to ``commit`` once it has started (None: nothing changes there)."""
         if self.start is not None and ends <= self.start:
-            return self.shadow  # gone by then: the head's room is as it was
-        if self.start is None:
+            return True, None  # gone by then: the head's room is as it was
+        if self.start is None or self.shadow is None or request is None:
             # no time to keep its room for: held for it once it waited long enough,
             # else whatever fits now may start (the ledger says what does)
-            return None if self.strict else self.shadow
+            return not self.strict, None
+        # the same shape held back against the same shadow is held back again: a pass
+        # places each held shape once, not each of thousands of queued jobs
+        key = (self._commits, request, count)
+        if key in self._held:
+            return False, None
         trial = clone(self.shadow)
-        if not place_all(trial, request, count, self.policy):
-            return None  # it would still hold, then, room that jobs let through need
-        if not place_all(clone(trial), self.request, self.count, self.policy):
-            return None
-        return trial
+        if not place_all(trial, request, count, self.policy) or not place_all(
+            clone(trial), self.request, self.count, self.policy
+        ):
+            # it would take, then, room the head or the jobs let through before need
+            self._held.add(key)
+            return False, None
+        return True, trial
 
-    def commit(self, trial: ClusterState) -> None:
+    def commit(self, trial: ClusterState | None) -> None:
         """A job ``allows`` let through has started: what it holds at the reservation's
         time is no longer the head's, nor later jobs'."""
-        self.shadow = trial
+        if trial is not None:
+            self.shadow = trial
+            self._commits += 1
 
     def describe(self, head_name: str) -> str:
         """Why a job held back by this reservation waits (its waiting reason)."""
@@ -149,9 +164,9 @@ def reserve(
     # the fewest runs whose end lets it fit: fitting only gets easier as runs end, so a
     # binary search asks O(log n) placements, not one per running job
     lo, hi = 1, len(ends)
+    shadow: ClusterState | None = None
     if not ends or not fits(last := shadow_after(hi)):
-        start = None
-        shadow = shadow_after(len(ends))
+        start = None  # (no shadow: a reservation without a time keeps none)
     else:
         while lo < hi:
             mid = (lo + hi) // 2

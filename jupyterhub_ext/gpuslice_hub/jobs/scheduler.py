@@ -651,6 +651,7 @@ class Scheduler:
         refused: dict[tuple[Any, ...], Refused] = {}
         moving = self._moves_under_way(ready, now)
         planned: set[tuple[Any, ...]] = set()
+        preempted_for: set[tuple[Any, ...]] = set()
         ordered = queue_order(ready, now, self.jobs.aging_seconds)
         # The plan's order: the job whose room is made takes it first, then the jobs moved
         # for it go where the plan found room for them, then the rest (stable sort).
@@ -682,7 +683,7 @@ class Scheduler:
             # blocked job waits for (split pools), or by the blocked jobs' reservations
             # (EASY backfill, reservation.py). A preemptible job may always, behind a job
             # that may preempt it: its room is taken back when that one needs it.
-            holding: list[tuple[Reservation, Any]] = []
+            holding: list[tuple[Reservation, tuple[bool, Any]]] = []
             if blocked:
                 left = _left_over(widest, blocked)
                 if left:
@@ -692,7 +693,7 @@ class Scheduler:
                     widest = only
                 else:
                     holding = self._reservations_over(job, widest, reserved, now)
-                    held = next((r for r, trial in holding if trial is None), None)
+                    held = next((r for r, (ok, _trial) in holding if not ok), None)
                     if held is not None:
                         reasons[job.id] = reserved_reason(held, reserved)
                         if first:
@@ -750,11 +751,14 @@ class Scheduler:
                         moved = self._defragment(job, access, now)
                     if moved:
                         reasons[job.id] = moved
-                    elif rank > 0:
+                    elif rank > 0 and shape not in preempted_for:
+                        # (once a shape a pass too: a preemption for the first frees what
+                        # the next pass gives the first in the queue)
+                        preempted_for.add(shape)
                         self._preempt_for(job, rank, access)
                 continue
             assert granted is not None
-            for reservation, trial in holding:
+            for reservation, (_ok, trial) in holding:
                 reservation.commit(trial)  # it holds this room past the reservation
             self.moves.pop(job.id, None)
             self._start(job, granted, now)
@@ -766,16 +770,20 @@ class Scheduler:
         widest: frozenset[str] | None,
         reserved: dict[frozenset[str] | None, tuple[Reservation, int, str]],
         now: datetime,
-    ) -> list[tuple[Reservation, Any]]:
+    ) -> list[tuple[Reservation, tuple[bool, Any]]]:
         """The reservations ``job`` must not delay (those over pools it may use), each
-        with what letting it through makes of it (``Reservation.allows``: None where it
-        may not start). A preemptible job behind a head that may preempt it delays
-        nobody."""
+        with what ``Reservation.allows`` says of it. A preemptible job behind a head that
+        may preempt it delays nobody."""
         rank = PRIORITY_CLASSES[job.priority_class]
         request = None
-        out: list[tuple[Reservation, Any]] = []
+        out: list[tuple[Reservation, tuple[bool, Any]]] = []
         for key, (reservation, head_rank, _name) in reserved.items():
             if not _overlap(widest, key) or head_rank > rank == 0:
+                continue
+            if reservation.start is None:
+                # (what the job is and how long it runs matter not: thousands of queued
+                # jobs are told as cheaply, see Reservation.allows)
+                out.append((reservation, reservation.allows(None, 0, now)))
                 continue
             if request is None:
                 profile = self.jobs.ledger.profiles[job.profile]
