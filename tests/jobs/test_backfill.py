@@ -122,3 +122,28 @@ def states_allocs(ledger: Ledger, job_id: int) -> list[int]:
         row = s.get(JobRow, job_id)
         assert row is not None
         return [int(a) for a in row.allocation_ids or []]
+
+
+def test_the_preemption_for_a_quarter_share_takes_the_job_that_wastes_least(tmp_path: Path):
+    """Issue 47: to fit a 250-milli spawn the ledger preempted a whole-GPU job, leaving 750
+    milli idle for an hour, where a quarter share's job would have freed just the room."""
+    from gpuslice_hub.jobs.victims import pick_victim
+
+    profiles = [
+        {"name": "share-250", "kind": "share", "gpu_milli": 250, "gpu_memory_mib": 20480},
+        {"name": "gpu-1", "kind": "gpu", "count": 1},
+    ]
+    gpu = {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "count": 2}
+    host = {"name": "n000", "cpu_milli": 128000, "memory_mib": 1024000, "gpus": [gpu]}
+    ledger = build_ledger(f"sqlite:///{tmp_path}/l.sqlite", profiles, hosts=[host])
+    manager = JobManager(ledger, ledger.db, IdleBackend(), tmp_path / "jobs")  # type: ignore[arg-type]
+    manager.run_jobs_as_service_user = True
+    scheduler = Scheduler(manager)
+    # four quarter shares, then (the most recent: the old order's first) a whole GPU
+    quarters = [submit(ledger, tmp_path, "share-250", "preemptible", HOUR) for _ in range(4)]
+    scheduler.tick(utcnow())
+    whole = submit(ledger, tmp_path, "gpu-1", "preemptible", HOUR)
+    scheduler.tick(utcnow() + timedelta(seconds=5))
+    assert all(states(ledger)[j][0] == "starting" for j in [whole, *quarters])
+    victim = pick_victim(ledger, ledger.profiles["share-250"], manager._candidates(), below_rank=1)
+    assert victim is not None and victim.id in quarters, victim

@@ -115,6 +115,7 @@ VICTIM_COLUMNS = (
     JobRow.priority_class,
     JobRow.attempt_started_at,
     JobRow.allocation_ids,
+    JobRow.last_checkpoint_at,  # (among equal waste, the one with least work at stake)
 )
 # the preemptible jobs that hold (or are giving back) slices, in those columns: a spawn
 # that finds no room asks, in a statement built once
