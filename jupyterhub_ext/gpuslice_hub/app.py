@@ -68,7 +68,7 @@ from .db.owner import LedgerHold, LedgerInUse, hold_ledger
 from .db.schema import SchemaError, ensure_schema, safe_url, upgrade
 from .db.short_writes import ShortWrites
 from .errors import ConfigError
-from .hubapi import HubAPI, IncompleteListing
+from .hubapi import RUNNING, STOPPED, HubAPI, IncompleteListing
 from .hubparent import hub_parent, watch_hub
 from .idle import effective_policy
 from .inventory_refresh import Refresher, run_inventory_refresh
@@ -264,10 +264,12 @@ class GPUSliceService(Application):
 
     reconcile_grace = Float(
         120.0,
-        help="An allocation younger than this many seconds is never reconciled away "
-        "(its server may still be starting); a server whose stop the service asked the hub "
-        "for (an idle cull, its owner's release) and that still holds its slice this long "
-        "after is asked to stop again.",
+        help="Seconds the reconciler leaves an allocation alone while the hub cannot tell "
+        "about its server yet (granted after the hub was asked; a user the hub does not "
+        "have); a server the hub reports stopped frees its slice at the next reconciliation "
+        "whatever its age, and one it lists as starting keeps it. A server whose stop the "
+        "service asked the hub for (an idle cull, its owner's release) and that still holds "
+        "its slice this long after is asked to stop again.",
     ).tag(config=True)
 
     reclaim_silent_after = Float(
@@ -1010,19 +1012,37 @@ class GPUSliceService(Application):
 
         The hub is the truth: its paged listing is read to the end (or nothing is concluded),
         and each server missing from it is asked about on its own before its slice is given
-        away, so a user who moved between pages while they were read keeps their slice.
+        away, so a user who moved between pages while they were read keeps their slice. A
+        server the hub reports stopped (it has the user; the server is not running, starting
+        or stopping) frees the slices granted before the hub was asked, whatever their age:
+        after a clean hub restart, which stops the service before the servers (their
+        spawners' releases fail), at the restarted service's first pass. ``reconcile_grace``
+        protects only what the hub cannot tell about yet: a grant made after it was asked,
+        a user it does not have.
         """
         assert self.ledger is not None
         grace = timedelta(seconds=self.reconcile_grace)
         existing = await self.hub_api.existing_servers()
-        gone = set()
-        for user, server in sorted(self.ledger.servers_missing(existing, grace)):
-            if not await self.hub_api.server_exists(user, server):
-                gone.add((user, server))
-        released = self.ledger.reconcile_servers(existing, grace, only=gone)
+        missing = await asyncio.to_thread(self.ledger.servers_missing, existing, timedelta(0))
+        stopped: dict[tuple[str, str], datetime] = {}
+        unknown = set()
+        for user, server in sorted(missing):
+            asked = utcnow()  # (before the question: the answer is at least this recent)
+            status = await self.hub_api.server_status(user, server)
+            if status == STOPPED:
+                stopped[(user, server)] = asked
+            elif status != RUNNING:
+                unknown.add((user, server))  # released once past the grace, as before
+        released = await asyncio.to_thread(
+            self.ledger.reconcile_servers, existing, grace, only=unknown, stopped=stopped
+        )
         self.reconciled_at = utcnow()
         if released:
-            self.log.info("reconciled: released allocations %s (servers gone)", released)
+            self.log.info(
+                "reconciled: released allocations %s (their servers are stopped or gone on "
+                "the hub)",
+                released,
+            )
         return released
 
     async def reclaim_silent(self, now: datetime | None = None) -> list[int]:

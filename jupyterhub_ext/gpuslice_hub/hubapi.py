@@ -17,6 +17,13 @@ class IncompleteListing(Exception):
     """The hub's answer could not be read to its end: nothing may be concluded from it."""
 
 
+# What the hub says of one server (HubAPI.server_status)
+RUNNING = "running"  # running, or starting, stopping, being checked: it has its slice
+STOPPED = "stopped"  # the hub has the user, and the server is none of those
+NO_USER = "no user"  # the hub has no such user
+UNKNOWN = "unknown"  # the hub's answer has no servers (the token cannot read them)
+
+
 def _active(server: dict[str, Any]) -> bool:
     return bool(server.get("ready") or server.get("pending") or server.get("started"))
 
@@ -69,9 +76,22 @@ class HubAPI:
     async def server_exists(self, user: str, server_name: str) -> bool:
         """Whether the hub has ``user``'s server ``server_name`` running or starting, asked
         about that one user (a paged listing can miss a user who moved between pages)."""
+        return await self.server_status(user, server_name) == RUNNING
+
+    async def server_status(self, user: str, server_name: str) -> str:
+        """What the hub says of ``user``'s server ``server_name``, asked about that one user:
+        RUNNING (ready, or pending a spawn, a stop or the hub's check), STOPPED (the hub has
+        the user and its model of them lists no such server: the hub lists every server it
+        has that is any of those, a spawn from before its spawner asks for a slice), NO_USER
+        or UNKNOWN (a model without servers: nothing can be concluded from it)."""
         model = await self._user(user)
-        server = (model or {}).get("servers", {}) or {}
-        return server_name in server and _active(server[server_name])
+        if model is None:
+            return NO_USER
+        servers = model.get("servers")
+        if not isinstance(servers, dict):
+            return UNKNOWN
+        server = servers.get(server_name)
+        return RUNNING if isinstance(server, dict) and _active(server) else STOPPED
 
     async def user_groups(self, name: str) -> tuple[str, ...] | None:
         model = await self._user(name)

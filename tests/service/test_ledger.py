@@ -216,6 +216,39 @@ def test_reconcile_releases_only_allocations_of_vanished_servers_past_grace(make
     assert ledger.get(gone["id"])["release_reason"] == "server no longer exists on the hub"
 
 
+def test_a_server_the_hub_reports_stopped_is_released_whatever_its_age(make_ledger):
+    """After a clean hub restart every server's own release had failed, and the reconciler
+    left each slice younger than the grace alone: 45 of them held 61 s after the hub was
+    back (issue 46). What the hub reports stopped is released at once; the grace is kept
+    for what it cannot tell about yet."""
+    ledger = make_ledger()
+    grace = timedelta(seconds=120)
+    stopped, _ = ledger.allocate(ANN, "share-250", "stopped")
+    # a spawn: the hub lists its server as starting (pending "spawn"), so it is existing
+    spawning, _ = ledger.allocate(ANN, "share-250", "spawning")
+    # the hub could not tell (no such user): the grace, as before
+    unknown, _ = ledger.allocate(ANN, "share-250", "unknown")
+    asked = utcnow()
+    # granted after the hub was asked: its stopped server may be a new spawn's, not listed yet
+    late, _ = ledger.allocate(ANN, "share-250", "late")
+    released = ledger.reconcile_servers(
+        {("ann", "spawning")},
+        grace,
+        only={("ann", "unknown")},
+        stopped={("ann", "stopped"): asked, ("ann", "late"): asked},
+    )
+    assert released == [stopped["id"]]
+    assert ledger.get(stopped["id"])["release_reason"] == "server stopped on the hub"
+    for kept in (spawning, unknown, late):
+        assert ledger.get(kept["id"])["state"] == "active"
+    # once the grace has passed, the one the hub could not tell about goes too
+    later = utcnow() + grace
+    assert ledger.reconcile_servers({("ann", "spawning")}, grace, later, {("ann", "unknown")}) == [
+        unknown["id"]
+    ]
+    assert ledger.servers_missing({("ann", "spawning")}, timedelta(0)) == {("ann", "late")}
+
+
 def test_vanished_gpu_is_not_placed_but_its_holder_keeps_it(make_ledger, db_url):
     ledger = make_ledger()
     a, _ = ledger.allocate(ANN, "gpu-1", "one")
