@@ -318,9 +318,12 @@ class Simulation:
 
     def _at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         # in whole microseconds, the clock's resolution: what the service reads as now is
-        # then exactly the event's time
+        # then exactly the event's time. Never before now: a time worked out from what the
+        # service said a moment ago (when the queue is next due, a backoff's end) may have
+        # passed; it is due now (issue 47: such an event stopped a run with "time cannot
+        # go back").
         self._seq += 1
-        heapq.heappush(self._events, (round(t, 6), self._seq, fn, args))
+        heapq.heappush(self._events, (max(round(t, 6), self.t), self._seq, fn, args))
 
     def _tick_at(self, t: float) -> None:
         """A scheduler pass at ``t`` (one per instant, after that instant's other events)."""

@@ -284,3 +284,23 @@ def test_a_run_makes_its_folder_in_memory_only_where_there_is_room(
     monkeypatch.setattr(engine, "RAM_FOLDER", str(tmp_path / "missing"))
     monkeypatch.setattr(engine, "RAM_FOLDER_FREE", 1)
     assert engine.scratch() is None
+
+
+def test_an_event_due_in_the_past_runs_now_and_the_run_goes_on(tmp_path: Path):
+    """Issue 47: a run on a workload it was not tuned on stopped with "time cannot go back"
+    (an event worked out for a time that had passed, e.g. from when the service said the
+    queue was next due); such an event is due now."""
+    seen: list[float] = []
+
+    class Late(Simulation):
+        def _submit(self, job: BatchJob) -> None:
+            super()._submit(job)
+            self._at(self.t - 35.4, lambda: seen.append(self.t))
+
+    job = BatchJob(0, "b0", "g", 600, "gpu-1", 1800, 900, 1, 600.0)
+    folder = tmp_path / "late"
+    folder.mkdir()
+    r = Late(Workload(1, [], [job]), POLICIES["1"], ONE_HOST, seed=3, folder=folder).run()
+    assert seen == [600.0]
+    (j,) = r.batch_jobs
+    assert j["state"] == "completed" and j["first_start"] == 600
