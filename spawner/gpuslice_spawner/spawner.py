@@ -11,13 +11,15 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from html import escape
 from typing import Any, ClassVar
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner, Spawner
+from jupyterhub.utils import maybe_future
 from tornado import web
-from traitlets import Float, Instance, Integer, List, Unicode, default
+from traitlets import Dict, Float, Instance, Integer, List, TraitError, Unicode, default, validate
 
 from gpuslice_hub.client import ServiceClient, ServiceError
 from gpuslice_hub.profiles import is_profile_name
@@ -28,6 +30,23 @@ from .form import TEMPLATE, render_form
 # the release reason of a server the hub stopped (the service replaces it with its own
 # record when it asked for that stop)
 STOPPED = "server stopped"
+
+# The spawn option (and form field) naming the GPU slice, by its gpuslice profile. Not
+# "profile": KubeSpawner's profile_list reads that one for its own choice (an image, an
+# environment), which sits beside the slice in the same form.
+SLICE_OPTION = "slice"
+# What the slice was called before it had its own name; still read as the slice where no
+# wrapped spawner reads it (see GPUSliceMixin.wrapped_uses_profile).
+LEGACY_SLICE_OPTION = "profile"
+
+# Where the wrapped spawner's own progress events go on the bar: after gpuslice's "Starting
+# your server" (60), before its "Server started" (90).
+WRAPPED_PROGRESS = (60, 89)
+
+
+def _no_form_of_its_own(spawner: Any) -> str:
+    """The wrapped spawner's form where it has none: nothing beside the slice choice."""
+    return ""
 
 
 class SliceRefused(web.HTTPError):
@@ -59,6 +78,11 @@ def refusal(e: ServiceError, log: Any) -> SliceRefused:
     )
 
 
+def _shown(text: str) -> str:
+    """A user's string in a message: quoted, and cut (it may be megabytes)."""
+    return repr(text if len(text) <= 40 else text[:40] + "…")
+
+
 class SpawnProgress:
     """What a spawn has reported so far (JupyterHub's progress page reads it), and an
     event that is set at each new report."""
@@ -68,7 +92,10 @@ class SpawnProgress:
         self.changed = asyncio.Event()
 
     def add(self, percent: int, message: str) -> None:
-        self.events.append({"progress": percent, "message": message})
+        self.add_event({"progress": percent, "message": message})
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
         self.changed.set()
 
 
@@ -180,13 +207,57 @@ class GPUSliceMixin(Spawner):
     def _groups(self) -> list[str]:
         return sorted(g.name for g in self.user.groups)  # type: ignore[attr-defined]
 
-    # -- the form --------------------------------------------------------------------------
+    # -- the form and the spawn options -----------------------------------------------------
 
-    @default("options_form")
-    def _default_options_form(self) -> Any:
-        return self._render_options_form
+    allowed_user_options = Dict(
+        Unicode(),
+        help="""Spawn options besides the slice that users may send, for the wrapped
+        spawner: option name -> regular expression its value (a string) must match in full.
+        For the fields of your own ``options_form`` (which the spawn form shows below the
+        slice choice; parse them with ``c.Spawner.options_from_form = "simple"``) and
+        batchspawner's script variables (a user option named like one, e.g. ``runtime``,
+        replaces ``req_runtime`` in the job script), e.g. ``{"runtime": r"[1-8]:00:00"}``.
+        Any other option is refused with a 400 before a slice is taken. KubeSpawner's
+        ``profile_list`` options (``profile`` and its ``profile_options``) need no entry:
+        KubeSpawner checks them itself.""",
+    ).tag(config=True)
 
-    async def _render_options_form(self, spawner: Any) -> str:
+    @validate("allowed_user_options")
+    def _valid_allowed_user_options(self, proposal: Any) -> dict[str, str]:
+        value: dict[str, str] = proposal["value"]
+        for name, pattern in value.items():
+            if name in (SLICE_OPTION, LEGACY_SLICE_OPTION):
+                raise TraitError(f"allowed_user_options: {name!r} is gpuslice's own option")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise TraitError(f"allowed_user_options[{name!r}]: {e}") from None
+        return value
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.options_form:  # type: ignore[has-type]
+            # The slice is chosen in a form even where the wrapped spawner has none (see
+            # get_options_form); the hub, and its admin page, offer a server's spawn form
+            # only when options_form is set.
+            self.options_form = _no_form_of_its_own
+
+    def wrapped_uses_profile(self) -> bool:
+        """Whether the wrapped spawner reads the ``profile`` spawn option itself
+        (KubeSpawner with a profile_list). Where it does not, ``profile`` still names the
+        slice, as it did before the slice had an option of its own."""
+        return False
+
+    async def get_options_form(self) -> str:
+        """The slice choice, then the wrapped spawner's own form (KubeSpawner's profile_list,
+        an admin's ``options_form``): one form, one Start button."""
+        slices = await self._slice_form()
+        wrapped = await super().get_options_form()
+        if not wrapped:
+            return slices
+        return f'{slices}\n<div class="gpuslice-wrapped-form">\n{wrapped}\n</div>'
+
+    async def _slice_form(self) -> str:
         try:
             data = await self.client.profiles(
                 self.user.name,  # type: ignore[attr-defined]
@@ -205,8 +276,36 @@ class GPUSliceMixin(Spawner):
             template_paths=self.form_template_paths,
         )
 
-    def options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
-        return {"profile": (formdata.get("profile") or [""])[0]}
+    async def run_options_from_form(self, form_data: dict[str, Any]) -> dict[str, Any]:
+        # The slice field is gpuslice's; the rest goes to the wrapped spawner's own parser
+        # (KubeSpawner's profile_list fields, or the admin's options_from_form).
+        chosen, rest = self._take_slice_field(form_data)
+        options = await maybe_future(super().run_options_from_form(rest))
+        return self._with_slice(options, chosen)
+
+    async def options_from_query(self, query_data: dict[str, Any]) -> dict[str, Any]:
+        # /hub/spawn?slice=share-250&profile=pytorch: as from the form
+        chosen, rest = self._take_slice_field(query_data)
+        options = await maybe_future(super().options_from_query(rest))
+        return self._with_slice(options, chosen)
+
+    def _take_slice_field(self, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The slice a form or query names (its first value), and the other fields."""
+        rest = dict(data)
+        field = SLICE_OPTION
+        if field not in rest and not self.wrapped_uses_profile():
+            field = LEGACY_SLICE_OPTION  # a spawn form template copied before "slice"
+        values = rest.pop(field, None)
+        if isinstance(values, list):
+            values = values[0] if values else ""
+        return (values if isinstance(values, str) else ""), rest
+
+    @staticmethod
+    def _with_slice(options: Any, chosen: str) -> dict[str, Any]:
+        options = dict(options or {})
+        if chosen:
+            options[SLICE_OPTION] = chosen
+        return options
 
     if "apply_user_options" in Spawner.class_trait_names():  # JupyterHub 5.3+
 
@@ -217,33 +316,67 @@ class GPUSliceMixin(Spawner):
             # error raised in this hook), so the hook only says they are handled.
             return lambda spawner, options: None
 
-    def _chosen_profile(self) -> str:
-        """The requested profile; ``user_options`` are untrusted (they may come via the API)."""
+    def _spawn_options(self) -> tuple[str, dict[str, Any]]:
+        """The requested slice's profile, and the options left for the wrapped spawner.
+        ``user_options`` are untrusted (they may come via the API)."""
         options = self.user_options or {}  # type: ignore[attr-defined]
         if not isinstance(options, dict):
-            raise SliceRefused("Spawn options must be an object naming a 'profile'.", 400)
-        unknown = set(options) - {"profile"}
-        if unknown:
-            raise SliceRefused(
-                f"Unknown spawn option {sorted(unknown)[0]!r}; only 'profile' is accepted.", 400
-            )
-        profile = options.get("profile")
+            raise SliceRefused("Spawn options must be an object naming a 'slice'.", 400)
+        rest = dict(options)
+        profile = rest.pop(SLICE_OPTION, None)
+        if not self.wrapped_uses_profile() and LEGACY_SLICE_OPTION in rest:
+            legacy = rest.pop(LEGACY_SLICE_OPTION)
+            if profile is None:
+                profile = legacy
+            elif legacy != profile:
+                raise SliceRefused(
+                    "Spawn options 'slice' and 'profile' name different GPU slices; send "
+                    "'slice' alone.",
+                    400,
+                )
         if profile is None or profile == "":
             profile = self.default_profile  # not chosen (an empty form field): the default
         elif not isinstance(profile, str):
             # never replaced by the default: a forged option is refused, not reinterpreted
             raise SliceRefused(
-                f"Spawn option 'profile' must be a profile name (a string), not "
+                f"Spawn option 'slice' must be a profile name (a string), not "
                 f"{type(profile).__name__}.",
                 400,
             )
         if not profile:
-            raise SliceRefused("No GPU slice was chosen: pick one in the spawn form.", 400)
+            raise SliceRefused(
+                "No GPU slice was chosen: pick one in the spawn form (through the REST API, "
+                "name it as the spawn option 'slice').",
+                400,
+            )
         if not is_profile_name(profile):
             # (not sent on to the service, nor written whole to the log: it may be megabytes)
-            shown = profile if len(profile) <= 40 else profile[:40] + "…"
-            raise SliceRefused(f"There is no GPU profile named {shown!r}.", 400)
-        return profile
+            raise SliceRefused(f"There is no GPU profile named {_shown(profile)}.", 400)
+        return profile, rest
+
+    async def check_wrapped_options(self, options: dict[str, Any]) -> None:
+        """Refuse (400) the spawn options besides the slice that the wrapped spawner may not
+        be given: here, any not in ``allowed_user_options`` or not matching its pattern.
+        Launchers whose spawner has options of its own (KubeSpawner's profile_list) extend
+        it. Runs before a slice is taken."""
+        for name in sorted(options):
+            pattern = self.allowed_user_options.get(name)
+            if pattern is None:
+                accepted = [SLICE_OPTION, *sorted(self.allowed_user_options)]
+                if not self.wrapped_uses_profile():
+                    accepted.insert(1, LEGACY_SLICE_OPTION)
+                raise SliceRefused(
+                    f"Unknown spawn option {_shown(name)}; accepted: "
+                    + ", ".join(repr(a) for a in accepted)
+                    + ".",
+                    400,
+                )
+            value = options[name]
+            if not isinstance(value, str) or not re.fullmatch(pattern, value):
+                # (the value is not repeated: it is the user's, and may be anything)
+                raise SliceRefused(
+                    f"Spawn option {name!r} must be a string matching {pattern!r}.", 400
+                )
 
     # -- progress --------------------------------------------------------------------------
 
@@ -261,10 +394,45 @@ class GPUSliceMixin(Spawner):
             while sent < len(log.events):
                 yield log.events[sent]
                 sent += 1
-            if getattr(self, "_spawn_pending", False) is False and sent:
+            if self.pending != "spawn" and sent:
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(log.changed.wait(), 1.0)
+
+    def _wraps_progress(self) -> bool:
+        """Whether the wrapped spawner reports progress of its own (KubeSpawner's pod
+        events, batchspawner's queue state); JupyterHub's placeholder says nothing."""
+        mro = type(self).__mro__
+        for cls in mro[mro.index(GPUSliceMixin) + 1 :]:
+            if "progress" in vars(cls):
+                return cls is not Spawner
+        return False
+
+    async def _relay_progress(self) -> None:
+        """Pass the wrapped spawner's progress events on while its start() runs, after
+        gpuslice's own, with their progress moved into WRAPPED_PROGRESS. Every viewer of
+        the progress page reads them from the same record as gpuslice's events."""
+        low, high = WRAPPED_PROGRESS
+        try:
+            async with contextlib.aclosing(super().progress()) as events:  # type: ignore[misc]
+                async for event in events:
+                    if not isinstance(event, dict):
+                        continue
+                    event = dict(event)  # (the wrapped spawner's own object stays as it is)
+                    percent = event.pop("progress", None)
+                    if isinstance(percent, int | float) and not isinstance(percent, bool):
+                        share = max(0.0, min(100.0, float(percent))) / 100
+                        event["progress"] = min(high, low + round(share * (high - low)))
+                    self._spawn_log.add_event(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # a progress report that fails must not fail the spawn it reports on
+            self.log.warning(  # type: ignore[attr-defined]
+                "the progress events of %s's spawner failed; its start goes on",
+                self._log_name,  # type: ignore[attr-defined]
+                exc_info=True,
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -306,7 +474,8 @@ class GPUSliceMixin(Spawner):
         self._starts_of[self._server_key] = self._starts + 1
         self._spawn_log.events.clear()
         self.last_stop = None
-        profile = self._chosen_profile()
+        profile, wrapped_options = self._spawn_options()
+        await self.check_wrapped_options(wrapped_options)
         if self.allocation_id:
             # left over from a spawn that never stopped cleanly: give it back first
             await self._release("replaced by a new spawn")
@@ -329,7 +498,19 @@ class GPUSliceMixin(Spawner):
         try:
             self.apply_grant(grant)
             self._progress(60, "Starting your server")
-            result = await super().start()  # type: ignore[misc]
+            # (called before the relay starts: KubeSpawner's start() sets the future its
+            # progress() watches)
+            starting = super().start()  # type: ignore[misc]
+            relay = (
+                asyncio.ensure_future(self._relay_progress()) if self._wraps_progress() else None
+            )
+            try:
+                result = await starting
+            finally:
+                if relay is not None:
+                    relay.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await relay
         except BaseException:
             await self._release("the server failed to start")
             raise

@@ -220,13 +220,6 @@ def test_share_mode_is_checked_by_traitlets(make_spawner: Any):
         make_spawner(share_mode="mps").kubernetes_resources()
 
 
-def test_the_spawn_form_is_gpuslices(make_spawner: Any):
-    spawner = make_spawner()
-    # KubeSpawner has its own form (profile_list); ours must win the MRO
-    assert spawner.options_form == spawner._render_options_form
-    assert spawner.options_from_form({"profile": ["share-250"]}) == {"profile": "share-250"}
-
-
 def test_importing_the_package_needs_neither_kubespawner_nor_batchspawner():
     code = (
         "import sys, json, gpuslice_spawner; "
@@ -242,17 +235,6 @@ async def test_pods_can_be_told_a_service_url_they_can_reach(make_spawner: Any):
     spawner = make_spawner(server_service_url="http://proxy-public/services/gpuslice/")
     env = env_of(await pod_for(spawner, MIG_GRANT))
     assert env["GPUSLICE_SERVICE_URL"] == "http://proxy-public/services/gpuslice/"
-
-
-async def test_the_profile_option_is_not_read_as_a_profile_list_slug(make_spawner: Any):
-    spawner = make_spawner(
-        profile_list=[{"display_name": "Data science", "slug": "ds", "kubespawner_override": {}}]
-    )
-    spawner.user_options = {"profile": "mig-1g.18gb"}
-    # KubeSpawner itself would refuse the unknown slug; the gpuslice profile is ours
-    await spawner.load_user_options()
-    pod = await pod_for(spawner, MIG_GRANT)
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.18gb": "1"}
 
 
 async def test_its_slices_are_never_overcommitted(make_spawner: Any):
@@ -278,8 +260,8 @@ async def test_its_slices_are_never_overcommitted(make_spawner: Any):
 
     kube = make_spawner()
     with mock.patch.object(ServiceClient, "request", request):
-        await kube._render_options_form(None)
-        await local._render_options_form(None)
+        await kube.get_options_form()
+        await local.get_options_form()
     # (and how long a spawn from it waits for a batch job: what the form may offer)
     kube_wait, local_wait = f"{kube.preempt_wait():g}", f"{local.preempt_wait():g}"
     assert asked[0]["query"] == {"user": "alice", "overcommit": "false", "wait_seconds": kube_wait}

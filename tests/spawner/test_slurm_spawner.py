@@ -7,7 +7,9 @@ runs as root on this machine and reaches the hub's API over 127.0.0.1.
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -285,3 +287,55 @@ def test_a_spawn_gets_a_batch_jobs_gpu_through_slurms_preemption_and_the_job_res
     result = output_result(hub, dora, job_id)
     assert 0 < result["first_step"] < 400
     np.testing.assert_array_equal(result["w"], expected_w(400, 0.05))
+
+
+def stream_progress(hub: Hub, user: str) -> tuple[list[dict[str, Any]], threading.Thread]:
+    """The hub's progress stream of ``user``'s spawn (server-sent events), read in a thread
+    into a list as they come, until it ends."""
+    events: list[dict[str, Any]] = []
+
+    def read() -> None:
+        r = hub.hub_api("GET", f"/users/{user}/server/progress", stream=True)
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return events, reader
+
+
+def test_a_server_waiting_in_slurms_queue_says_so_on_the_progress_page(
+    slurm_hub: Hub, slurm: SlurmCluster
+):
+    """The progress page said "Starting your server" while the job waited in Slurm's queue:
+    batchspawner's "Pending in queue..." never reached it (issue 46). A job that did not
+    come through gpuslice takes the whole node (no GPU: gpuslice still grants the slice),
+    so the server's job waits for it."""
+    hub = slurm_hub
+    add_user(hub, "erin")
+    blocker = slurm.sbatch(HOLD, "--partition=interactive", "--exclusive")
+    slurm.wait_state(blocker, "RUNNING", timeout=60)
+    r = hub.spawn("erin", {"slice": "share-250"})
+    assert r.status_code == 202, r.text
+    events, reader = stream_progress(hub, "erin")
+    said = lambda: [e.get("message", "") for e in events]  # noqa: E731
+    wait_for(lambda: "Pending in queue..." in said(), 60, "batchspawner's queue message")
+    server = job_id_of(hub, "erin")
+    assert slurm.job_info(server)["JobState"] == "PENDING"
+
+    (slurm.root / "jobs" / f"{blocker}.release").touch()  # the node is free again
+    hub.wait_ready("erin", timeout=120)
+    reader.join(30)
+    assert not reader.is_alive(), "the progress stream did not end"
+    messages = said()
+    got = next(i for i, m in enumerate(messages) if m.startswith("Got share-250 on"))
+    pending = messages.index("Pending in queue...")
+    assert got < messages.index("Starting your server") < pending
+    assert events[-1]["ready"] is True
+    bar = [e["progress"] for e in events if "progress" in e]
+    assert bar == sorted(bar)  # never back
+    r = hub.hub_api("DELETE", "/users/erin/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_gone("erin")
+    wait_for(lambda: allocations(hub, "erin") == [], 30, "erin's slice to be released")

@@ -106,3 +106,59 @@ async def test_servers_can_be_told_a_service_url_they_can_reach():
     assert s.get_env()["GPUSLICE_SERVICE_URL"] == s.service_url  # the hub's own address
     s.server_service_url = "https://hub.example.org/services/gpuslice/"
     assert s.get_env()["GPUSLICE_SERVICE_URL"] == "https://hub.example.org/services/gpuslice/"
+
+
+async def test_batchspawner_fields_sit_beside_the_slice_and_are_checked(monkeypatch):
+    """An admin's own fields (here the job's run time, which batchspawner puts where
+    req_runtime goes) are shown below the slice choice in one form and reach the job
+    script; the old mixin's form replaced them, or they replaced the slice's (issue 46).
+    User options are untrusted: only allowed_user_options, each matching its pattern."""
+    from gpuslice_hub.client import ServiceClient
+    from gpuslice_spawner.spawner import SliceRefused
+
+    async def request(_client: Any, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        assert (method, path) == ("GET", "api/profiles")
+        return {
+            "user": "x",
+            "simulated": False,
+            "profiles": [{"name": "mig-1g.10gb", "available": True, "free": 1, "total": 1}],
+        }
+
+    monkeypatch.setattr(ServiceClient, "request", request)
+    s = spawner(
+        options_form=(
+            '<label>Run time <select name="runtime"><option>1:00:00</option>'
+            "<option>4:00:00</option></select></label>"
+        ),
+        options_from_form="simple",
+        allowed_user_options={"runtime": r"[1-8]:00:00"},
+    )
+    html = await s.get_options_form()
+    assert 'name="slice" value="mig-1g.10gb"' in html and '<select name="runtime">' in html
+    assert html.index('name="slice"') < html.index('name="runtime"')
+    s.user_options = await s.run_options_from_form(
+        {"slice": ["mig-1g.10gb"], "runtime": ["4:00:00"]}
+    )
+    assert s.user_options == {"slice": "mig-1g.10gb", "runtime": "4:00:00"}
+
+    for forged in ("4:00:00\n#SBATCH --qos=high", "99:00:00", ["4:00:00"]):
+        with pytest.raises(SliceRefused, match="'runtime' must be a string matching"):
+            await s.check_wrapped_options({"runtime": forged})
+    with pytest.raises(SliceRefused, match="Unknown spawn option 'partition'"):
+        await s.check_wrapped_options({"runtime": "4:00:00", "partition": "gpu-long"})
+    await s.check_wrapped_options({"runtime": "4:00:00"})
+
+    # batchspawner's own submission: the user's run time, then the grant's lines
+    sent: list[str] = []
+
+    async def run_command(cmd: str, input: str | None = None, env: Any = None) -> str:
+        sent.append(input or "")
+        return "4242"
+
+    s.run_command = run_command  # type: ignore[method-assign]
+    s.grant = MIG
+    s.apply_grant(MIG)
+    assert await s.submit_batch_script() == "4242"
+    lines = [line for line in sent[0].splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --time=4:00:00" in lines
+    assert lines[-2:] == ["#SBATCH --gres=gpu:1g.10gb:1", "#SBATCH --nodelist=gpu-node-3"]

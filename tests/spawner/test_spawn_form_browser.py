@@ -63,6 +63,21 @@ PROFILES = [
 ]
 
 
+# A site's own spawn option beside the slice (issue 46): the wrapped spawner's form (here
+# an admin's options_form; KubeSpawner's profile_list or batchspawner's fields alike) sits
+# below the slice choice in one form, and both reach the spawn.
+OWN_FIELD = """
+c.Spawner.options_form = (
+    '<label class="site-start-in">Start in <select name="start_in">'
+    '<option value="/tree">Notebook</option><option value="/lab">JupyterLab</option>'
+    '</select></label>'
+)
+c.Spawner.options_from_form = "simple"
+c.Spawner.apply_user_options = {"start_in": "default_url"}
+c.GPUSliceMixin.allowed_user_options = {"start_in": "/(tree|lab)"}
+"""
+
+
 def open_spawn_form(page: Any, hub: Any, user: str) -> None:
     """Log in through the hub's login page and open the spawn form."""
     login(page, hub.url, user)
@@ -73,7 +88,10 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
     need(Path(CHROMIUM).exists(), "Chromium (apt-get install chromium)")
     sync_api = need_module("playwright.sync_api")
     hub = hub_factory(
-        spawner="gpuslice-simple", profiles=PROFILES, quotas={"default_user": {"max_slices": 2}}
+        spawner="gpuslice-simple",
+        profiles=PROFILES,
+        quotas={"default_user": {"max_slices": 2}},
+        extra_hub_config=OWN_FIELD,
     )
     # colleagues hold both 1g.10gb instances and one whole GPU
     for user, profile in (("bob", "mig-1g.10gb"), ("cat", "mig-1g.10gb"), ("dan", "gpu-1")):
@@ -107,11 +125,19 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
                 Path(shot).parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=shot, full_page=True)
 
-            # choosing a free profile in the browser starts a server on it
+            # the site's own field, below the slices, in the same form
+            own = page.locator("form#spawn_form .gpuslice-wrapped-form select[name=start_in]")
+            assert own.is_visible()
+            assert page.locator("form#spawn_form .gpuslice-form").count() == 1
+            # choosing a free profile in the browser starts a server on it, as she chose it
             page.locator('[data-profile="share-250"] input').check()
+            own.select_option("/lab")
+            assert page.locator('[data-profile="share-250"] input').is_checked()
             page.locator("form#spawn_form input[type=submit], form#spawn_form button").first.click()
             hub.wait_ready("ann")
             page.wait_for_url("**/user/ann/**", timeout=60_000)  # the hub sends her there
+            model = hub.server_model("ann") or {}
+            assert model["user_options"] == {"slice": "share-250", "start_in": "/lab"}
 
             # The service's overview page: styled like the admin panel, a way back to the
             # hub, her quota and her slice; a drained GPU would read as such, not "in use".
