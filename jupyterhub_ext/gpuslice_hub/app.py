@@ -99,6 +99,7 @@ from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
 from .secretfiles import check_secret_settings, is_sqlite, read_password_file, with_password
+from .selfcheck import SERVICE_SCOPES, check_own_scopes
 from .silent import SILENT_KIND, find_silent, silent_detail
 from .slurminventory import check_slurm_units, read_slurm_hosts
 from .slurmsync import run_slurm_sync
@@ -858,6 +859,12 @@ class GPUSliceService(Application):
         self.log.info(
             "listening on http://%s:%d%s", self.ip or ip, self.port or port, self.service_prefix
         )
+        if self.hub_api.configured:
+            # (a task: the hub may still be starting; the check says so and goes on)
+            needed = [s.format(name=self.service_name or "gpuslice") for s in SERVICE_SCOPES]
+            self._scope_check = asyncio.ensure_future(
+                check_own_scopes(self.hub_api, needed, self.log)
+            )
         if self.reconcile_interval > 0 and self.hub_api.configured:
             self._reconciler = asyncio.ensure_future(self._reconcile_loop())
         self._sampler = start_sampler(

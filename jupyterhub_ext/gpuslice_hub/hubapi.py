@@ -93,6 +93,10 @@ class HubAPI:
         server = servers.get(server_name)
         return RUNNING if isinstance(server, dict) and _active(server) else STOPPED
 
+    async def whoami(self) -> dict[str, Any]:
+        """The hub's model of this token's owner (the service), with its ``scopes``."""
+        return dict(await self._request("GET", "/user") or {})
+
     async def user_groups(self, name: str) -> tuple[str, ...] | None:
         model = await self._user(name)
         return None if model is None else tuple(model.get("groups") or ())

@@ -31,19 +31,8 @@ from traitlets.config import Config, PyFileConfigLoader
 
 from .app import ADMIN_SCOPE, METRICS_SCOPE
 from .hubparent import HUB_PID_ENV
+from .selfcheck import SERVICE_SCOPES
 
-SERVICE_SCOPES = [
-    # reconcile allocations against servers, and stop servers whose slice is reclaimed
-    "list:users",
-    "read:users",
-    "read:users:name",
-    "read:users:groups",
-    "read:servers",
-    "servers",
-    "read:groups",
-    # the spawner uses the service's own token; it must pass the service's access check
-    "access:services!service={name}",
-]
 MERGED = ("services", "load_roles", "custom_scopes", "template_paths")
 # Words in the name of an environment variable that holds a secret.
 SECRET_NAMES = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "CREDENTIAL", "PRIVATE_KEY", "API_KEY")

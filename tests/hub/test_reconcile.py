@@ -64,6 +64,14 @@ def test_servers_on_later_pages_of_the_hub_keep_their_slices(hub_factory):
         hub.wait_ready(user)
     held = active_allocations(hub)
     assert set(held) == set(USERS)
+    # the service asked the hub what its token may do, and has all it needs (issue 45: a
+    # config that dropped its role is said at start, see tests/service/test_selfcheck.py)
+    wait_for(
+        lambda: "the hub gives this service's token every scope it needs" in hub.log(),
+        30,
+        "the service's check of its own scopes",
+    )
+    assert "gives this service's token no" not in hub.log()
     # every allocation is past the 1 s grace from here on: wait for passes that judged them
     since = time.time() + 1.5
     wait_for(lambda: reconciled_at(hub) > since, 30, "two reconciliations after the grace")
