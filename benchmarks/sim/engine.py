@@ -151,6 +151,9 @@ class Result:
     quotas_applied: int = 0
     quota_refusals: int = 0
     wall_seconds: float = 0.0
+    # the busy GPU work the workload offers inside the horizon (measure.demand), the most
+    # any scheduler could get done on it
+    demand_milli_seconds: float = 0.0
 
 
 # A run's own folder goes to memory where there is room: its ledger commits and job folders

@@ -28,8 +28,29 @@ if TYPE_CHECKING:
     from .engine import Result, Simulation
 
 
+def demand(sim: Simulation) -> float:
+    """The busy GPU work the workload offers inside the horizon, in milli-GPU-seconds: each
+    session's stretches played from its arrival, each batch job's work from its arrival,
+    with no wait, no cull and no loss. No scheduler gets more done than this on the same
+    workload (it is the bound a utilization figure is reported beside: issue 47)."""
+    end = sim.horizon
+    total = 0.0
+    for session in sim.workload.sessions:
+        at = session.arrival
+        for stretch in session.stretches:
+            if at >= end:
+                break
+            total += stretch.busy_milli * session.gpus * max(0.0, min(stretch.seconds, end - at))
+            at += stretch.seconds
+    for job in sim.workload.jobs:
+        if job.arrival < end:
+            total += job.busy_total * min(job.work, end - job.arrival)
+    return total
+
+
 def finish(sim: Simulation) -> None:
     r, end = sim.result, sim.horizon
+    r.demand_milli_seconds = demand(sim)
     epoch = sim.clock.now().timestamp() - end
     # requests still waiting at the end: counted, neither granted nor given up
     r.requests.extend(sim.asking.values())
@@ -89,6 +110,7 @@ def finish(sim: Simulation) -> None:
                     "lost": row.lost_work_seconds,
                     "work": spec.work if spec else 0.0,
                     "milli": spec.busy_total if spec else 0,
+                    "gpus": spec.gpus * spec.slices if spec else 0,
                     "burst": True,
                 }
             )
@@ -104,6 +126,7 @@ def finish(sim: Simulation) -> None:
                 "lost": row.lost_work_seconds,
                 "work": spec.work if spec else 0.0,
                 "milli": spec.busy_total if spec else 0,
+                "gpus": spec.gpus * spec.slices if spec else 0,
             }
         )
 
@@ -127,15 +150,26 @@ def summary(r: Result) -> dict[str, Any]:
     queue = [j["first_start"] - j["arrival"] for j in started]
     preempted = sum(j["preemptions"] for j in r.batch_jobs)
     frag = [s["fragmented"] for s in r.samples]
+    effective = (r.interactive_useful + r.batch_useful - r.contention_milli_seconds) / cap
+    bound = r.demand_milli_seconds / cap
+    # jobs that had two days or more and never started, by the GPUs they asked for: a
+    # size the queue never serves (a median wait hides it)
+    late = r.horizon - 2 * 86400.0
+    never: dict[str, int] = {}
+    for j in r.batch_jobs:
+        if j["first_start"] is None and j["arrival"] is not None and j["arrival"] < late:
+            key = str(j.get("gpus") or 0)
+            never[key] = never.get(key, 0) + 1
     return {
         "policy": r.policy.name,
         "title": r.policy.title,
         "allocation_rate": r.allocated_milli_seconds / cap,
         # work asked of a GPU beyond its capacity at once (overcommit) was not done
-        "effective_utilization": (
-            r.interactive_useful + r.batch_useful - r.contention_milli_seconds
-        )
-        / cap,
+        "effective_utilization": effective,
+        # the most any scheduler could do on this workload, and how much of it this got
+        "demand_bound": bound,
+        "share_of_bound": effective / bound if bound else None,
+        "jobs_not_started_by_gpus": dict(sorted(never.items(), key=lambda kv: int(kv[0]))),
         "interactive_utilization": r.interactive_useful / cap,
         "batch_utilization": r.batch_useful / cap,
         "requests": len(r.requests),

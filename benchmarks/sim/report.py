@@ -14,6 +14,7 @@ COLUMNS = (
     ("policy", "policy", "{}"),
     ("allocation_rate", "allocated", "{:.1%}"),
     ("effective_utilization", "effective util.", "{:.1%}"),
+    ("share_of_bound", "of the bound", "{:.0%}"),
     ("wait_p50", "wait p50 (s)", "{:.0f}"),
     ("wait_p95", "wait p95 (s)", "{:.0f}"),
     ("refused_share", "refused", "{:.1%}"),
@@ -34,6 +35,7 @@ COLUMNS = (
     ("burst_gpu_hours", "burst (GPU-h bought)", "{:.0f}"),
     ("quotas_applied", "quotas applied", "{}"),
     ("quota_refusals", "refused over quota", "{}"),
+    ("jobs_not_started", "never started (by GPUs)", "{}"),
     ("capacity_check", "capacity check says", "{}"),
 )
 
@@ -67,6 +69,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     rule = "|" + "|".join("---" if k == "policy" else "---:" for k, _, _ in COLUMNS) + "|"
     lines = [head, rule]
     for row in rows:
+        never = row.get("jobs_not_started_by_gpus") or {}
+        row = {**row, "jobs_not_started": " ".join(f"{n}x{g}" for g, n in never.items()) or "0"}
         cells = ["-" if row.get(k) is None else fmt.format(row[k]) for k, _, fmt in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     legend = "\n".join(f"- **{r['policy']}**: {r['title']}" for r in rows)
@@ -74,7 +78,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     words = "".join(f"- `{c}`: {CAPACITY_WORDS.get(c, 'see the admin guide')}\n" for c in said)
     if words:
         words = "\ncapacity check says:\n\n" + words
-    return "\n".join(lines) + "\n\n" + legend + "\n" + words
+    bounds = sorted({f"{r['demand_bound']:.1%}" for r in rows if r.get("demand_bound")})
+    bound = (
+        f"\nThe workload's demand bound (the busy GPU work it offers inside the horizon, "
+        f"over capacity: no scheduler does more): {', '.join(bounds)}. *of the bound*: "
+        "effective utilization over it. *never started*: jobs submitted two days or more "
+        "before the end that never started, as count x GPUs asked.\n"
+        if bounds
+        else ""
+    )
+    return "\n".join(lines) + "\n\n" + legend + "\n" + bound + words
 
 
 def write(results: list[Result], out: Path, context: dict[str, Any]) -> list[dict[str, Any]]:

@@ -37,6 +37,9 @@ def test_one_session_gives_the_exact_allocation_and_utilization(tmp_path: Path):
     assert s["allocation_rate"] == pytest.approx(1000 * 7200 / capacity)
     assert s["effective_utilization"] == pytest.approx(500 * 3600 / capacity)
     assert s["wait_p50"] == 0 and s["requests"] == 1 and s["refused_share"] == 0
+    # nothing waited or was lost: it got all the work the workload offered (issue 47)
+    assert s["demand_bound"] == pytest.approx(500 * 3600 / capacity)
+    assert s["share_of_bound"] == pytest.approx(1.0)
 
 
 def test_a_server_of_two_gpus_counts_the_work_of_both(tmp_path: Path):
@@ -304,3 +307,19 @@ def test_an_event_due_in_the_past_runs_now_and_the_run_goes_on(tmp_path: Path):
     assert seen == [600.0]
     (j,) = r.batch_jobs
     assert j["state"] == "completed" and j["first_start"] == 600
+
+
+def test_a_job_size_that_never_starts_is_counted_by_size(tmp_path: Path):
+    """Issue 47: 14 of 15 eight-GPU jobs never started in a week, hidden by the queue's
+    median. A person holds one GPU of the eight for three days: an eight-GPU job submitted
+    at the start never starts, a one-GPU one does; what the workload offered bounds it."""
+    person = session(0, 0, Stretch(3 * DAY, 100))
+    big = BatchJob(0, "b0", "g", 0, "gpu-8", 3600, 1000, 1, 600.0, gpus=8)
+    small = BatchJob(1, "b1", "g", 0, "gpu-1", 3600, 1000, 1, 600.0)
+    r = run(Workload(3, [person], [big, small]), "1", tmp_path)
+    s = summary(r)
+    assert s["jobs_not_started_by_gpus"] == {"8": 1}
+    capacity = 8000 * 3 * DAY
+    offered = 100 * 3 * DAY + 8000 * 3600 + 1000 * 3600
+    assert s["demand_bound"] == pytest.approx(offered / capacity)
+    assert s["share_of_bound"] == pytest.approx((100 * 3 * DAY + 1000 * 3600) / offered)
