@@ -102,6 +102,7 @@ class Request:
     granted: float | None = None
     refusals: int = 0
     gave_up: bool = False
+    gave_up_at: float | None = None  # (its wait, for the wait figures: issue 47)
 
 
 @dataclass
@@ -517,6 +518,7 @@ class Simulation:
             again = now + self.settings.retry_after_refusal
             if again - live.request.asked > self.settings.give_up_after:
                 live.request.gave_up = True
+                live.request.gave_up_at = now
                 self.result.requests.append(live.request)
                 self.asking.pop(id(live.request), None)
                 return

@@ -115,9 +115,18 @@ def finish(sim: Simulation) -> None:
                 }
             )
             continue
+        # time on a GPU: the runs that ended, and the one going on at the end
+        ran = float(row.run_seconds or 0.0)
+        if row.attempt_started_at is not None and row.state in (
+            "starting",
+            "running",
+            "preempting",
+        ):
+            ran += max(0.0, end - (since(row.attempt_started_at) or end))
         r.batch_jobs.append(
             {
                 "arrival": since(row.submitted_at),
+                "ran": ran,
                 "first_start": since(row.started_at),
                 "last_start": since(starts.get(row.id)),
                 "ended": since(row.finished_at),
@@ -143,11 +152,23 @@ def summary(r: Result) -> dict[str, Any]:
     """The figures of one run, as the report's table shows them."""
     cap = r.capacity_milli * r.horizon
     got = [q for q in r.requests if q.granted is not None]
-    waits = [q.granted - q.asked for q in got if q.granted is not None]
+    # a researcher who gave up counts with the wait they gave up after (issue 47: left out,
+    # they made the figures look better the more people gave up)
+    waits = [q.granted - q.asked for q in got if q.granted is not None] + [
+        q.gave_up_at - q.asked for q in r.requests if q.gave_up and q.gave_up_at is not None
+    ]
     refused_first = sum(1 for q in r.requests if q.refusals)
     done = [j for j in r.batch_jobs if j["state"] == "completed" and j["ended"] is not None]
     started = [j for j in r.batch_jobs if j["first_start"] is not None]
-    queue = [j["first_start"] - j["arrival"] for j in started]
+    # every wait of a job in the queue (after each requeue too), up to the horizon for a job
+    # still waiting there: its time from submission to its end (or the horizon) that it was
+    # not on a GPU (issue 47: only the first wait was counted, and jobs never started not
+    # at all); a job sent to a burst partition waited until it was sent
+    queue = [
+        max(0.0, (j["ended"] if j["ended"] is not None else r.horizon) - j["arrival"] - j["ran"])
+        for j in r.batch_jobs
+        if j["arrival"] is not None and "ran" in j
+    ] + [j["first_start"] - j["arrival"] for j in started if j.get("burst")]
     preempted = sum(j["preemptions"] for j in r.batch_jobs)
     frag = [s["fragmented"] for s in r.samples]
     effective = (r.interactive_useful + r.batch_useful - r.contention_milli_seconds) / cap

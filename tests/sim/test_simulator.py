@@ -208,6 +208,10 @@ def test_a_batch_window_holds_a_job_until_it_opens_and_requeues_it_when_it_close
     assert r.losses == [10.0]
     assert j["last_start"] == 86400 + 3600
     assert j["state"] == "completed" and j["ended"] == pytest.approx(86400 + 3600 + 1800)
+    # its queue time is every wait: 3 600 s before the first run, and from its exit (7 210 s)
+    # to the next day's 01:00 (issue 47: only the first wait was counted)
+    waited = 3600 + (86400 + 3600 - 7210)
+    assert summary(r)["queue_p50_h"] == pytest.approx(waited / 3600)
 
 
 def test_a_finer_share_menu_fits_more_jobs_that_ask_for_less_than_a_gpu(tmp_path: Path):
@@ -323,3 +327,19 @@ def test_a_job_size_that_never_starts_is_counted_by_size(tmp_path: Path):
     offered = 100 * 3 * DAY + 8000 * 3600 + 1000 * 3600
     assert s["demand_bound"] == pytest.approx(offered / capacity)
     assert s["share_of_bound"] == pytest.approx((100 * 3 * DAY + 1000 * 3600) / offered)
+
+
+def test_a_researcher_who_gave_up_counts_with_their_wait(tmp_path: Path):
+    """Issue 47: the wait figures counted only the requests that got a slice, so the more
+    people gave up the better they looked. Eight sessions take every GPU for three hours; a
+    ninth asks a minute later and gives up after the hour it is willing to wait."""
+    full = [session(i, 0, Stretch(3 * 3600, 500)) for i in range(8)]
+    late = session(8, 60, Stretch(3600, 500))
+    s = summary(run(Workload(1, [*full, late]), "1", tmp_path))
+    assert s["gave_up"] == 1
+    # (nine waits: eight of 0 s, and the hour it gave up after)
+    import statistics
+
+    hour = ONE_HOST.give_up_after
+    expected = statistics.quantiles([0.0] * 8 + [hour], n=100, method="inclusive")[94]
+    assert s["wait_p50"] == 0 and s["wait_p95"] == pytest.approx(expected) and expected > 0
