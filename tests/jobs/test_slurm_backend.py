@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuslice_hub.jobs.backends.slurm import SlurmBackend, batch_script, exit_code
+from gpuslice_hub.errors import ConfigError
+from gpuslice_hub.jobs.backends.slurm import (
+    SlurmBackend,
+    batch_script,
+    check_class_options,
+    exit_code,
+)
 from gpuslice_hub.profiles import parse_profiles
 from tests.harness.hub import same_blas, wait_for
 from tests.harness.slurm import PROFILES, slurm_hosts
@@ -50,6 +56,33 @@ def test_batch_script_has_requeue_signal_gres_and_append():
     # a configured name is a token, never a second directive or shell code
     with pytest.raises(ValueError, match="qos"):
         batch_script(7, "/jobs/7", "/venv/bin/python", qos="normal\n#SBATCH --uid=0")
+
+
+def test_a_class_account_reservation_and_constraint_are_sbatch_options_checked_at_start():
+    script = batch_script(
+        7,
+        "/jobs/7",
+        "/venv/bin/python",
+        account="gpulab",
+        reservation="deadline",
+        constraint="a100&(ib|roce)",
+    ).splitlines()
+    for expected in (
+        "#SBATCH --account=gpulab",
+        "#SBATCH --reservation=deadline",
+        "#SBATCH --constraint=a100&(ib|roce)",
+    ):
+        assert expected in script
+    with pytest.raises(ValueError, match="constraint"):
+        batch_script(7, "/jobs/7", "/venv/bin/python", constraint="a100\n#SBATCH --uid=0")
+    classes = ["preemptible", "normal", "high"]
+    check_class_options({"account": {"normal": "gpulab"}, "qos": {"high": ""}}, classes)
+    with pytest.raises(ConfigError) as e:
+        check_class_options({"reservation": {"urgent": "deadline"}}, classes)
+    assert e.value.key == "JobManager.slurm_reservations" and "no priority class" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        check_class_options({"account": {"normal": "gpu lab"}}, classes)
+    assert e.value.key == "JobManager.slurm_accounts"
 
 
 MIG = parse_profiles(PROFILES)["mig-1g.10gb"]

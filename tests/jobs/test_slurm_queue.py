@@ -236,8 +236,17 @@ def test_a_job_slurm_requeues_gives_its_slice_back_and_runs_again_where_slurm_sa
     (Path(row(jobs, a).job_dir) / "state.json").write_text(
         json.dumps({"status": "preempted", "lost_work_seconds": 3.0})
     )
-    # preempted by Slurm for other work: back in its queue, held back (BeginTime)
-    slurm.set(sid(jobs, a), "PENDING", nodes="", state_reason="BeginTime")
+    # preempted by Slurm for other work: back in its queue, held back (BeginTime) for the
+    # 121 s slurmctld 22.05 holds a requeued job (its submit time is the requeue's)
+    slurm.set(
+        sid(jobs, a),
+        "PENDING",
+        nodes="",
+        state_reason="BeginTime",
+        restart_cnt=1,
+        submit_time="2026-12-07T13:52:50",
+        eligible_time="2026-12-07T13:54:51",
+    )
     scheduler.tick()
     job = row(jobs, a)
     assert job.state == "queued" and job.preemptions == 1
@@ -398,10 +407,12 @@ def test_a_job_slurm_runs_where_the_ledger_has_no_room_is_shown_running_and_said
 def test_squeues_records_are_read_field_by_field_and_a_strange_line_is_an_error():
     # recorded from Slurm 22.05 (squeue --noheader --Format=JobID:|,State:|,...), with the
     # Partition field the pass reads since burst (last)
+    # and the eligible and submit times since issue 46 (last)
     out = (
-        "302|FAILED|vm|NonZeroExitCode|4294901458|0|768|batch|\n"
-        "2|PENDING||Resources|4294901758|0|0|cloud|\n"
-        "1|RUNNING|vm|None|4294901759|1|0|batch|\n"
+        "302|FAILED|vm|NonZeroExitCode|4294901458|0|768|batch|"
+        "2026-12-07T13:52:40|2026-12-07T13:52:40|\n"
+        "2|PENDING||Resources|4294901758|0|0|cloud|2026-12-07T13:52:50|2026-12-07T13:52:50|\n"
+        "1|RUNNING|vm|None|4294901759|1|0|batch|2026-12-07T13:54:51|2026-12-07T13:52:50|\n"
     )
     records = parse_records(out)
     assert records["302"]["exit_code"] == 768 and records["302"]["nodes"] == "vm"
@@ -414,6 +425,8 @@ def test_squeues_records_are_read_field_by_field_and_a_strange_line_is_an_error(
         "restart_cnt": 0,
         "exit_code": 0,
         "partition": "cloud",
+        "eligible_time": "2026-12-07T13:52:50",
+        "submit_time": "2026-12-07T13:52:50",
     }
     assert records["1"]["restart_cnt"] == 1
     with pytest.raises(RuntimeError, match="unexpected line"):

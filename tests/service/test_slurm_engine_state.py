@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from gpuslice_hub.errors import Refused
+from gpuslice_hub.jobs.backends.slurm import SlurmBackend
 from gpuslice_hub.ledger import Caller, Ledger
+from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.slurmsync import run_slurm_sync
 from gpuslice_spawner.form import render_form
 from gpuslice_spawner.launchers.slurm import SlurmGres, sbatch_options
@@ -33,6 +36,7 @@ PROFILES = [
     {"name": "share-300", "kind": "share", "gpu_milli": 300},
 ]
 HOLD = 'while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 0.1; done\n'
+STARTED = 'touch "$SLURM_JOB_ID.started"\n'
 ALICE = Caller("alice", (), "alice")
 log = logging.getLogger("test-slurm-engine-state")
 
@@ -223,3 +227,85 @@ async def test_shares_and_whole_gpus_are_never_booked_twice(
     slurm_nodes.wait_state(pinned, "COMPLETED", timeout=60)
     for job in jobs:
         (slurm_nodes.root / "jobs" / f"{job}.release").touch()
+
+
+def eligible(slurm: SlurmCluster, job: str) -> str:
+    return slurm.job_info(job)["EligibleTime"]
+
+
+def test_an_admins_deferral_stays_and_a_class_account_and_reservation_reach_squeue(
+    slurm_nodes: SlurmCluster, tmp_path: Path
+):
+    """Slurm's own hold after a requeue is lifted, an admin's ``StartTime`` is not (it is
+    the reason the job waits); a class's ``--account`` and ``--reservation`` are what
+    Slurm shows. (sacct needs slurmdbd, which the test cluster does not run: squeue.)"""
+    backend = SlurmBackend(
+        sys.executable,
+        gres=GRES,
+        env=slurm_nodes.env,
+        accounts={"normal": "physics"},
+        reservations={"normal": "gs-batch"},
+    )
+    slurm_nodes.run(
+        "scontrol", "create", "reservation", "reservationname=gs-batch", "starttime=now",
+        "duration=10", "nodes=gsn1", "users=root",
+    )  # fmt: skip
+    try:
+        # a colleague's job takes gsn2's instance (gsn1's is the reservation's)
+        other = slurm_nodes.sbatch(STARTED + HOLD, "--nodelist=gsn2", "--gres=gpu:1g.10gb:1")
+        started = slurm_nodes.root / "jobs" / f"{other}.started"
+        # (its script runs: a requeue while slurmd still launches it can fail the job)
+        wait_for(started.exists, 60, f"job {other}'s script to run")
+        started.unlink()
+        # requeued (as a preemption would): Slurm's own hold, lifted at the next poll
+        slurm_nodes.run("scontrol", "requeue", other)
+        held = slurm_nodes.wait_state(other, "PENDING", timeout=30)
+        assert held["Reason"] == "BeginTime"
+        status = backend.poll({"slurm_job_id": other})
+        assert status.waiting == "pending in Slurm (BeginTime)"
+        slurm_nodes.wait_state(other, "RUNNING", timeout=60)  # not two minutes later
+        wait_for(started.exists, 60, f"job {other}'s script to run again")
+
+        # a gpuslice job of a class without a reservation waits for that instance; an
+        # admin defers it by two hours (as root): it stays deferred, and says so
+        (mig,) = [p for p in parse_profiles(PROFILES).values() if p.name == "mig-1g.10gb"]
+        (tmp_path / "j1").mkdir()
+        waits = backend.submit(1, str(tmp_path / "j1"), {}, mig, 1, "preemptible")
+        job = waits["slurm_job_id"]
+        wait_for(lambda: slurm_nodes.job_info(job)["Reason"] == "Resources", 30, "job 1 to wait")
+        slurm_nodes.run("scontrol", "update", f"jobid={job}", "StartTime=now+2hours")
+        wait_for(
+            lambda: slurm_nodes.job_info(job)["Reason"] == "BeginTime", 30, "Slurm to defer it"
+        )
+        later = eligible(slurm_nodes, job)
+        for _ in range(2):  # (the old code set StartTime=now at the first)
+            status = backend.poll(waits)
+        assert eligible(slurm_nodes, job) == later
+        assert status.waiting == (f"pending in Slurm (BeginTime): deferred in Slurm until {later}")
+        # ... as is a requeued job an admin deferred past Slurm's own hold
+        slurm_nodes.run("scontrol", "requeue", other)
+        slurm_nodes.wait_state(other, "PENDING", timeout=30)
+        slurm_nodes.run("scontrol", "update", f"jobid={other}", "StartTime=now+2hours")
+        wait_for(
+            lambda: slurm_nodes.job_info(other)["Reason"] == "BeginTime", 30, "the deferral"
+        )
+        later = eligible(slurm_nodes, other)
+        status = backend.poll({"slurm_job_id": other})
+        assert eligible(slurm_nodes, other) == later
+        assert status.waiting.endswith(f"deferred in Slurm until {later}")
+
+        # a job of a class with an account and a reservation: Slurm shows both, and runs it
+        # on the reservation's node
+        (tmp_path / "j2").mkdir()
+        ref = backend.submit(2, str(tmp_path / "j2"), {}, mig, 1, "normal")
+        shown = slurm_nodes.run(
+            "squeue", "--noheader", "--states=all", f"--jobs={ref['slurm_job_id']}",
+            "--Format=Account:|,Reservation:|,NodeList:|",
+        ).stdout.strip()  # fmt: skip
+        assert shown.split("|")[:2] == ["physics", "gs-batch"]
+        info = slurm_nodes.wait_state(
+            ref["slurm_job_id"], ("RUNNING", "COMPLETED", "FAILED"), timeout=60
+        )
+        assert info["NodeList"] == "gsn1"
+    finally:
+        slurm_nodes.run("scontrol", "delete", "reservationname=gs-batch", check=False)

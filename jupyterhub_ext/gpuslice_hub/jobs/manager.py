@@ -219,6 +219,27 @@ class JobManager(LoggingConfigurable):
         "preemption (PreemptType=preempt/qos) then apply to gpuslice's jobs as to any. "
         "Empty: the user's default QOS.",
     ).tag(config=True)
+    slurm_accounts = Dict(
+        {},
+        help="Slurm account (--account) of each priority class's jobs (``job_backend = "
+        "'slurm'``), e.g. ``{'normal': 'gpulab', 'high': 'gpulab-urgent'}``: Slurm charges "
+        "them there (accounting, fairshare, limits). A class not named: the owner's default "
+        "account. Slurm refuses an account the owner may not use, and the job fails with "
+        "its message.",
+    ).tag(config=True)
+    slurm_reservations = Dict(
+        {},
+        help="Slurm reservation (--reservation) of each priority class's jobs (``job_backend "
+        "= 'slurm'``), e.g. ``{'high': 'deadline'}``: Slurm runs them only on its nodes, "
+        "while it is active, and gpuslice records them where Slurm runs them (the nodes of "
+        "an active reservation are offered to no server). A class not named: no reservation.",
+    ).tag(config=True)
+    slurm_constraints = Dict(
+        {},
+        help="Node features (--constraint) each priority class's jobs need (``job_backend = "
+        "'slurm'``), e.g. ``{'preemptible': 'spot|onprem'}``: Slurm runs them only on nodes "
+        "with those features (slurm.conf Features=). A class not named: any node.",
+    ).tag(config=True)
     kubernetes_namespace = Unicode(
         "default", help="Namespace of the Kubernetes Jobs (``job_backend = 'kubernetes'``)."
     ).tag(config=True)

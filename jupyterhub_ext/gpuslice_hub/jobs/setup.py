@@ -23,7 +23,7 @@ from .accounts import Account, forbidden_names
 from .backends import LocalBackend
 from .backends.kubernetes import LABEL_VALUE
 from .backends.slurm import NAME as SLURM_NAME
-from .backends.slurm import SlurmBackend
+from .backends.slurm import SlurmBackend, check_class_options
 from .folders import SWEEP_EVERY
 from .manager import JobManager
 from .scheduler import Scheduler
@@ -46,6 +46,13 @@ def start_jobs(app: GPUSliceService) -> JobManager:
         manager.pools.check_inventory((g.host, g.uuid) for g in gpus if g.present)
     python = manager.python
     if app.job_backend == "slurm":
+        options = {
+            "qos": manager.slurm_qos,
+            "account": manager.slurm_accounts,
+            "reservation": manager.slurm_reservations,
+            "constraint": manager.slurm_constraints,
+        }
+        check_class_options(options, list(PRIORITY_CLASSES))
         manager.backend = SlurmBackend(
             python,
             partitions=manager.slurm_partitions,
@@ -53,6 +60,9 @@ def start_jobs(app: GPUSliceService) -> JobManager:
             # the same gres names, and translation, as the servers' (GPUSliceSlurmSpawner)
             gres=SlurmGresConfig(parent=app).value(),
             submit_prefix=manager.slurm_submit_prefix or None,
+            accounts=manager.slurm_accounts,
+            reservations=manager.slurm_reservations,
+            constraints=manager.slurm_constraints,
         )
         for problem in slurm_model_gaps(app.ledger.profiles, manager.backend.gres):
             app.log.warning("%s", problem)

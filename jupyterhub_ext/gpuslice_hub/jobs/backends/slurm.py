@@ -21,7 +21,8 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from gpuslice.vocab import EXIT_BY_STATUS
@@ -50,7 +51,15 @@ RECORD_FIELDS = (
     ("RestartCnt", "restart_cnt"),
     ("exit_code", "exit_code"),
     ("Partition", "partition"),
+    # when the job may start and when it was (re)queued: tells Slurm's own hold after a
+    # requeue from a deferral someone set (see requeue_hold)
+    ("EligibleTime", "eligible_time"),
+    ("SubmitTime", "submit_time"),
 )
+# How long slurmctld holds a job back after a requeue (its BeginTime: the requeue time, which
+# becomes its submit time, plus 121 s on Slurm 22.05, measured on the test cluster); a
+# BeginTime later than that was set by someone (``scontrol update StartTime=``), and stays.
+REQUEUE_HOLD_SECONDS = 130.0
 # sbatch errors that trying again cannot mend: the job fails with Slurm's message
 PERMANENT = (
     "Requested node configuration is not available",
@@ -99,6 +108,56 @@ def default_prefix() -> list[str]:
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# a node feature expression (--constraint): features joined by & | , with brackets, counts
+# and alternatives; one token, no space or newline (it is written into the script)
+CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,()\[\]*:!-]+")
+# The per-class sbatch options an admin sets (JobManager.slurm_*), and how each is checked
+CLASS_OPTIONS = {"account": NAME, "reservation": NAME, "constraint": CONSTRAINT, "qos": NAME}
+CLASS_TRAITS = {
+    "account": "slurm_accounts",
+    "reservation": "slurm_reservations",
+    "constraint": "slurm_constraints",
+    "qos": "slurm_qos",
+}
+
+
+def requeue_hold(record: dict[str, Any]) -> bool:
+    """Whether a pending job's ``BeginTime`` is the one slurmctld itself set on a requeue
+    (the job was requeued, and may start no later than ``REQUEUE_HOLD_SECONDS`` after its
+    requeue): only that one is lifted. A deferral an admin (or the owner) set with
+    ``scontrol update StartTime=`` is later, or on a job never requeued, and stays."""
+    if str(record.get("state_reason") or "") != "BeginTime":
+        return False
+    restarts = record.get("restart_cnt")
+    if not isinstance(restarts, int) or restarts < 1:
+        return False
+    eligible, submitted = _when(record.get("eligible_time")), _when(record.get("submit_time"))
+    if eligible is None or submitted is None:
+        return False  # not told: leave it as Slurm has it
+    return (eligible - submitted).total_seconds() <= REQUEUE_HOLD_SECONDS
+
+
+def _when(value: object) -> datetime | None:
+    """squeue's time (``2026-12-07T15:34:19``, local time, as both times are)."""
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+def waiting_words(state: str, record: dict[str, Any]) -> str:
+    """Why a job waits in Slurm, in words: Slurm's reason, and who holds it back where
+    someone does (an admin's hold or deferral is shown, never undone)."""
+    reason = str(record.get("state_reason") or "")
+    said = f"{state.lower()} in Slurm ({reason or 'no reason given'})"
+    if reason == "BeginTime" and not requeue_hold(record):
+        return f"{said}: deferred in Slurm until {record.get('eligible_time') or 'later'}"
+    if reason == "JobHeldAdmin":
+        return f"{said}: held in Slurm by an admin until released (scontrol release)"
+    if reason == "JobHeldUser":
+        return f"{said}: held in Slurm by its owner until released (scontrol release)"
+    return said
+
 
 ALIVE = {
     "PENDING",
@@ -127,9 +186,13 @@ def batch_script(
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
     qos: str = "",
+    account: str = "",
+    reservation: str = "",
+    constraint: str = "",
 ) -> str:
     """The sbatch script of a job (pure: tested without a cluster). ``placement``: what
-    the job asks Slurm for, ``--gres`` (:func:`profile_sbatch_options`)."""
+    the job asks Slurm for, ``--gres`` (:func:`profile_sbatch_options`); ``account``,
+    ``reservation``, ``constraint``, ``qos``: its class's (``JobManager.slurm_*``)."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=gpuslice-{job_id}",
@@ -143,9 +206,16 @@ def batch_script(
         "#SBATCH --export=NONE",
     ]
     lines += [f"#SBATCH {opt}" for opt in placement]
-    for option, value in (("partition", partition), ("qos", qos)):
+    given = {
+        "partition": partition,
+        "qos": qos,
+        "account": account,
+        "reservation": reservation,
+        "constraint": constraint,
+    }
+    for option, value in given.items():
         if value:
-            if not NAME.fullmatch(value):
+            if not CLASS_OPTIONS.get(option, NAME).fullmatch(value):
                 raise ValueError(f"{option} {value!r} is not a Slurm {option} name")
             lines.append(f"#SBATCH --{option}={value}")
     if time_limit_minutes:
@@ -184,12 +254,19 @@ class SlurmBackend:
         partitions: dict[str, str] | None = None,
         qos: dict[str, str] | None = None,
         submit_prefix: Sequence[str] | None = None,
+        accounts: dict[str, str] | None = None,
+        reservations: dict[str, str] | None = None,
+        constraints: dict[str, str] | None = None,
     ) -> None:
         self.python = python
         self.partition = partition
         self.gres = gres or SlurmGres()
         self.partitions = partitions or {}
         self.qos = qos or {}
+        # per priority class: charged to a project, sent into a reservation, onto features
+        self.accounts = accounts or {}
+        self.reservations = reservations or {}
+        self.constraints = constraints or {}
         self.env = env  # the environment Slurm commands run with (SLURM_CONF …)
         self.time_limit_minutes = time_limit_minutes
         self.submit_prefix = list(submit_prefix) if submit_prefix else default_prefix()
@@ -242,6 +319,9 @@ class SlurmBackend:
             self.time_limit_minutes,
             env=env,
             qos=self.qos.get(priority, ""),
+            account=self.accounts.get(priority, ""),
+            reservation=self.reservations.get(priority, ""),
+            constraint=self.constraints.get(priority, ""),
         )
         # Submitted as the owner: Slurm's accounting, fairshare and limits see the real user,
         # and slurmd starts the job under the owner's uid.
@@ -337,10 +417,10 @@ class SlurmBackend:
                 state=state,
                 partition=str(record.get("partition") or ""),
             )
-        reason = str(record.get("state_reason") or "")
-        if reason == "BeginTime":
+        if requeue_hold(record):
             # slurmctld holds a requeued job back for a while (gpuslice never asks for a
-            # begin time): let it run as soon as it fits
+            # begin time): let it run as soon as it fits. Only that hold: a deferral an
+            # admin set is theirs (requeue_hold), and is shown as the reason it waits.
             try:
                 self.release_requeued(ref)
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
@@ -349,7 +429,7 @@ class SlurmBackend:
         priority = record.get("priority")
         return RunStatus(
             True,
-            waiting=f"{state.lower()} in Slurm ({reason or 'no reason given'})",
+            waiting=waiting_words(state, record),
             priority=priority if isinstance(priority, int) else None,
             run=run,
             state=state,
@@ -358,7 +438,8 @@ class SlurmBackend:
 
     def release_requeued(self, ref: dict[str, Any]) -> None:
         """Let a requeued job start as soon as it fits: slurmctld otherwise holds it back
-        (``BeginTime``, set with ``StartTime=``) for a while after a requeue."""
+        (``BeginTime``, set with ``StartTime=``) for a while after a requeue. Called for
+        that hold only (:func:`requeue_hold`)."""
         self._run("scontrol", "update", f"jobid={ref['slurm_job_id']}", "StartTime=now", ref=ref)
 
     def home_partition(self, priority: str) -> str:
@@ -377,3 +458,18 @@ class SlurmBackend:
 
     def kill(self, ref: dict[str, Any]) -> None:
         self._run("scancel", str(ref["slurm_job_id"]), ref=ref)
+
+
+def check_class_options(settings: Mapping[str, Mapping[str, str]], classes: Sequence[str]) -> None:
+    """Refuse at start a per-class sbatch option Slurm could not take (``settings``: option
+    -> class -> value, from ``JobManager.slurm_accounts`` etc.): a class that does not
+    exist, or a value that is no Slurm name (a feature expression for constraints)."""
+    from ...errors import ConfigError
+
+    for option, by_class in settings.items():
+        trait = f"JobManager.{CLASS_TRAITS[option]}"
+        for cls, value in by_class.items():
+            if cls not in classes:
+                raise ConfigError(trait, f"{cls!r} is no priority class ({', '.join(classes)})")
+            if value and not (isinstance(value, str) and CLASS_OPTIONS[option].fullmatch(value)):
+                raise ConfigError(trait, f"{cls}: {value!r} is not a Slurm {option}")
