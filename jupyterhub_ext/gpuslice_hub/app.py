@@ -890,6 +890,10 @@ class GPUSliceService(Application):
                     jobs.jobs_accounted
                     if jobs is not None and self.job_backend == "slurm"
                     else None,
+                    # ... and by name those whose Slurm id it does not know yet
+                    jobs.slurm_jobs_submitting
+                    if jobs is not None and self.job_backend == "slurm"
+                    else None,
                 )
             )
         self._kubernetes_sync = self._start_kubernetes_sync(mirror)

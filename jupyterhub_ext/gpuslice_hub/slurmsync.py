@@ -75,13 +75,21 @@ async def run_slurm_sync(
     log: logging.Logger,
     on_synced: Callable[[], None] = lambda: None,
     own_jobs: Callable[[], Collection[str]] | None = None,
+    submitting: Callable[[], Collection[tuple[str, str]]] | None = None,
 ) -> None:
     """``own_jobs``: the Slurm ids of gpuslice's batch jobs that the job scheduler records
-    in the ledger itself (Slurm schedules them); None when they are not Slurm's."""
+    in the ledger itself (Slurm schedules them); None when they are not Slurm's.
+    ``submitting``: the (Slurm job name, user) of those whose id is not known yet (their
+    sbatch has not answered): Slurm may run them already, and the mirror must not take
+    them for foreign work (it did, and then the job pass could not record the job: its
+    GPU was counted as Slurm's for the whole run)."""
     reported: set[str] = set()
 
     def read() -> Mapping[str, Counter[str]]:
-        return read_held(exclude=own_jobs() if own_jobs else ())
+        # (the names first, then the ids: a job whose id is written in between is in one)
+        names = submitting() if submitting else ()
+        ids = own_jobs() if own_jobs else ()
+        return read_held(exclude=ids, submitting=names)
 
     before: dict[str, Counter[str]] | None = None
     checked = -CHECK_SECONDS

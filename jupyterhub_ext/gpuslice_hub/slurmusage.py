@@ -98,15 +98,21 @@ def parse_gres_detail(detail: str) -> Counter[str]:
 
 
 def held_by_jobs(
-    squeue: Mapping[str, Any], exclude: Collection[str] = ()
+    squeue: Mapping[str, Any],
+    exclude: Collection[str] = (),
+    submitting: Collection[tuple[str, str]] = (),
 ) -> dict[str, Counter[str]]:
     """Per node, the gres every job holding an allocation holds (``squeue --json``), but
-    the jobs whose ids are in ``exclude``."""
+    the jobs whose ids are in ``exclude``, and those whose (name, user) is in
+    ``submitting``: gpuslice's jobs whose Slurm id it does not know yet (being submitted,
+    or a submission that timed out), which Slurm may already run."""
     held: dict[str, Counter[str]] = {}
     for job in squeue.get("jobs") or []:
         if str(job.get("job_state", "")).upper() not in HOLDING_STATES:
             continue
         if str(job.get("job_id")) in exclude:
+            continue
+        if (str(job.get("name")), str(job.get("user_name"))) in submitting:
             continue
         details = job.get("gres_detail") or []
         if not details:
@@ -149,16 +155,19 @@ def read_nodes(
 
 
 def read_held(
-    env: Mapping[str, str] | None = None, timeout: float = 30, exclude: Collection[str] = ()
+    env: Mapping[str, str] | None = None,
+    timeout: float = 30,
+    exclude: Collection[str] = (),
+    submitting: Collection[tuple[str, str]] = (),
 ) -> dict[str, Counter[str]]:
-    """What Slurm's jobs (but ``exclude``) hold now: one ``squeue --json`` (all jobs, all
-    users)."""
+    """What Slurm's jobs (but ``exclude`` and ``submitting``, see :func:`held_by_jobs`)
+    hold now: one ``squeue --json`` (all jobs, all users)."""
     # only jobs holding an allocation: a long queue of pending jobs is no part of it
     states = ",".join(sorted(HOLDING_STATES))
     data = json_command(["squeue", "--all", "--json", f"--states={states}"], env, timeout)
     if not isinstance(data.get("jobs"), list):
         raise SlurmReadError("squeue --json gave no job list")
-    return held_by_jobs(data, exclude)
+    return held_by_jobs(data, exclude, submitting)
 
 
 # A node's base state (``sinfo --json``'s ``state``) or flag (``state_flags``) on which

@@ -137,7 +137,7 @@ def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: P
     # once the training loop has written at least one checkpoint of its own
     preempt_when(jd, lambda: loop_checkpoint_written(jd), "a step checkpoint")
     st = state(jd)
-    assert st["status"] == "preempted"
+    assert st["status"] == "preempted" and st["preempted_attempt"] == st["attempt"] == 1
     assert st["cells_done"] == 3  # the parameters, injected-parameters and data cells
     assert st["lost_work_seconds"] < 1.0  # saved at the step after the signal
 
@@ -147,7 +147,9 @@ def test_preempted_mid_loop_resumes_from_saved_step_with_same_result(tmp_path: P
     np.testing.assert_array_equal(result["w"], expected["w"])
     log = (jd / "job.log").read_text()
     assert "resumed from the namespace snapshot after cell" in log
-    assert state(jd)["attempt"] == 2
+    # the next run leaves the record of the one preempted (the service may read it only
+    # once that run has started: issue 46)
+    assert (state(jd)["attempt"], state(jd)["preempted_attempt"]) == (2, 1)
 
 
 def test_failing_cell_fails_the_job_with_the_error(tmp_path: Path):

@@ -12,10 +12,12 @@ leaves the preemption to Slurm (the service steps in only when Slurm does not).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
-from datetime import timedelta
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ from gpuslice_hub.jobs.manager import JobManager
 from gpuslice_hub.jobs.scheduler import Scheduler
 from gpuslice_hub.ledger import Caller, Ledger
 from gpuslice_hub.profiles import parse_profiles
+from gpuslice_hub.slurmsync import sync_once
+from gpuslice_hub.slurmusage import held_by_jobs
 from gpuslice_spawner.launchers.slurm import SlurmGres
 from tests.jobs.full_cluster import insert_queued
 from tests.service.conftest import build_ledger
@@ -667,3 +671,103 @@ def test_a_submission_the_service_died_during_is_found_not_made_twice(tmp_path):
     (third,) = [s for s in slurm.scripts if s not in (first, sid(jobs, b))]
     jobs.cancel(c, "alice")
     assert slurm.queue[third]["job_state"] == "CANCELLED"
+
+
+def test_a_job_slurm_runs_before_its_sbatch_answers_is_never_taken_for_a_foreign_one(tmp_path):
+    """The race of issue 46: Slurm ran the job while its sbatch had not answered yet (a
+    busy slurmctld), the mirror of Slurm's holdings read it twice as a job outside
+    gpuslice and held its GPU, and the job pass then could not record it: its GPU was
+    counted as Slurm's, not its owner's, for the whole run."""
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    log = logging.getLogger("test-mirror")
+    passes: list[dict] = []
+
+    def squeue_json() -> dict[str, Any]:
+        return {
+            "jobs": [
+                {
+                    "job_id": int(i),
+                    "job_state": q["job_state"],
+                    "nodes": q["nodes"],
+                    "gres_detail": ["gpu:a100:1(IDX:0)"] if q["nodes"] else [],
+                    "name": q["name"],
+                    "user_name": "root",  # submitted as the service's account here
+                }
+                for i, q in slurm.queue.items()
+            ]
+        }
+
+    def mirror_pass() -> None:
+        # the service's Slurm loop, as app.py wires it: names of jobs being submitted,
+        # then the ids of the others, then squeue
+        submitting, ids = jobs.slurm_jobs_submitting(), jobs.jobs_accounted()
+        before = passes[-1] if passes else None
+        read = lambda: held_by_jobs(squeue_json(), ids, submitting)  # noqa: E731
+        *_, now = asyncio.run(sync_once(ledger, slurm.gres, log, read, before, True))
+        passes.append(now)
+
+    sbatch = slurm._run
+
+    def slow_sbatch(*argv: str, stdin: str | None = None, ref: Any = None) -> str:
+        out = sbatch(*argv, stdin=stdin, ref=ref)
+        if argv[0] == "sbatch":  # Slurm runs it at once; sbatch answers two passes later
+            slurm.set(out.strip(), "RUNNING", nodes="n1")
+            mirror_pass()
+            mirror_pass()
+        return out
+
+    slurm._run = slow_sbatch  # type: ignore[method-assign]
+    (a,) = add_jobs(jobs, ("gpu-1", "normal"))
+    scheduler.tick()
+    assert [x for x in ledger.allocations() if x["purpose"] == "external"] == []
+    scheduler.tick()
+    job = row(jobs, a)
+    assert job.transitions[-1].reason == "Slurm started it on n1"
+    assert batch_slices(ledger) == [(f"job-{a}", "n1")] and not job.backend_ref["unrecorded"]
+    mirror_pass()
+    assert [x for x in ledger.allocations() if x["purpose"] == "external"] == []
+    # ... while another user's job of that name is foreign all the same
+    assert held_by_jobs(
+        {"jobs": [{**squeue_json()["jobs"][0], "job_id": 999, "user_name": "mallory"}]},
+        (),
+        {(f"gpuslice-{a}", "root")},
+    ) == {"n1": Counter({"gpu:a100": 1})}
+
+
+def test_a_slurm_preemption_names_the_checkpoint_even_when_the_next_run_started_first(tmp_path):
+    """Slurm requeued the job, its runner checkpointed and exited, and Slurm ran it again
+    before the pass looked: the new run's state said "running". The history said "stopped
+    without a checkpoint; 0s of work to redo"; it says which checkpoint the run took."""
+    ledger, jobs, scheduler, slurm = setup(tmp_path)
+    (a,) = add_jobs(jobs, ("gpu-1", "preemptible"))
+    t0 = utcnow()
+    scheduler.tick(t0)
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1")
+    scheduler.tick(t0)
+    state_json(jobs, a, status="running", attempt=1)
+    scheduler.tick(t0 + timedelta(seconds=30))
+    saved = t0.timestamp() + 50
+    # 60 s in: preempted at 52 s (checkpoint at 50 s), and already running again
+    state_json(
+        jobs,
+        a,
+        status="running",
+        attempt=2,
+        preempted_attempt=1,
+        lost_work_seconds=2.0,
+        last_checkpoint_at=saved,
+    )
+    slurm.set(sid(jobs, a), "RUNNING", nodes="n1", restart_cnt=1)
+    scheduler.tick(t0 + timedelta(seconds=60))
+    job = row(jobs, a)
+    said = {t.state: t.reason for t in job.transitions}
+    when = datetime.fromtimestamp(saved, tz=UTC).strftime("%H:%M:%S UTC")
+    assert said["preempting"] == (
+        "Slurm requeued it (a preemption or a node failure); its runner checkpointed "
+        f"(last checkpoint at {when}) and exited"
+    )
+    assert said["preempted"] == "checkpointed and exited; 2s of work to redo"
+    assert job.preemptions == 1 and job.lost_work_seconds == 2.0
+    # the new run is recorded as it runs
+    scheduler.tick(t0 + timedelta(seconds=61))
+    assert row(jobs, a).state == "starting" and batch_slices(ledger) == [(f"job-{a}", "n1")]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,6 +77,8 @@ class DelegatedPass:
         # burstable jobs moved to a second partition when they wait too long (Slurm)
         self.burst = Burst(self.jobs, self.log) if self.jobs.burst_partition else None
         self.queued = RowCache(QUEUED_COLUMNS, JobRow.state == "queued")
+        # job id -> the runner's attempt number of the run last seen running (_ended_run)
+        self._runs_seen: dict[int, int] = {}
 
     def _current(self, ref: dict[str, Any] | None) -> bool:
         """Whether ``ref`` names an engine's job the service has not accounted the end of."""
@@ -165,6 +167,7 @@ class DelegatedPass:
             # its engine's job is over: as with any backend; back in the queue, it is handed
             # to the engine afresh
             self.scheduler._usage_seen.pop(job.id, None)
+            self._runs_seen.pop(job.id, None)
             self.scheduler._finished(job, status, runner, now, ended=True)
             return
         ref = job.backend_ref or {}
@@ -175,9 +178,15 @@ class DelegatedPass:
             # the engine requeued it (its own preemption, a node failure) and it waits in
             # its queue, or already runs again: give the recorded slice back; the next pass
             # records it where it runs. Not a crash of the runner: the engine's doing.
+            runner = self._ended_run(job, self.scheduler.runner_files.claims(job.job_dir, True))
             preempted = runner.get("status") == "preempted" or job.state == "preempting"
             code = EXIT_PREEMPTED if preempted else None
             why = f"{self.engine} requeued it (a preemption or a node failure)"
+            saved = runner.get("last_checkpoint_at")
+            if runner.get("status") == "preempted" and saved:
+                # the checkpoint the run took, named (its step or cell is in the job log)
+                when = datetime.fromtimestamp(float(saved), tz=UTC).strftime("%H:%M:%S UTC")
+                why += f"; its runner checkpointed (last checkpoint at {when}) and exited"
             self.scheduler._finished(job, RunStatus(False, code), runner, now, outside=why)
             if self.burst is not None and ref.get("burst"):
                 self.burst.come_back(job.id, job.priority_class, now)
@@ -186,8 +195,27 @@ class DelegatedPass:
             return
         # (a runner that says "preempted" while the engine still runs it is waited for: the
         # engine then either requeues the job or ends it, and that decides)
+        if isinstance(runner.get("attempt"), int):
+            self._runs_seen[job.id] = runner["attempt"]  # (see _ended_run)
         self.scheduler._progress(job, runner, now)
         self.scheduler._report_usage(job, runner)
+
+    def _ended_run(self, job: JobRow, runner: dict[str, Any]) -> dict[str, Any]:
+        """What the run the engine requeued said last. The engine may start the next run
+        before a pass sees the requeue (Slurm does within seconds once its hold is lifted),
+        and that run's runner overwrites the status at once: its ``preempted_attempt``
+        then says the run before it was preempted, with a checkpoint, and its
+        ``lost_work_seconds`` are still that run's. Told only of the run this pass last
+        saw running (its ``attempt``), or of any when none was seen (after a restart of
+        the service)."""
+        seen = self._runs_seen.pop(job.id, None)
+        preempted = runner.get("preempted_attempt")
+        if runner.get("status") == "preempted" or not isinstance(preempted, int):
+            return runner
+        later = isinstance(runner.get("attempt"), int) and runner["attempt"] > preempted
+        if later and (seen is None or seen == preempted):
+            return {**runner, "status": "preempted"}
+        return runner
 
     def _adopt(self, job: JobRow, status: RunStatus) -> None:
         with self.jobs.db.writing() as s:

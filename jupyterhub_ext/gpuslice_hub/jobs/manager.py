@@ -37,6 +37,7 @@ from ..profiles import Profile
 from ..serialize import iso
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
+from .backends.slurm import job_name as slurm_job_name
 from .folders import (
     RootSize,
     Swept,
@@ -794,6 +795,21 @@ class JobManager(LoggingConfigurable):
             refs = s.scalars(select(JobRow.backend_ref).where(JobRow.state.not_in(TERMINAL)))
             return {
                 str(ref[key]) for ref in refs if ref and ref.get(key) and not ref.get("unrecorded")
+            }
+
+    def slurm_jobs_submitting(self) -> set[tuple[str, str]]:
+        """The (Slurm job name, account) of every unfinished job being handed to Slurm
+        whose Slurm id is not known yet (written before sbatch runs, and kept while a
+        timed-out submission is looked for): Slurm may already run it, and the mirror
+        of Slurm's holdings must leave it out as it leaves out ``jobs_accounted``."""
+        with self.db.reading() as s:
+            rows = s.execute(
+                select(JobRow.id, JobRow.backend_ref).where(JobRow.state.not_in(TERMINAL))
+            )
+            return {
+                (slurm_job_name(job_id), str(ref["user"]))
+                for job_id, ref in rows
+                if ref and ref.get("attempt_id") and not ref.get("slurm_job_id") and ref.get("user")
             }
 
     # -- cancel and preempt --------------------------------------------------------------

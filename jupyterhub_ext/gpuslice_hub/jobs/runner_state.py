@@ -47,7 +47,7 @@ def runner_claims(state: dict[str, Any], now: float | None = None) -> dict[str, 
     status = state.get("status")
     if isinstance(status, str) and status in STATUSES:
         out["status"] = status
-    for key in ("attempt", "cells_done", "cells_total"):
+    for key in ("attempt", "cells_done", "cells_total", "preempted_attempt"):
         if (n := _count(state.get(key))) is not None:
             out[key] = n
     error = state.get("error")

@@ -66,6 +66,7 @@ class Runner:
         self.kernel_ready = False
         self.current_cell = 0
         self.logged_output = 0
+        self.attempt = 0  # this run's number among the job's runs (set as it starts)
 
     # -- notebook -------------------------------------------------------------------------
 
@@ -216,7 +217,7 @@ class Runner:
         self.jd.checkpoints.mkdir(parents=True, exist_ok=True)
         nb, resuming = self._notebook()
         self.is_python = self._is_python(nb)
-        attempt = int(self.jd.state().get("attempt", 0)) + 1
+        attempt = self.attempt = int(self.jd.state().get("attempt", 0)) + 1
         code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
         # Our own handlers from the start, before the state says "running" (the moment the
         # service may signal a preemption: one that came before them killed the runner
@@ -367,7 +368,15 @@ class Runner:
         lost = self._lost_work(now)
         where = f"before cell {n + 1}" if at_boundary else f"in cell {n + 1}"
         self.jd.log(f"preempted {where}; about {lost:.1f}s of work to redo")
-        self.jd.write_state(status="preempted", lost_work_seconds=lost, current_cell=None)
+        # which run was preempted: the next run overwrites the status at once, and the
+        # service, which may see the engine's requeue only after that, tells from this
+        # that the run it watched checkpointed (a Slurm job restarts within seconds)
+        self.jd.write_state(
+            status="preempted",
+            lost_work_seconds=lost,
+            current_cell=None,
+            preempted_attempt=self.attempt,
+        )
         return EXIT_PREEMPTED
 
     def _export_html(self, nb: nbformat.NotebookNode) -> None:

@@ -175,6 +175,12 @@ ALIVE = {
 # (PREEMPTED is final: a job Slurm requeues after a preemption is PENDING again)
 
 
+def job_name(job_id: int) -> str:
+    """The Slurm job name of gpuslice's job ``job_id`` (how a submission whose sbatch did
+    not answer is found, and left out of the mirror of foreign work)."""
+    return f"gpuslice-{job_id}"
+
+
 def batch_script(
     job_id: int,
     job_dir: str,
@@ -195,7 +201,7 @@ def batch_script(
     ``reservation``, ``constraint``, ``qos``: its class's (``JobManager.slurm_*``)."""
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=gpuslice-{job_id}",
+        f"#SBATCH --job-name={job_name(job_id)}",
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
         f"#SBATCH --output={job_dir}/slurm.out",
@@ -380,7 +386,7 @@ class SlurmBackend:
             "squeue",
             "--noheader",
             "--states=all",
-            f"--name=gpuslice-{job_id}",
+            f"--name={job_name(job_id)}",
             f"--user={account.name}",
             "--Format=JobID:|",
         )
