@@ -286,9 +286,7 @@ def test_an_admins_deferral_stays_and_a_class_account_and_reservation_reach_sque
         slurm_nodes.run("scontrol", "requeue", other)
         slurm_nodes.wait_state(other, "PENDING", timeout=30)
         slurm_nodes.run("scontrol", "update", f"jobid={other}", "StartTime=now+2hours")
-        wait_for(
-            lambda: slurm_nodes.job_info(other)["Reason"] == "BeginTime", 30, "the deferral"
-        )
+        wait_for(lambda: slurm_nodes.job_info(other)["Reason"] == "BeginTime", 30, "the deferral")
         later = eligible(slurm_nodes, other)
         status = backend.poll({"slurm_job_id": other})
         assert eligible(slurm_nodes, other) == later
