@@ -70,6 +70,7 @@ async def mirrored(
         yield ledger, two_passes
     finally:
         task.cancel()
+        slurm_nodes.cancel_all()
         slurm_nodes.run("scontrol", "delete", "reservationname=gs-maint", check=False)
         for node in ("gsn1", "gsn2"):
             slurm_nodes.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
@@ -269,8 +270,9 @@ def test_an_admins_deferral_stays_and_a_class_account_and_reservation_reach_sque
         # a gpuslice job of a class without a reservation waits for that instance; an
         # admin defers it by two hours (as root): it stays deferred, and says so
         (mig,) = [p for p in parse_profiles(PROFILES).values() if p.name == "mig-1g.10gb"]
+        # (job ids no hub test's jobs have: their Slurm names stay in squeue a while)
         (tmp_path / "j1").mkdir()
-        waits = backend.submit(1, str(tmp_path / "j1"), {}, mig, 1, "preemptible")
+        waits = backend.submit(9001, str(tmp_path / "j1"), {}, mig, 1, "preemptible")
         job = waits["slurm_job_id"]
         wait_for(lambda: slurm_nodes.job_info(job)["Reason"] == "Resources", 30, "job 1 to wait")
         slurm_nodes.run("scontrol", "update", f"jobid={job}", "StartTime=now+2hours")
@@ -295,7 +297,7 @@ def test_an_admins_deferral_stays_and_a_class_account_and_reservation_reach_sque
         # a job of a class with an account and a reservation: Slurm shows both, and runs it
         # on the reservation's node
         (tmp_path / "j2").mkdir()
-        ref = backend.submit(2, str(tmp_path / "j2"), {}, mig, 1, "normal")
+        ref = backend.submit(9002, str(tmp_path / "j2"), {}, mig, 1, "normal")
         shown = slurm_nodes.run(
             "squeue", "--noheader", "--states=all", f"--jobs={ref['slurm_job_id']}",
             "--Format=Account:|,Reservation:|,NodeList:|",
@@ -306,4 +308,6 @@ def test_an_admins_deferral_stays_and_a_class_account_and_reservation_reach_sque
         )
         assert info["NodeList"] == "gsn1"
     finally:
-        slurm_nodes.run("scontrol", "delete", "reservationname=gs-batch", check=False)
+        # (Slurm keeps a reservation while jobs run in it: the next test's jobs would wait)
+        slurm_nodes.cancel_all()
+        slurm_nodes.run("scontrol", "delete", "reservationname=gs-batch")
