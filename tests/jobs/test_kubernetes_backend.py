@@ -274,7 +274,13 @@ def test_a_job_the_api_refuses_is_refused_for_good_and_an_unreachable_api_for_no
     assert "image: Required value" in str(info.value)
     assert cluster.jobs == {}
 
-    gone = KubernetesBackend(api_configuration("http://127.0.0.1:9"), "gpuslice", "i", "c")
+    gone = KubernetesBackend(
+        api_configuration("http://127.0.0.1:9"),
+        "gpuslice",
+        "i",
+        "c",
+        KubernetesResources(share_mode="hami"),
+    )
     with pytest.raises(SubmitRefused, match="cannot be reached") as info:
         submit(gone, tmp_path)
     assert not info.value.permanent  # tried again later
@@ -353,6 +359,8 @@ def test_the_service_runs_a_job_through_the_kubernetes_api_as_its_owner(
                 f"c.JobManager.kubernetes_namespace = {cluster.namespace!r}\n"
                 "c.JobManager.kubernetes_image = 'registry.example.org/gpuslice-runner:1'\n"
                 "c.JobManager.kubernetes_jobs_claim = 'gpuslice-jobs'\n"
+                # (the device plugin's time-slicing: share-250 is one of 4 slices of a GPU)
+                "c.KubernetesResourcesConfig.time_slicing_replicas = 4\n"
             ),
         )
         alice = hub.add_user(owner.pw_name)

@@ -121,13 +121,18 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     def prepare(self) -> Awaitable[None] | None:
         self._body = bytearray()
-        self._body_limit, setting = self.body_limit()
         self._body_over: str | None = None
+        length = self.request.headers.get("Content-Length", "")
+        chunked = "chunked" in self.request.headers.get("Transfer-Encoding", "").lower()
+        if not chunked and (not length.isdigit() or int(length) == 0):
+            # no body: no limit to look up (a GET, most requests)
+            self._body_limit = 0
+            return None
+        self._body_limit, setting = self.body_limit()
         # tornado's own limit (the server's max_body_size) would close the connection
         set_max = getattr(self.request.connection, "set_max_body_size", None)
         if set_max is not None:
             set_max(self._body_limit + DISCARD_BYTES)
-        length = self.request.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > self._body_limit:
             self._body_over = setting
         return None
