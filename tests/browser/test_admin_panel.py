@@ -150,7 +150,11 @@ def test_admin_sees_the_pool_and_preempts_a_job_from_the_panel(
         page.set_viewport_size({"width": 1280, "height": 800})
         assert page.locator("#gs-summary [data-key=allocated]").inner_text()
         # every figure says, on hover, what it counts
-        for key in ("capacity", "allocated", "used", "free", "jobs", "reclaimed"):
+        # the job folders on the service's disk (issue 45): the card, and what it counts
+        folders = page.locator("#gs-summary [data-key=job-folders]")
+        folders.wait_for()
+        assert "folder" in folders.inner_text() and "a user" in folders.inner_text()
+        for key in ("capacity", "allocated", "used", "free", "jobs", "reclaimed", "job-folders"):
             title = page.locator(f"#gs-summary [data-key={key}]").get_attribute("title")
             assert title and len(title) > 30, (key, title)
         assert "fragmented" in page.locator("#gs-summary [data-key=free]").get_attribute("title")

@@ -155,7 +155,11 @@
       'right now (too small a piece of a GPU, an instance no profile asks for, a host with no ' +
       'CPU or memory left).',
     jobs: 'Batch jobs running (or starting, or giving their slices up) and waiting in the queue.',
-    reclaimed: "Idle time ended by culling servers, times each slice's share of a GPU."
+    reclaimed: "Idle time ended by culling servers, times each slice's share of a GPU.",
+    'job-folders':
+      "What the batch jobs' folders take on the service's disk (jobs_root), as the last sweep " +
+      'measured it: a folder goes once its job ended and its outputs were copied to its ' +
+      "owner's folder (after the retention), at once for a job cancelled before it started."
   };
 
   function renderSummary(ov) {
@@ -208,8 +212,32 @@
           `${r.last_7d.toFixed(1)} GPU-h`,
           `7 days; ${r.last_30d.toFixed(1)} in 30, ${r.total.toFixed(1)} in all`,
           'reclaimed'
-        )
+        ),
+        ...(ov.jobs_root ? [jobFoldersCard(ov.jobs_root, card)] : [])
       );
+  }
+
+  function bytesText(n) {
+    if (n === null || n === undefined) return 'not measured yet';
+    const units = ['bytes', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let value = n;
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) {
+      value /= 1024;
+      unit += 1;
+    }
+    return unit ? `${value.toFixed(1)} ${units[unit]}` : `${n} bytes`;
+  }
+
+  // The jobs root on the service's disk (issue 45: job folders were never removed).
+  function jobFoldersCard(root, card) {
+    const cap = root.user_cap_bytes ? `, at most ${bytesText(root.user_cap_bytes)} a user` : '';
+    return card(
+      'job folders',
+      bytesText(root.bytes),
+      `${plural(root.folders, 'folder')}${cap}; kept ${root.retention_days} d after copy`,
+      'job-folders'
+    );
   }
 
   // -- inventory ------------------------------------------------------------------------
