@@ -786,7 +786,9 @@ class Scheduler:
                 out.append((reservation, reservation.allows(None, 0, now)))
                 continue
             if request is None:
-                profile = self.jobs.ledger.profiles[job.profile]
+                profile = self.jobs.ledger.profiles.get(job.profile)
+                if profile is None:  # (a profile no longer configured: the ledger says so)
+                    return []
                 request = self.jobs.ledger.request_for(job.user, profile, "batch", False)
             left = max(float(job.max_runtime) - float(job.run_seconds or 0.0), 0.0)
             ends = now + timedelta(seconds=min(left, 1e9))
