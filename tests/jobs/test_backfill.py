@@ -20,7 +20,7 @@ from gpuslice_hub.ledger import Caller, Ledger
 from tests.jobs.full_cluster import IdleBackend, insert_queued
 from tests.service.conftest import build_ledger
 
-PROFILES = [{"name": f"gpu-{n}", "kind": "gpu", "count": n} for n in (1, 2, 3)]
+PROFILES = [{"name": f"gpu-{n}", "kind": "gpu", "count": n} for n in (1, 2, 3, 8)]
 HOUR = 3600.0
 
 
@@ -147,3 +147,17 @@ def test_the_preemption_for_a_quarter_share_takes_the_job_that_wastes_least(tmp_
     assert all(states(ledger)[j][0] == "starting" for j in [whole, *quarters])
     victim = pick_victim(ledger, ledger.profiles["share-250"], manager._candidates(), below_rank=1)
     assert victim is not None and victim.id in quarters, victim
+
+
+def test_a_job_no_host_can_hold_holds_nothing_back(tmp_path: Path) -> None:
+    """A job asking more than any host has (eight GPUs of a two-GPU host) is the first in the
+    queue for ever: held for, it would keep every later job waiting for ever."""
+    ledger, scheduler = cluster(tmp_path, 2)
+    ledger.allocate(Caller("ann", (), "ann"), "gpu-1", "", learn=False)
+    now = utcnow()
+    never = submit(ledger, tmp_path, "gpu-8", "preemptible", HOUR)
+    scheduler.tick(now)
+    later = submit(ledger, tmp_path, "gpu-1", "preemptible", HOUR)
+    scheduler.tick(now + timedelta(seconds=scheduler.jobs.hold_for_after + 1))
+    after = states(ledger)
+    assert after[never][0] == "queued" and after[later][0] == "starting", after

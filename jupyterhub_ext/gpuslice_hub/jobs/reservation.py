@@ -177,5 +177,11 @@ def reserve(
         start = ends[lo - 1][0]
         shadow = last if lo == len(ends) else shadow_after(lo)
     waited = (now - job.submitted_at).total_seconds() if job.submitted_at else 0.0
-    strict = start is None and waited >= hold_after
+    # held for only if it fits at all, on its pools with nothing on them: a job asking for
+    # more than any host has would otherwise hold every later job back for ever
+    strict = (
+        start is None
+        and waited >= hold_after
+        and fits(ledger._within(from_hosts(build_hosts(hosts, gpus, [])), widest, None))
+    )
     return Reservation(job.id, start, shadow, request, job.slices, ledger.policy, strict)
