@@ -21,17 +21,16 @@ same way.
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from gpuslice.gpu.profiles import DEFAULT_COMPUTE_SLICES, parse_mig_profile
 from gpuslice_spawner.launchers.slurm import SlurmGres, share_units
 
 from .errors import ConfigError
 from .ledger.external import is_mig_type
+from .migpack import pack_mig_exact
 from .profiles import Profile
 from .slurmusage import SHARE_GRES, SlurmReadError, json_command, parse_gres_detail
 
@@ -112,7 +111,8 @@ def _mig_gpus(
     models: Mapping[str, str],
     memory: Mapping[str, int],
 ) -> list[dict[str, Any]]:
-    """MIG GPUs holding ``instances``: largest first, each on the first GPU with room."""
+    """MIG GPUs holding ``instances``, as few as hold them (migpack: first-fit lost a whole
+    GPU of a node whose GPUs were split alike, as on Kubernetes)."""
     candidates = {g["model"] for g in whole} or set(models.values())
     if len(candidates) != 1:
         raise ConfigError(
@@ -122,28 +122,15 @@ def _mig_gpus(
             "c.SlurmGresConfig.gpu_gres_types, or one per node",
         )
     (model,) = candidates
-    return pack_mig(instances, model, model_memory_mib(model, memory))
-
-
-def pack_mig(instances: Counter[str], model: str, memory_mib: int) -> list[dict[str, Any]]:
-    """GPUs of ``model`` holding ``instances`` (MIG profile -> count), as the static
-    backend's ``gpus`` entries: largest first, each on the first GPU with room. (The engine
-    counts instances per node and profile, not which GPU holds them, and so does the
-    ledger.)"""
-    gpu_gb = math.ceil(memory_mib / 1024)
-    layouts: list[list[str]] = []
-    used: list[tuple[int, int]] = []
-    sized = [(parse_mig_profile(p), p) for p, n in instances.items() for _ in range(n)]
-    for (slices, gb), profile in sorted(sized, reverse=True):
-        for i, (s, g) in enumerate(used):
-            if s + slices <= DEFAULT_COMPUTE_SLICES and g + gb <= gpu_gb:
-                layouts[i].append(profile)
-                used[i] = (s + slices, g + gb)
-                break
-        else:
-            layouts.append([profile])
-            used.append((slices, gb))
-    return [{"model": model, "memory_mib": memory_mib, "mig": layout} for layout in layouts]
+    mib = model_memory_mib(model, memory)
+    try:
+        return pack_mig_exact(instances, model, mib)
+    except ValueError as e:
+        raise ConfigError(
+            KEY,
+            f"node {node}: its {model} GPUs ({mib} MiB) cannot hold its MIG instances "
+            f"({', '.join(f'{n} of {p}' for p, n in sorted(instances.items()))}): {e}",
+        ) from e
 
 
 def home_nodes(

@@ -113,3 +113,18 @@ def test_the_service_reads_its_hosts_from_slurm_and_refuses_hand_written_ones(
     with pytest.raises(ConfigError) as e:
         GPUSliceService(config=config).discover()
     assert e.value.key == "hosts" and "read from Slurm" in str(e.value)
+
+
+def test_a_node_whose_gpus_are_split_alike_is_packed_on_as_few_gpus():
+    """First-fit made three GPUs of two A100s each split 3g.40gb + 2g.20gb + 1g.10gb x 2 (the
+    two 3g instances filled the first one's memory), and the node's fourth, whole, GPU was
+    lost; Slurm's inventory now packs as Kubernetes' does (migpack)."""
+    from collections import Counter
+
+    from gpuslice_hub.slurminventory import _mig_gpus
+
+    model = "NVIDIA A100-SXM4-80GB"
+    instances = Counter({"3g.40gb": 2, "2g.20gb": 2, "1g.10gb": 4})
+    gpus = _mig_gpus("gsn1", instances, [{"model": model}], {}, {})
+    assert len(gpus) == 2
+    assert sorted(Counter(p for g in gpus for p in g["mig"]).items()) == sorted(instances.items())
