@@ -10,6 +10,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,11 @@ def test_an_admins_deferral_stays_and_a_class_account_and_reservation_reach_sque
         assert held["Reason"] == "BeginTime"
         status = backend.poll({"slurm_job_id": other})
         assert status.waiting == "pending in Slurm (BeginTime)"
+        # ... but not in the requeue's own second: slurmd refuses a launch credential made
+        # then ("Job credential revoked"), and the job FAILED (seen in CI)
+        info = slurm_nodes.job_info(other)
+        lifted = datetime.fromisoformat(info["EligibleTime"])
+        assert lifted >= datetime.fromisoformat(info["SubmitTime"]) + timedelta(seconds=2), info
         slurm_nodes.wait_state(other, "RUNNING", timeout=60)  # not two minutes later
         wait_for(started.exists, 60, f"job {other}'s script to run again")
 

@@ -22,7 +22,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpuslice.vocab import EXIT_BY_STATUS
@@ -60,6 +60,11 @@ RECORD_FIELDS = (
 # becomes its submit time, plus 121 s on Slurm 22.05, measured on the test cluster); a
 # BeginTime later than that was set by someone (``scontrol update StartTime=``), and stays.
 REQUEUE_HOLD_SECONDS = 130.0
+# A requeue revokes the job's launch credential on its node, and slurmd refuses every
+# credential made in the second of the revocation or before ("Job credential revoked": the
+# job FAILS). A requeued job let go in that same second would be started with such a
+# credential, so it may start no sooner than this after its requeue (its submit time).
+AFTER_REQUEUE_SECONDS = 2
 # sbatch errors that trying again cannot mend: the job fails with Slurm's message
 PERMANENT = (
     "Requested node configuration is not available",
@@ -428,7 +433,7 @@ class SlurmBackend:
             # begin time): let it run as soon as it fits. Only that hold: a deferral an
             # admin set is theirs (requeue_hold), and is shown as the reason it waits.
             try:
-                self.release_requeued(ref)
+                self.release_requeued(ref, record)
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                 # the state is known all the same: the next pass tries again
                 log.info("Slurm job %s: could not release it: %s", ref["slurm_job_id"], e)
@@ -442,11 +447,18 @@ class SlurmBackend:
             partition=str(record.get("partition") or ""),
         )
 
-    def release_requeued(self, ref: dict[str, Any]) -> None:
+    def release_requeued(self, ref: dict[str, Any], record: dict[str, Any]) -> None:
         """Let a requeued job start as soon as it fits: slurmctld otherwise holds it back
         (``BeginTime``, set with ``StartTime=``) for a while after a requeue. Called for
-        that hold only (:func:`requeue_hold`)."""
-        self._run("scontrol", "update", f"jobid={ref['slurm_job_id']}", "StartTime=now", ref=ref)
+        that hold only (:func:`requeue_hold`). Not in the requeue's own second
+        (``AFTER_REQUEUE_SECONDS``): a time already past is "now" to slurmctld."""
+        submitted = _when(record.get("submit_time"))
+        start = "now"
+        if submitted is not None:
+            start = (submitted + timedelta(seconds=AFTER_REQUEUE_SECONDS)).isoformat()
+        self._run(
+            "scontrol", "update", f"jobid={ref['slurm_job_id']}", f"StartTime={start}", ref=ref
+        )
 
     def home_partition(self, priority: str) -> str:
         """The partition a job of ``priority`` is submitted to ("": Slurm's default)."""
