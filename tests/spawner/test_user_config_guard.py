@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +9,7 @@ from traitlets.config import Config
 
 from gpuslice_hub.hubconfig import configure_jupyterhub
 from gpuslice_spawner.spawner import GPUSliceMixin, GPUSliceSpawner
+from tests.harness.logs import said_by
 
 
 def spawner(config: Config) -> GPUSliceSpawner:
@@ -20,7 +20,7 @@ def spawner(config: Config) -> GPUSliceSpawner:
 
 @pytest.mark.parametrize("override", [False, True])
 def test_a_later_disable_user_config_false_is_said_at_the_first_spawn(
-    override: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    override: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 45: ``c.LocalProcessSpawner.disable_user_config = False`` anywhere in the
     hub's config silently let every user's ~/.jupyter switch the extension off."""
@@ -30,10 +30,10 @@ def test_a_later_disable_user_config_false_is_said_at_the_first_spawn(
     if override:
         c.LocalProcessSpawner.disable_user_config = False
     s = spawner(c)
-    with caplog.at_level(logging.WARNING):
+    with said_by(s.log) as messages:  # (not caplog: see tests/harness/logs.py)
         s._check_protection()
         s._check_protection()  # once a process, not once a spawn
-    said = [r.getMessage() for r in caplog.records if "disable_user_config" in r.getMessage()]
+    said = [m for m in messages if "disable_user_config" in m]
     if override:
         assert len(said) == 1 and "GPUSliceSpawner" in said[0], said
         assert "can switch idle reclaim off" in said[0]
