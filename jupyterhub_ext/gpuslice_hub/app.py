@@ -98,15 +98,14 @@ from .overrides import AdminSettings
 from .placement import POLICIES, get_policy
 from .profiles import parse_profiles
 from .quotas import parse_quotas
+from .scopes import SERVICE_SCOPES
 from .secretfiles import check_secret_settings, is_sqlite, read_password_file, with_password
-from .selfcheck import SERVICE_SCOPES, check_own_scopes
+from .selfcheck import check_own_scopes
 from .silent import SILENT_KIND, find_silent, silent_detail
 from .slurminventory import check_slurm_units, read_slurm_hosts
 from .slurmsync import run_slurm_sync
 from .templating import check_template_paths, page_environment
 
-ADMIN_SCOPE = "custom:gpuslice:admin"
-METRICS_SCOPE = "custom:gpuslice:metrics"
 PACKAGE = Path(__file__).resolve().parent
 # Threads for usage reports (start_async): on SQLite they write one at a time anyway
 REPORT_THREADS = 2
@@ -221,16 +220,6 @@ class GPUSliceService(Application):
         "file named page.html, overview.html, admin.html or forbidden.html there replaces "
         'the built-in one, which it can extend as "gpuslice/<name>" (see the admin '
         "guide). Each folder must exist and hold at least one of them.",
-    ).tag(config=True)
-
-    admin_scope = Unicode(
-        ADMIN_SCOPE, help="The custom JupyterHub scope that makes a user a gpuslice admin."
-    ).tag(config=True)
-
-    metrics_scope = Unicode(
-        METRICS_SCOPE,
-        help="The custom JupyterHub scope that lets a token scrape /metrics and nothing else "
-        "(give it to Prometheus' service); the admin scope includes it.",
     ).tag(config=True)
 
     metrics_require_auth = Bool(

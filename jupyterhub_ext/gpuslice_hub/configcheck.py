@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from traitlets.config import Config, Configurable
 
 from .errors import ConfigError
+from .scopes import ADMIN_SCOPE, METRICS_SCOPE
 
 # Read by the hub from jupyterhub_config.py, never by the service: a section of these in the
 # service's file is a setting in the wrong file.
@@ -34,6 +35,21 @@ HUB_SECTIONS = frozenset(
         "BatchSpawnerBase",
     }
 )
+
+# Settings that once existed and did nothing (or worse), each with what to do instead: a
+# config that still sets one is told why, not only "no such setting".
+REMOVED = {
+    "GPUSliceService.admin_scope": (
+        f"removed: changing it left nobody a gpuslice admin (the hub's roles grant "
+        f"{ADMIN_SCOPE}, which configure_jupyterhub defines); grant {ADMIN_SCOPE} to whom "
+        "you like through c.JupyterHub.load_roles instead"
+    ),
+    "GPUSliceService.metrics_scope": (
+        f"removed: changing it left no token able to scrape /metrics (the hub's roles grant "
+        f"{METRICS_SCOPE}); grant {METRICS_SCOPE} to Prometheus' service through "
+        "c.JupyterHub.load_roles instead"
+    ),
+}
 
 
 def readable_settings(classes: Iterable[type[Configurable]]) -> dict[str, set[str]]:
@@ -69,6 +85,8 @@ def check_settings(config: Config, classes: Iterable[type[Configurable]], where:
                 f"(the service reads {', '.join(known)})",
             )
         for key in settings:
+            if f"{section}.{key}" in REMOVED:
+                raise ConfigError(f"{section}.{key}", REMOVED[f"{section}.{key}"])
             if key not in readable[section]:
                 meant = _meant(key, readable[section])
                 raise ConfigError(f"{section}.{key}", f"no such setting{meant}")

@@ -29,9 +29,8 @@ from typing import Any
 
 from traitlets.config import Config, PyFileConfigLoader
 
-from .app import ADMIN_SCOPE, METRICS_SCOPE
 from .hubparent import HUB_PID_ENV
-from .selfcheck import SERVICE_SCOPES
+from .scopes import ADMIN_SCOPE, METRICS_SCOPE, SERVICE_SCOPES
 
 MERGED = ("services", "load_roles", "custom_scopes", "template_paths")
 # Words in the name of an environment variable that holds a secret.

@@ -17,21 +17,6 @@ from gpuslice.jsonclient import JSONError
 
 from .hubapi import HubAPI
 
-# What the service's token needs of the hub (configure_jupyterhub gives it a role with
-# these; "{name}": the service's name).
-SERVICE_SCOPES = [
-    # reconcile allocations against servers, and stop servers whose slice is reclaimed
-    "list:users",
-    "read:users",
-    "read:users:name",
-    "read:users:groups",
-    "read:servers",
-    "servers",
-    "read:groups",
-    # the spawner uses the service's own token; it must pass the service's access check
-    "access:services!service={name}",
-]
-
 
 def missing_scopes(granted: Iterable[str], needed: Iterable[str]) -> list[str]:
     """The ``needed`` scopes not in ``granted`` (the hub's expanded list, as ``GET

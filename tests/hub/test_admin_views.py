@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice_hub.app import ADMIN_SCOPE
+from gpuslice_hub.scopes import ADMIN_SCOPE
 from tests.harness.engines import need_module
 from tests.harness.hub import wait_for
 from tests.service.test_openapi import SPEC_PATH, check

@@ -52,6 +52,17 @@ def settle(tmp_path: Path, extra: str) -> GPUSliceService:
             "jupyterhub_config.py",
         ),
         (
+            # (issue 48: a renamed scope left nobody admin; the scopes are fixed names now)
+            "c.GPUSliceService.admin_scope = 'custom:site:gpu-admin'",
+            "GPUSliceService.admin_scope",
+            "removed: changing it left nobody a gpuslice admin",
+        ),
+        (
+            "c.GPUSliceService.metrics_scope = 'custom:site:scrape'",
+            "GPUSliceService.metrics_scope",
+            "grant custom:gpuslice:metrics to Prometheus' service",
+        ),
+        (
             "c.KubernetesClusterConfig.api_url = 'https://k8s.example.org'",
             "KubernetesClusterConfig.api_url",
             "does nothing: no Kubernetes cluster is used",

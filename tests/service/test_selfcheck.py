@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from gpuslice_hub.selfcheck import SERVICE_SCOPES, check_own_scopes, missing_scopes
+from gpuslice_hub.scopes import SERVICE_SCOPES
+from gpuslice_hub.selfcheck import check_own_scopes, missing_scopes
 
 NEEDED = [s.format(name="gpuslice") for s in SERVICE_SCOPES]
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..ledger.external import EXTERNAL
 from ..overrides import ADMIN_EVENT_KINDS, AdminSettings, parse_limit_body, quotas_json
+from ..scopes import ADMIN_SCOPE
 from ..snapshot import AllocationView
 from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
 
@@ -23,7 +24,7 @@ class AdminBase(BaseHandler):
     def admin(self, what: str) -> Identity:
         ident = self.identity()
         if not ident.is_admin:
-            raise RequestError(403, f"{what} needs the {self.service.admin_scope} scope")
+            raise RequestError(403, f"{what} needs the {ADMIN_SCOPE} scope")
         return ident
 
 

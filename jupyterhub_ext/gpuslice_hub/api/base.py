@@ -18,6 +18,7 @@ from gpuslice.jsonclient import JSONError
 
 from ..errors import Pending, Refused
 from ..ledger import Caller
+from ..scopes import ADMIN_SCOPE, METRICS_SCOPE
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -206,8 +207,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             raise RequestError(
                 403,
                 f"service {ident.name!r} may not use this route: a hub service other than "
-                f"gpuslice's own needs the {self.service.admin_scope} scope (with the "
-                f"{self.service.metrics_scope} scope it may read /metrics only)",
+                f"gpuslice's own needs the {ADMIN_SCOPE} scope (with the "
+                f"{METRICS_SCOPE} scope it may read /metrics only)",
             )
         return ident
 
@@ -222,7 +223,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                 403, "this account's name holds a NUL character, which gpuslice cannot store"
             )
         scopes = set(model.get("scopes") or ())
-        is_admin = self.service.admin_scope in scopes
+        is_admin = ADMIN_SCOPE in scopes
         kind = model.get("kind", "user")
         trusted = kind == "service" and model.get("name") == self.service.service_name
         return Identity(

@@ -6,13 +6,14 @@ import asyncio
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..scopes import METRICS_SCOPE
 from .base import BaseHandler, RequestError
 
 
 class MetricsHandler(BaseHandler):
     async def get(self) -> None:
         if self.service.metrics_require_auth:
-            scope = self.service.metrics_scope
+            scope = METRICS_SCOPE
             if not await self.resolve_user():
                 raise RequestError(403, f"metrics need a token with the {scope} scope")
             ident = self.token_identity()  # (a service with the metrics scope too)

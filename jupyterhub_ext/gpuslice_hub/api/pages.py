@@ -10,6 +10,7 @@ from tornado import web
 
 from ..jobs.holder import holder_job
 from ..ledger.holders import HOLDERS, engine_of
+from ..scopes import ADMIN_SCOPE
 from .base import BaseHandler, Identity
 
 
@@ -86,9 +87,7 @@ class AdminPageHandler(PageHandler):
     async def get(self) -> None:
         ident = self.identity()
         if not ident.is_admin:
-            self.render_page(
-                "forbidden.html", 403, user=ident.name, admin_scope=self.service.admin_scope
-            )
+            self.render_page("forbidden.html", 403, user=ident.name, admin_scope=ADMIN_SCOPE)
             return
         inv = self.service.inventory
         self.render_page(
@@ -97,5 +96,5 @@ class AdminPageHandler(PageHandler):
             xsrf_token=self.xsrf_token.decode(),
             backend=inv.backend if inv else "?",
             simulated=bool(inv and inv.simulated),
-            admin_scope=self.service.admin_scope,
+            admin_scope=ADMIN_SCOPE,
         )
