@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CHP := node_modules/.bin/configurable-http-proxy
 export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 
-.PHONY: demo test lint typecheck bench clean labextension
+.PHONY: demo test test-fast lint typecheck bench clean labextension
 
 # (said first: pip is quiet, and the first run installs for minutes before anything shows)
 $(STAMP): pyproject.toml
@@ -56,6 +56,13 @@ demo: $(STAMP) $(CHP) labextension
 PYTEST_WORKERS ?= 2
 test: $(STAMP) $(CHP) labextension lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The tests that start no real part (no JupyterHub, Slurm, PostgreSQL, Chromium, npm build):
+# a contributor's first check, without the lint and the labextension build. A test that
+# starts one without its marker fails (tests/harness/markers.py), so none slips in here.
+FAST := not hub and not slurm and not postgres and not browser and not npm
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "$(FAST)" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

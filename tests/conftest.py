@@ -5,7 +5,10 @@ Every process the tests start gets tests/fakes/site on its PYTHONPATH: its
 $GPUSLICE_FAKE_NVML (gpuslice itself has no such switch, and ships no test code)."""
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 _REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -34,6 +37,10 @@ SLOW_FOLDERS = ("tests/browser/", "tests/hub/", "tests/e2e_idle/")
 
 
 def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]
+    from tests.harness import markers
+
+    markers.apply(items)  # (first: the order below reads them)
+
     def weight(item) -> int:  # type: ignore[no-untyped-def]
         if item.get_closest_marker("browser"):
             return 0
@@ -48,3 +55,15 @@ def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-un
         key = str(item.fspath)
         by_file[key] = min(by_file.get(key, 2), weight(item))
     items.sort(key=lambda item: by_file[str(item.fspath)])
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    # (the harness's starters check the running test's markers: tests/harness/markers.py)
+    from tests.harness import markers
+
+    markers.running(item)
+    try:
+        return (yield)
+    finally:
+        markers.running(None)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.engines import need, need_module
+from tests.harness.markers import require
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -100,6 +101,7 @@ def hub_config_for_lab(workdir_args: list[str]) -> str:
 @contextmanager
 def chromium(sync_api: Any, tmp_path: Path) -> Iterator[Any]:
     """A page in Debian's Chromium with a fresh profile, closed afterwards."""
+    require("browser", "drives Chromium")
     with sync_api.sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),

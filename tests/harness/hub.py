@@ -23,6 +23,7 @@ import pytest
 import requests
 
 from .engines import need
+from .markers import require
 from .ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -312,6 +313,7 @@ def start_hub(
     """Start a hub in ``workdir``. ``reuse`` (a previous Hub.config) restarts the same setup.
     ``lean_check=False``: the service runs its statements as it does at a site, unchecked
     (benchmarks)."""
+    require("hub", "starts a JupyterHub")
     chp = chp_path()
     need(chp is not None, "configurable-http-proxy (npm install)")
     workdir.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.engines import need
+from tests.harness.markers import require
 from tests.harness.ports import free_ports
 
 START_TIMEOUT = 60.0
@@ -170,6 +171,7 @@ class PostgresServer:
 
 
 def start_server(bindir: Path, attempts: int = 3) -> PostgresServer:
+    require("postgres", "starts PostgreSQL")
     user = SERVICE_USER if os.geteuid() == 0 else None
     last: Exception | None = None
     for _ in range(attempts):  # a random port can be taken between picking and binding

@@ -63,6 +63,7 @@ import psutil
 import pytest
 
 from tests.harness.engines import need
+from tests.harness.markers import require
 from tests.harness.ports import free_ports
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "munged")
@@ -377,6 +378,7 @@ def _wait_for(
 
 
 def start_cluster(root: Path) -> SlurmCluster:
+    require("slurm", "starts a Slurm cluster")
     host, hw = _node_hardware()
     for sub in ("state", "spool", "log", "run", "jobs"):
         (root / sub).mkdir()

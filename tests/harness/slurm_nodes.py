@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.markers import require
 from tests.harness.ports import free_ports
 from tests.harness.slurm import (
     A100,
@@ -73,6 +74,7 @@ def start_nodes(
 ) -> SlurmCluster:
     """The cluster of ``names``; ``partitions``: name -> its nodes, the first the default
     (default: one partition ``batch`` of every node)."""
+    require("slurm", "starts a Slurm cluster")
     partitions = partitions or {"batch": names}
     host, hw = _node_hardware()
     hardware = " ".join(f"{k}={v}" for k, v in hw.items())

@@ -18,6 +18,7 @@ import pytest
 
 from tests.browser.lab import login
 from tests.harness.engines import need, need_module
+from tests.harness.markers import require
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser]
 
@@ -100,6 +101,7 @@ def test_the_form_shows_live_availability_and_why_not(hub_factory: Any):
         assert r.status_code == 201, r.text
     hub.add_user("ann")
 
+    require("browser", "drives Chromium")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -167,6 +169,7 @@ def test_a_stale_form_shows_the_refusal_and_start_is_off_with_nothing_to_pick(hu
     hub = hub_factory(spawner="gpuslice-simple", profiles=PROFILES[:1])  # two 1g.10gb slices
     hub.add_user("ann")
     hub.add_user("bob")
+    require("browser", "drives Chromium")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
