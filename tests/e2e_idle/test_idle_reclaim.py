@@ -181,6 +181,11 @@ def at(event: dict) -> float:
     return datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
 
 
+def deadline_of(warning: dict) -> datetime:
+    """The deadline an idle warning announced."""
+    return datetime.fromisoformat(warning["detail"]["deadline"].replace("Z", "+00:00"))
+
+
 def active_allocations(hub, user: str) -> list[dict]:
     r = hub.api("GET", f"/api/allocations?user={user}", hub.service_token)
     return r.json()["allocations"]
@@ -205,7 +210,6 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
     ann = Session(hub, "ann")
     assert len(active_allocations(hub, "ann")) == 1
     events = ann.subscribe()
-    kernel_started = time.time()
     kid = ann.start_kernel()
     status = ann.status()
     assert status["policy"] == {
@@ -268,12 +272,16 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
     recorded = idle_events(hub, "ann")
     # The server is warned its idle timeout less the lead after it starts. On a loaded
     # machine the spawn can take that long before this test starts its kernel: that start
-    # is activity, so a new idle run begins, warned about again. Any warning before the
-    # kernel started is such a one; after it, exactly one warning and the cull.
-    early = [e for e in recorded if e["kind"] == "idle-warning" and at(e) < kernel_started]
-    kinds = [(e["kind"], e["reason"]) for e in recorded[len(early) :]]
-    assert [k for k, _ in kinds] == ["idle-warning", "idle-culled"], recorded
-    assert "GPU idle" in kinds[1][1]
+    # is activity, so a new idle run begins, warned about again (and the earlier run's
+    # report can reach the service after the kernel started). Warnings of earlier runs
+    # only, each with an earlier deadline; then exactly one warning and the cull.
+    *earlier, last_warning, culled = recorded
+    assert (last_warning["kind"], culled["kind"]) == ("idle-warning", "idle-culled"), recorded
+    assert "GPU idle" in culled["reason"]
+    final = last_warning["detail"]["deadline"]
+    assert all(e["kind"] == "idle-warning" and e["detail"]["deadline"] < final for e in earlier), (
+        recorded
+    )
     culled = idle_events(hub, "ann")[-1]
     assert culled["detail"]["reclaimed_gpu_hours"] > 0
     metrics = hub.api("GET", "/metrics", hub.add_user("admin")).text
@@ -285,7 +293,6 @@ def test_idle_kernel_is_warned_then_its_server_culled_and_the_slice_freed(idle_h
 def test_keepalive_postpones_the_cull(idle_hub):
     hub = idle_hub
     cat = Session(hub, "cat")
-    kernel_started = time.time()
     kid = cat.start_kernel()
     first = wait_for(
         lambda: (s := cat.status())["kernels"] and s["kernels"][0]["warning"] and s,
@@ -320,11 +327,13 @@ def test_keepalive_postpones_the_cull(idle_hub):
         "idle-warning",
         "idle-culled",
     ], recorded
-    # Before that, only warnings from before the kernel started (see the test above). The
-    # warning kept alive may be one of them too: a kernel whose start no tick saw as use
-    # leaves the server's idle run, and its warning, as they were.
+    # Before that, only warnings of earlier idle runs (see the test above), each with an
+    # earlier deadline than the warning kept alive. That one may be of the run before the
+    # kernel started too: a kernel whose start no tick saw as use leaves the server's idle
+    # run, and its warning, as they were.
+    kept = deadline_of(recorded[extended - 1])
     assert all(
-        e["kind"] == "idle-warning" and at(e) < kernel_started for e in recorded[: extended - 1]
+        e["kind"] == "idle-warning" and deadline_of(e) < kept for e in recorded[: extended - 1]
     ), recorded
     assert active_allocations(hub, "cat") == []
 
