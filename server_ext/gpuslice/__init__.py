@@ -9,7 +9,8 @@ The shared core, imported by the hub service too (no Jupyter server needed):
 
 Next to the user's code only: ``extension`` (the single-user server extension),
 ``activity`` (GPU use per kernel), ``jobs_proxy`` (the lab's jobs API), ``run`` (the batch
-runner) and ``checkpoint`` (the in-notebook checkpoint API); ``testing`` holds test doubles.
+runner) and ``checkpoint`` (the in-notebook checkpoint API). The package ships no test code:
+the test doubles (the fake NVML) live in the repository's tests/fakes/.
 """
 
 from typing import Any

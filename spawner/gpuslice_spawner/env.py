@@ -9,8 +9,8 @@ from typing import Any
 def slice_env(
     grant: dict[str, Any], service_url: str, mps_pipe_directory: str = ""
 ) -> dict[str, str]:
-    """CUDA and GPUSLICE_* variables for a grant (see DESIGN.md: the server extension reads
-    the GPUSLICE_* ones to know its slice, memory cap and idle policy)."""
+    """CUDA and GPUSLICE_* variables for a grant (the server extension reads the GPUSLICE_*
+    ones to know its slice, memory cap and idle policy)."""
     assignments = grant.get("assignments") or []
     devices = [a.get("mig_uuid") or a["gpu_uuid"] for a in assignments]
     env = {

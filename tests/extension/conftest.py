@@ -1,9 +1,9 @@
 """pytest-jupyter for the server-extension tests only.
 
 Its plugin modules also bring autouse fixtures and hooks that run every coroutine test on
-their own event loop, which would fight pytest-asyncio across the rest of the suite (see
-DESIGN.md). So only their *fixtures* are imported here, for this folder, and the tests
-are plain functions that drive ``jp_asyncio_loop`` themselves.
+their own event loop, which would fight pytest-asyncio across the rest of the suite. So
+only their *fixtures* are imported here, for this folder, and the tests are plain
+functions that drive ``jp_asyncio_loop`` themselves.
 """
 
 from __future__ import annotations

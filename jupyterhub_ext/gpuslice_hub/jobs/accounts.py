@@ -8,7 +8,6 @@ and sees an allow-listed environment only: never the service's variables or hub 
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 from collections.abc import Iterable, Mapping
@@ -74,15 +73,6 @@ class Account:
     @property
     def is_current(self) -> bool:
         return self.uid == os.geteuid()
-
-    def group_names(self) -> list[str]:
-        out = []
-        for gid in self.groups:
-            try:
-                out.append(grp.getgrgid(gid).gr_name)
-            except KeyError:
-                out.append(str(gid))
-        return out
 
 
 _CURRENT: dict[int, Account] = {}
