@@ -422,6 +422,20 @@ class GPUSliceService(Application):
         ),
     }
 
+    generate_config = Bool(
+        False,
+        help="Print a gpuslice_config.py with every setting, its help and its default "
+        "(commented out), and exit.",
+    ).tag(config=True)
+
+    flags = {
+        **Application.flags,
+        "generate-config": (
+            {"GPUSliceService": {"generate_config": True}},
+            "Print a commented gpuslice_config.py with every setting and its help, and exit.",
+        ),
+    }
+
     aliases = {
         "f": "GPUSliceService.config_file",
         "config": "GPUSliceService.config_file",
@@ -778,8 +792,8 @@ class GPUSliceService(Application):
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
-        if self.subapp is not None:
-            return  # a subcommand (upgrade-db): it loads what it needs
+        if self.subapp is not None or self.generate_config:
+            return  # a subcommand (upgrade-db) loads what it needs; a config needs nothing
         logging.getLogger("gpuslice").setLevel(cast(int, self.log_level))
         self.load_settings()
         self.hub_api = HubAPI()
@@ -1240,12 +1254,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     app = GPUSliceService()
     app.hub_pid = hub_pid
-    if argv == ["--generate-config"]:
-        # every setting with its help, commented out: a starting gpuslice_config.py
-        print(app.generate_config_file())
-        return
     try:
         app.initialize(argv)
+        if app.generate_config:
+            # every setting with its help, commented out: a starting gpuslice_config.py
+            print(app.generate_config_file())
+            return
         app.start()
     except (ConfigError, SchemaError, LedgerInUse) as e:
         print(

@@ -65,3 +65,15 @@ def test_generate_config_writes_every_service_and_job_setting():
     ).stdout
     assert "# c.GPUSliceService.reconcile_interval = 60.0" in out
     assert "# c.JobManager.preempt_grace = 60.0" in out
+
+
+def test_help_names_generate_config():
+    # (issue 48: the one way to a starting config file was in no --help)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuslice_hub.app", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "--generate-config\n    Print a commented gpuslice_config.py" in out
