@@ -5,8 +5,8 @@ pytest's ``caplog`` listens on the root logger. Once any test of a worker has ma
 application's logger, which does not propagate to the root: a test that read the spawner's
 or the hub's warnings through ``caplog`` saw nothing, depending on which tests ran before it
 on the same worker. A handler added to that logger is no better: the application's first use
-of its ``log`` removes every handler of it. A filter stays, and sees each record the logger
-itself handles."""
+of its ``log`` removes every handler of it, and its ``dictConfig`` disables loggers made
+before it. A filter stays, and sees each record the logger itself handles."""
 
 from __future__ import annotations
 
@@ -26,8 +26,16 @@ def said_by(logger: logging.Logger | str, level: int = logging.WARNING) -> Itera
             messages.append(record.getMessage())
         return True  # (a filter: the record goes on as before)
 
+    # (an application's logging.config.dictConfig disables the loggers that existed before
+    # it, and may set a level above ``level``: undone for the block)
+    disabled, before = target.disabled, target.level
+    target.disabled = False
+    if not target.isEnabledFor(level):
+        target.setLevel(level)
     target.addFilter(collect)
     try:
         yield messages
     finally:
         target.removeFilter(collect)
+        target.disabled = disabled
+        target.setLevel(before)

@@ -211,6 +211,11 @@ def fresh_database(server_url: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# The two ledger databases a test runs on, for ``params=`` or ``parametrize``: the PostgreSQL
+# case carries its marker (its fixture is asked for by name, which collection cannot see).
+DATABASES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     bindir = find_bindir()

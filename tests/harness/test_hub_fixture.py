@@ -9,6 +9,8 @@ import pytest
 
 from tests.harness.hub import start_hub
 
+pytestmark = pytest.mark.hub
+
 
 @pytest.mark.parametrize("check", [True, False])
 def test_the_service_checks_its_statements_unless_a_benchmark_measures_it(

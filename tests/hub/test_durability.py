@@ -17,9 +17,10 @@ import pytest
 import requests
 
 from tests.harness.hub import start_hub, wait_for
+from tests.harness.postgres import DATABASES
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=DATABASES)
 def service_db(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.sqlite"

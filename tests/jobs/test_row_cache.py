@@ -16,6 +16,7 @@ from gpuslice_hub.db.jobs_models import JobRow
 from gpuslice_hub.jobs import row_cache
 from gpuslice_hub.jobs.row_cache import RowCache
 from gpuslice_hub.jobs.states import ACTIVE
+from tests.harness.postgres import DATABASES
 from tests.jobs.full_cluster import PROFILES, full_cluster, hosts, insert_queued
 from tests.service.conftest import build_ledger
 
@@ -32,7 +33,7 @@ def cached(db: Any, cache: RowCache) -> list[Any]:
         return cache.read(s.connection())
 
 
-@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+@pytest.mark.parametrize("engine", DATABASES)
 def test_only_changed_rows_are_read_again_and_the_cache_always_equals_a_full_read(
     tmp_path: Path, engine: str, request: pytest.FixtureRequest
 ):

@@ -16,6 +16,7 @@ from gpuslice_hub.placement import get_policy
 from gpuslice_hub.profiles import parse_profiles
 from gpuslice_hub.quotas import parse_quotas
 from tests.harness.hub import SIM_HOSTS, SIM_PROFILES
+from tests.harness.postgres import DATABASES
 
 
 def build_ledger(
@@ -37,7 +38,7 @@ def build_ledger(
     return ledger
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=DATABASES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/ledger.sqlite"

@@ -14,6 +14,7 @@ from gpuslice_hub.db.engine import Database, after_commit, open_database
 from gpuslice_hub.db.models import LedgerLock
 from gpuslice_hub.db.schema import upgrade
 from gpuslice_hub.snapshot import bump_generation, current_generation
+from tests.harness.postgres import DATABASES
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def db(tmp_path: Any) -> Any:
     database.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=DATABASES)
 def any_db(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path}/t.sqlite"
