@@ -11,20 +11,17 @@ export interface IBadge {
   terminal: boolean;
 }
 
-const BADGES: Record<string, IBadge> = {
-  pending: { label: 'pending', tone: 'waiting', terminal: false },
+// One badge for each state the service emits: the Job schema's `state` enum in
+// docs/openapi.yaml (tests/labextension/test_states.py holds them equal).
+export const BADGES: Record<string, IBadge> = {
   queued: { label: 'queued', tone: 'waiting', terminal: false },
-  requeued: { label: 'requeued', tone: 'waiting', terminal: false },
   starting: { label: 'starting', tone: 'active', terminal: false },
   running: { label: 'running', tone: 'active', terminal: false },
-  checkpointing: { label: 'checkpointing', tone: 'active', terminal: false },
   preempting: { label: 'preempting', tone: 'warn', terminal: false },
   preempted: { label: 'preempted', tone: 'warn', terminal: false },
-  cancelling: { label: 'cancelling', tone: 'warn', terminal: false },
   completed: { label: 'completed', tone: 'good', terminal: true },
   failed: { label: 'failed', tone: 'bad', terminal: true },
   cancelled: { label: 'cancelled', tone: 'muted', terminal: true },
-  canceled: { label: 'cancelled', tone: 'muted', terminal: true },
   'timed-out': { label: 'timed out', tone: 'bad', terminal: true }
 };
 
@@ -330,7 +327,7 @@ export function outputNotebook(
   // A job stopped from outside (cancelled, or past its max runtime) keeps the output of
   // the cells that had finished, if any had: its runner is killed mid-cell and writes no
   // more. (A failed job's runner writes the failing cell's output before it ends.)
-  const stopped = ['cancelled', 'canceled', 'timed-out'].includes(job.state);
+  const stopped = ['cancelled', 'timed-out'].includes(job.state);
   return stopped && !job.cells_done ? null : `${path}/output.ipynb`;
 }
 

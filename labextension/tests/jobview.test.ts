@@ -55,7 +55,7 @@ describe('job presentation', () => {
       terminal: false
     });
     expect(isTerminal('cancelled')).toBe(true);
-    expect(isTerminal('requeued')).toBe(false);
+    expect(isTerminal('queued')).toBe(false);
     expect(stateBadge('timed-out')).toEqual({ label: 'timed out', tone: 'bad', terminal: true });
   });
 

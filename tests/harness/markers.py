@@ -3,8 +3,8 @@ truly (``make test-fast`` runs the tests that start none of them).
 
 Markers come from two places. At collection, from the fixtures a test uses (its whole
 closure: a fixture that needs ``slurm_cluster`` makes its tests ``slurm`` ones) and from
-the folder of the npm-built labextension's tests. While a test runs, from the harness
-itself: ``start_hub``, the Slurm and PostgreSQL starters and the Chromium launchers call
+the folders and files whose every test needs a part (``BY_PATH``). While a test runs, from
+the harness itself: ``start_hub``, the Slurm and PostgreSQL starters and the Chromium launchers call
 :func:`require`, which fails a test that starts the part without its marker (a module's
 hub fixture calling ``start_hub`` directly is found there, not at collection)."""
 
@@ -20,11 +20,11 @@ BY_FIXTURE = {
     "slurm": ("slurm_cluster", "slurm_nodes_cluster", "slurm_burst_cluster"),
     "postgres": ("postgres_server",),
 }
-# marker -> folders (under tests/) whose every test needs that part
-BY_FOLDER = {
-    "browser": ("browser",),
-    "hub": ("browser", "e2e_idle", "hub"),
-    "npm": ("labextension",),
+# marker -> the folders and files (under tests/) whose every test needs that part
+BY_PATH = {
+    "browser": ("browser/",),
+    "hub": ("browser/", "e2e_idle/", "hub/"),
+    "npm": ("labextension/test_typescript.py", "labextension/test_wheel.py"),
 }
 _REPO = Path(__file__).resolve().parents[2]
 _running: list[pytest.Item] = []
@@ -34,12 +34,12 @@ def apply(items: list[pytest.Item]) -> None:
     """Add the markers a test's fixtures and folder call for (collection)."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
-        folder = Path(str(item.fspath)).resolve().relative_to(_REPO / "tests").parts[0]
+        path = Path(str(item.fspath)).resolve().relative_to(_REPO / "tests").as_posix()
         for marker, fixtures in BY_FIXTURE.items():
             if used.intersection(fixtures):
                 item.add_marker(marker)
-        for marker, folders in BY_FOLDER.items():
-            if folder in folders:
+        for marker, paths in BY_PATH.items():
+            if path.startswith(paths):
                 item.add_marker(marker)
 
 

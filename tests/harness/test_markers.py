@@ -43,12 +43,13 @@ def test_markers_come_from_the_fixtures_and_the_folder():
         Collected("service/test_x.py", ("slurm_nodes", "slurm_nodes_cluster")),
         Collected("service/test_y.py", ("postgres_url", "postgres_server")),
         Collected("browser/test_x.py", ("tmp_path",)),
-        Collected("labextension/test_x.py", ()),
+        Collected("labextension/test_wheel.py", ()),
+        Collected("labextension/test_states.py", ()),
         Collected("placement/test_x.py", ("tmp_path",)),
     ]
     markers.apply(items)  # type: ignore[arg-type]
     assert [i.added for i in items] == [
-        {"hub"}, {"slurm"}, {"postgres"}, {"browser", "hub"}, {"npm"}, set(),
+        {"hub"}, {"slurm"}, {"postgres"}, {"browser", "hub"}, {"npm"}, set(), set(),
     ]  # fmt: skip
 
 
