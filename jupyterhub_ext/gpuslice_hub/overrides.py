@@ -16,12 +16,13 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from gpuslice.isotime import iso
+
 from .db.admin_models import IdleExemptionRow, QuotaOverrideRow
 from .db.engine import Database
 from .db.models import EventRow, utcnow
 from .errors import Refused
 from .quotas import Limit, Quotas
-from .serialize import iso
 from .snapshot import bump_generation
 
 SUBJECTS = ("user", "group", "default_user")

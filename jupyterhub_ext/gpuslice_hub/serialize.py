@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
+from gpuslice.isotime import iso
+
 from .db.models import EventRow
-
-
-def iso(ts: datetime | None) -> str | None:
-    if ts is None:
-        return None
-    return ts.isoformat().replace("+00:00", "Z") if ts.tzinfo else ts.isoformat() + "Z"
 
 
 def gpu_fields(g: Any) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from tornado import web
 from gpuslice.jsonbody import BodyError, parse_json_object
 from gpuslice.jsonclient import JSONClient, JSONError
 from gpuslice.run.jobdir import open_beneath
-from gpuslice.vocab import TERMINAL_JOB_STATES
+from gpuslice.vocab import JOB_SUBMIT_FIELDS, SERVER_FILLED_FIELDS, TERMINAL_JOB_STATES
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +53,8 @@ TERMINAL = TERMINAL_JOB_STATES
 # The most of a job's log the service hands out (its ``tail`` limit): the whole log, but for
 # one that printed more than that over many attempts (the runner keeps 1 MiB an attempt).
 WHOLE_LOG_BYTES = 10_000_000
-SUBMIT_FIELDS = {
-    "path",
-    "name",
-    "profile",
-    "slices",
-    "priority",
-    "checkpoint_interval",
-    "max_runtime",
-    "parameters",
-    "time_window",
-    "burstable",
-}
+# What the lab sends: the service's fields less those this proxy fills in itself
+SUBMIT_FIELDS = JOB_SUBMIT_FIELDS - SERVER_FILLED_FIELDS
 # What a resubmission keeps of the job it repeats (the service's own record of it).
 RESUBMIT_FIELDS = tuple(sorted(SUBMIT_FIELDS - {"path"}))
 # The JSON types the fields of a submission may have (``None`` is left to the service).

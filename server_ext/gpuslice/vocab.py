@@ -29,6 +29,31 @@ JOB_STATES = (
 # holding slices (or about to give them back)
 ACTIVE_JOB_STATES = frozenset({"starting", "running", "preempting"})
 TERMINAL_JOB_STATES = frozenset({"completed", "failed", "cancelled", "timed-out"})
+
+# -- a job's submission ----------------------------------------------------------------------
+# The fields ``POST api/jobs`` reads (any other is a 400). "user" and "groups" are named so
+# that a submission stating them gets a 403 that says why, not a 400.
+JOB_SUBMIT_FIELDS = frozenset(
+    {
+        "name",
+        "path",
+        "notebook",
+        "profile",
+        "slices",
+        "priority",
+        "checkpoint_interval",
+        "max_runtime",
+        "parameters",
+        "user",
+        "groups",
+        "workdir",
+        "time_window",
+        "burstable",
+    }
+)
+# What the single-user server's jobs proxy fills in itself (the notebook it reads at
+# ``path``, its folder) or the service looks up (who): not for the lab to send.
+SERVER_FILLED_FIELDS = frozenset({"notebook", "workdir", "user", "groups"})
 # queue rank: a job may preempt only jobs of a lower rank, and only preemptible ones
 PRIORITY_CLASSES = {"preemptible": 0, "normal": 1, "high": 2}
 

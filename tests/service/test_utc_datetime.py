@@ -79,3 +79,18 @@ def test_an_instant_goes_through_sqlite_and_comes_back_the_same(tmp_path: Path):
         assert stored[i] == sqlalchemys_text(at)
         expected = None if at is None else (at if at.tzinfo else at.replace(tzinfo=UTC))
         assert back[i] == expected
+
+
+def test_the_api_writes_every_time_in_utc_with_a_z():
+    # (issue 48: one writer, gpuslice.isotime, for the service's datetimes and the
+    # extension's and the runner's epoch seconds; there were three)
+    from datetime import timedelta, timezone
+
+    from gpuslice.isotime import iso
+
+    naive = datetime(2026, 12, 7, 15, 4, 5, 250000)  # as the ledger stores it: UTC
+    assert iso(naive) == "2026-12-07T15:04:05.250000Z"
+    paris = naive.replace(tzinfo=UTC).astimezone(timezone(timedelta(hours=1)))
+    assert iso(paris) == iso(naive)
+    assert iso(naive.replace(tzinfo=UTC).timestamp()) == iso(naive)
+    assert iso(None) is None

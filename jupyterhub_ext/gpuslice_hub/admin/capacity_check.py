@@ -28,9 +28,10 @@ from typing import Any, cast
 
 from sqlalchemy import Table, and_, case, func, or_, select
 
+from gpuslice.isotime import iso
+
 from ..db.jobs_models import JobRow
 from ..ledger import Ledger
-from ..serialize import iso
 from .usage import SAMPLES
 
 WINDOWS_DAYS = (7, 30)

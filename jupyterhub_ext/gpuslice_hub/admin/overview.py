@@ -6,8 +6,10 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from gpuslice.isotime import iso
+
 from ..ledger import Ledger
-from ..serialize import gpu_fields, iso
+from ..serialize import gpu_fields
 from ..snapshot import AllocationView, ClaimView, GPUView
 from .accounting import reclaimed
 from .fragmentation import free_milli

@@ -17,10 +17,11 @@ from typing import Any
 
 from sqlalchemy import or_, select
 
+from gpuslice.isotime import iso
+
 from ..ledger import Ledger
 from ..ledger.base import quota_usage
 from ..quotas import Limit, Quotas
-from ..serialize import iso
 from .accounting import ALLOCATIONS, NO_GROUP, counted_group
 from .sqltime import epoch
 

@@ -11,9 +11,10 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Table, case, delete, func, insert, select
 
+from gpuslice.isotime import iso
+
 from ..db.admin_models import UsageSampleRow
 from ..ledger import Ledger
-from ..serialize import iso
 from .pool import read_pool, totals
 from .sqltime import epoch, floor_div
 

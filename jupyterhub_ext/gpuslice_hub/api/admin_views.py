@@ -6,6 +6,8 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+from gpuslice.isotime import iso
+
 from ..admin.accounting import group_usage
 from ..admin.overcommit import overcommit_view
 from ..admin.overview import overview
@@ -13,7 +15,6 @@ from ..admin.quota_suggestions import quota_suggestions
 from ..admin.split_pools import pool_standing
 from ..admin.usage import series
 from ..db.models import utcnow
-from ..serialize import iso
 from .admin import AdminBase
 from .base import api_authenticated, int_arg
 

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -316,7 +316,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         return self.reason(self.json_body({"reason"}) if self.request.body else {})
 
     def json_body(
-        self, allowed: set[str], max_bytes: int | None = None, notebook: str | None = None
+        self, allowed: Collection[str], max_bytes: int | None = None, notebook: str | None = None
     ) -> dict[str, Any]:
         """The request's JSON object (see :mod:`gpuslice.jsonbody` for what is refused).
 

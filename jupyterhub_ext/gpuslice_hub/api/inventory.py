@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpuslice.isotime import iso
+
 from ..idle import announced, effective_policy
-from ..serialize import inventory_json, iso
+from ..serialize import inventory_json
 from .base import BaseHandler, Identity, RequestError, api_authenticated
 
 

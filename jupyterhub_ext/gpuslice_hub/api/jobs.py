@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..jobs.manager import SUBMIT_FIELDS, JobManager
+from gpuslice.vocab import JOB_SUBMIT_FIELDS
+
+from ..jobs.manager import JobManager
 from ..jobs.serialize import output_path
 from ..jobs.states import ALLOWED, TERMINAL
 from .base import BaseHandler, Identity, RequestError, api_authenticated, int_arg
@@ -69,7 +71,7 @@ class JobsHandler(JobsBase):
     @api_authenticated
     async def post(self) -> None:
         ident = self.identity()
-        body = self.json_body(SUBMIT_FIELDS, self.service.max_notebook_bytes, "notebook")
+        body = self.json_body(JOB_SUBMIT_FIELDS, self.service.max_notebook_bytes, "notebook")
         if ident.kind != "user" or body.get("user", ident.name) != ident.name:
             # The job runs as its owner's system account: only the owner may submit it.
             raise RequestError(403, "a job runs as its owner: only its owner can submit it")

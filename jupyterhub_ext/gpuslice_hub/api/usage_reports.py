@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..serialize import iso
+from gpuslice.isotime import iso
+
 from .base import BaseHandler, RequestError, api_authenticated
 
 

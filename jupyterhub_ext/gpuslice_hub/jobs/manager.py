@@ -22,6 +22,7 @@ from sqlalchemy.orm import selectinload
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 from traitlets.config import LoggingConfigurable
 
+from gpuslice.isotime import iso
 from gpuslice.run.jobdir import JobDir
 from gpuslice.run.params import parameter_warnings
 
@@ -34,7 +35,6 @@ from ..ledger import Caller, Ledger
 from ..overrides import record_admin_event
 from ..pools import check_borrowers_can_borrow, parse_pools
 from ..profiles import Profile
-from ..serialize import iso
 from .accounts import DEFAULT_KEEP, Account, AccountError
 from .backends.base import Backend, QueueingBackend, current_ref
 from .backends.slurm import job_name as slurm_job_name
@@ -62,22 +62,6 @@ from .victims import pick_victim
 from .wakeup import Wakeup
 from .windows import TimeWindow, parse_windows
 
-SUBMIT_FIELDS = {
-    "name",
-    "path",
-    "notebook",
-    "profile",
-    "slices",
-    "priority",
-    "checkpoint_interval",
-    "max_runtime",
-    "parameters",
-    "user",
-    "groups",
-    "workdir",
-    "time_window",
-    "burstable",
-}
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 

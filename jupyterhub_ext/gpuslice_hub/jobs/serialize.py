@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice.isotime import iso
+
 from ..db.jobs_models import JobRow
-from ..serialize import iso
 from .states import ACTIVE
 
 

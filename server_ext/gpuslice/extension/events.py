@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..isotime import iso
 from .decisions import Decision
 
 SCHEMA_ID = "https://events.gpuslice.dev/idle/v1"
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "idle-v1.yaml"
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 def event_data(decision: Decision) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 from ..activity import SERVER_KEY, Activity, ActivityReport, ActivitySampler, IdleTrackers
 from ..activity.usage import total_memory, total_utilization
 from ..idle_policy import IdlePolicy
+from ..isotime import iso
 from . import events
 from .decisions import CULLED, EXTENDED, MEMORY_CULLED, RELEASED, Decision
 from .memcap import MemoryCap
@@ -286,7 +287,7 @@ class Monitor:
         scopes = [self.reclaimer.scope_of(k) for k in ids]
         return {
             "kernels": [
-                {"id": k, "deadline": events.iso(self.reclaimer.deadline(k))}
+                {"id": k, "deadline": iso(self.reclaimer.deadline(k))}
                 for k in ids
                 if k != SERVER_KEY
             ],
@@ -309,7 +310,7 @@ class Monitor:
                     "execution_state": getattr(k, "execution_state", "unknown"),
                     **_activity_json(act),
                     "idle_seconds": state.idle_seconds if state else 0.0,
-                    "deadline": events.iso(self.reclaimer.deadline(kid)),
+                    "deadline": iso(self.reclaimer.deadline(kid)),
                     "warning": self.reclaimer.warned(kid),
                     "exempt": policy.exempt,
                 }
@@ -329,7 +330,7 @@ class Monitor:
             },
             "server": {
                 **_activity_json(report.server if report else None),
-                "deadline": events.iso(self.reclaimer.server_deadline()),
+                "deadline": iso(self.reclaimer.server_deadline()),
             },
             "kernels": kernels,
             # the whole slice: every kernel and the server's own GPU processes
@@ -345,7 +346,7 @@ class Monitor:
             "exempt_reason": policy.exempt_reason,
             "sampling": {
                 "error": self.source_error,
-                "time": events.iso(report.time) if report else None,
+                "time": iso(report.time) if report else None,
             },
         }
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..idle_policy import IdlePolicy
+from ..isotime import iso
 from ..jsonclient import JSONClient, JSONError
 from .decisions import SERVICE_KIND, Decision
-from .events import iso
 
 
 class ServiceError(JSONError):

@@ -17,11 +17,11 @@ import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 from ..activity import DEFAULT_SAMPLE_INTERVAL, ActivitySampler, Attributor, make_source
 from ..activity.usage import UsageWindow
+from ..isotime import iso
 from .jobdir import JobDir
 
 DEFAULT_USAGE_INTERVAL = 30.0
@@ -41,10 +41,6 @@ def source_kind(env: Any = None) -> str:
     (the scheduler sets ``GPUSLICE_SIMULATED=1`` in the job's environment)."""
     env = os.environ if env is None else env
     return "simulated" if env.get("GPUSLICE_SIMULATED") == "1" else "nvml"
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 class JobUsage:
