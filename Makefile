@@ -10,6 +10,11 @@ export PATH := $(CURDIR)/$(BIN):$(CURDIR)/node_modules/.bin:$(PATH)
 
 .PHONY: demo test test-fast lint typecheck bench clean labextension
 
+# rfc3987-syntax goes: jsonschema's optional checker of the "iri" formats (jupyter_events'
+# jsonschema[format-nongpl] pulls it in) builds some 35 parsers when it is imported, 1.6 s of
+# CPU in every Jupyter process (the hub, the service, each server, each batch job), and no
+# schema here uses those formats (upstream: python-jsonschema/jsonschema#1428). A site's
+# servers start faster without it too (admin guide, "Start-up time of servers").
 # (said first: pip is quiet, and the first run installs for minutes before anything shows)
 $(STAMP): pyproject.toml
 	@echo "Installing gpuslice and its dependencies into $(VENV)/ and node_modules/, then"
@@ -18,6 +23,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip uninstall --quiet --yes rfc3987-syntax
 	touch $(STAMP)
 
 $(CHP): package.json
@@ -49,11 +55,12 @@ demo: $(STAMP) $(CHP) labextension
 	$(BIN)/python -m gpuslice_hub.demo
 
 # Lint first: a red ruff or mypy costs seconds, the suite twenty minutes.
-# Two workers by default: most of the suite waits on real processes (hubs, Slurm, kernels,
-# Chromium), so two files at a time take ~60 % of the time of one. Each worker starts its
-# own PostgreSQL and Slurm; a file's tests stay on one worker (module-scoped hubs).
-# PYTEST_WORKERS=0 runs everything in one process (e.g. to debug with pdb).
-PYTEST_WORKERS ?= 2
+# Four workers by default, on two CPUs: most of the suite waits on real processes (hubs,
+# Slurm, kernels, Chromium, time windows). On the 2-vCPU machine of tests/README.md the
+# suite took 1 380 s with two workers and 1 143 s with three; without rfc3987-syntax (above)
+# 930 s with three and 823 s with four, using 1.4 CPUs on average. Each worker starts its own PostgreSQL and Slurm; a file's tests stay on one
+# worker (module-scoped hubs). PYTEST_WORKERS=0 runs everything in one process (pdb).
+PYTEST_WORKERS ?= 4
 test: $(STAMP) $(CHP) labextension lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
