@@ -4,7 +4,7 @@ it maps each refusal code to a status (``api/base.py``)."""
 
 from __future__ import annotations
 
-from gpuslice.errors import ConfigError
+from gpuslice.errors import ConfigError, GPUSliceError
 
 __all__ = ["REFUSAL_CODES", "ConfigError", "Pending", "Refused"]
 
@@ -27,7 +27,7 @@ REFUSAL_CODES = {
 }
 
 
-class Refused(Exception):
+class Refused(GPUSliceError):
     """The core will not do what was asked: ``code`` (one of ``REFUSAL_CODES``) says what
     kind of refusal, ``message`` says why, ``detail`` adds fields for the caller."""
 
@@ -40,7 +40,7 @@ class Refused(Exception):
         self.detail = detail
 
 
-class Pending(Exception):
+class Pending(GPUSliceError):
     """Not a refusal: what was asked is under way (a batch job is giving its slice up for
     this spawn); ask again after ``detail['retry_after']`` seconds."""
 

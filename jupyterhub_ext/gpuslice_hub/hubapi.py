@@ -6,6 +6,7 @@ import os
 from typing import Any
 from urllib.parse import quote
 
+from gpuslice.errors import GPUSliceError
 from gpuslice.jsonclient import JSONClient, JSONError
 
 PAGINATED = "application/jupyterhub-pagination+json"
@@ -13,7 +14,7 @@ PAGINATED = "application/jupyterhub-pagination+json"
 PAGE = 200
 
 
-class IncompleteListing(Exception):
+class IncompleteListing(GPUSliceError):
     """The hub's answer could not be read to its end: nothing may be concluded from it."""
 
 

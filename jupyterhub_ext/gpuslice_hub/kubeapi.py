@@ -15,6 +15,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
+from gpuslice.errors import GPUSliceError
+
 from .errors import ConfigError
 
 T = TypeVar("T")
@@ -118,7 +120,7 @@ def _api_error(response: Any, body: bytes) -> Exception:
     return error
 
 
-class WatchExpired(Exception):
+class WatchExpired(GPUSliceError):
     """The API server no longer has the changes since the version asked for (410 Gone):
     list again."""
 

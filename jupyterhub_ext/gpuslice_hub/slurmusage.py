@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from gpuslice.errors import GPUSliceError
+
 # Job states in which a job holds its allocation. COMPLETING is left out: the job is ending
 # and Slurm frees its gres within seconds; a slice offered meanwhile waits that long in
 # Slurm's queue, where counting it would refuse a spawn right after a server stopped.
@@ -38,7 +40,7 @@ _HOST_RANGE = re.compile(r"^(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
 COMMAND_ENV_KEEP = ("PATH", "SLURM_CONF", "LANG", "LC_ALL", "TZ")
 
 
-class SlurmReadError(RuntimeError):
+class SlurmReadError(GPUSliceError, RuntimeError):
     """Slurm could not be read: nothing may be concluded (and nothing released)."""
 
 

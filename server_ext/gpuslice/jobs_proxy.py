@@ -34,6 +34,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
+from gpuslice.errors import GPUSliceError
 from gpuslice.jsonbody import BodyError, parse_json_object
 from gpuslice.jsonclient import JSONClient, JSONError
 from gpuslice.run.jobdir import open_beneath
@@ -99,7 +100,7 @@ EVENT_SCHEMA: dict[str, Any] = {
 }
 
 
-class ProxyError(web.HTTPError):
+class ProxyError(GPUSliceError, web.HTTPError):
     """The service's answer, passed on to the browser with its status and message."""
 
 

@@ -15,13 +15,15 @@ import math
 from collections.abc import Collection
 from typing import Any
 
+from .errors import GPUSliceError
+
 DEFAULT_MAX_BYTES = 1024 * 1024
 MAX_DEPTH = 32
 # Longer strings only belong in notebooks (cell sources and outputs), parsed with a larger cap.
 MAX_STRING = 64 * 1024
 
 
-class BodyError(ValueError):
+class BodyError(GPUSliceError, ValueError):
     """The body is not a JSON object of the allowed fields; the message says why.
 
     ``status`` is 413 for a body over the size limit, 400 otherwise."""

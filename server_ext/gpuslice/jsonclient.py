@@ -20,11 +20,13 @@ from urllib.parse import urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.simple_httpclient import HTTPTimeoutError
 
+from .errors import GPUSliceError
+
 RETRY_STATUSES = frozenset({502, 503})
 IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})
 
 
-class JSONError(Exception):
+class JSONError(GPUSliceError):
     """A call that did not succeed: ``status`` is the HTTP status (503 when nothing
     answered, 504 when the answer did not come in time), ``message`` the answer's own
     ``message`` where it had one, ``detail`` the rest of its JSON body."""

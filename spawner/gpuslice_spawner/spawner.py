@@ -21,6 +21,7 @@ from jupyterhub.utils import maybe_future
 from tornado import web
 from traitlets import Dict, Float, Instance, Integer, List, TraitError, Unicode, default, validate
 
+from gpuslice.errors import GPUSliceError
 from gpuslice_hub.client import ServiceClient, ServiceError
 from gpuslice_hub.profiles import is_profile_name
 
@@ -49,7 +50,7 @@ def _no_form_of_its_own(spawner: Any) -> str:
     return ""
 
 
-class SliceRefused(web.HTTPError):
+class SliceRefused(GPUSliceError, web.HTTPError):
     """A spawn the service refused. As an HTTP error (4xx, or 503 while the service is
     down), JupyterHub shows the message on the spawn form or the progress page, answers the
     REST API with that status and message, and logs one line instead of a traceback."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
+from gpuslice.errors import GPUSliceError
 from gpuslice.jsonbody import BodyError, parse_json_object
 from gpuslice.jsonclient import JSONError
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..app import GPUSliceService
 
 
-class RequestError(Exception):
+class RequestError(GPUSliceError):
     """A request the API refuses; ``status`` is the HTTP status to answer with. The core
     raises ``Refused`` instead (``STATUS_BY_CODE`` maps it): only ``api/`` knows HTTP."""
 

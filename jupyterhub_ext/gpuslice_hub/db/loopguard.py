@@ -15,10 +15,12 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from gpuslice.errors import GPUSliceError
+
 _here = threading.local()
 
 
-class WouldWait(Exception):
+class WouldWait(GPUSliceError):
     """Raised inside a short write on the loop where it would wait or rebuild."""
 
 

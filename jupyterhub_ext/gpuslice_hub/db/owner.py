@@ -32,6 +32,8 @@ import time
 from sqlalchemy import Connection, create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
+from gpuslice.errors import GPUSliceError
+
 from .engine import Database
 
 WAIT_SECONDS = 20.0
@@ -60,7 +62,7 @@ _HOLDS_LOCK = text(
 )
 
 
-class LedgerInUse(RuntimeError):
+class LedgerInUse(GPUSliceError, RuntimeError):
     """Another gpuslice service holds this ledger. ``holder``: which (a process, or
     another connection); ``shown_url``: the ledger's URL as messages show it."""
 

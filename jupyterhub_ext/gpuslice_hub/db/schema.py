@@ -11,12 +11,14 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
+from gpuslice.errors import GPUSliceError
+
 from .engine import Database
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
-class SchemaError(RuntimeError):
+class SchemaError(GPUSliceError, RuntimeError):
     pass
 
 

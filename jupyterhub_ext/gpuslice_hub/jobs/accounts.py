@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.errors import GPUSliceError
+
 # Copied from the service's environment when set: locale and time zone only.
 DEFAULT_KEEP = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ")
 # Never passed to a job, whatever an admin lists: hub credentials and the service's own.
@@ -22,7 +24,7 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 UMASK = 0o077
 
 
-class AccountError(Exception):
+class AccountError(GPUSliceError):
     """The job's owner has no system account here; the message says so."""
 
 

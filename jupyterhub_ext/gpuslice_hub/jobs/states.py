@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
+from gpuslice.errors import GPUSliceError
 from gpuslice.vocab import ACTIVE_JOB_STATES as ACTIVE
 from gpuslice.vocab import PRIORITY_CLASSES
 from gpuslice.vocab import TERMINAL_JOB_STATES as TERMINAL
@@ -32,7 +33,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 
-class InvalidTransition(RuntimeError):
+class InvalidTransition(GPUSliceError, RuntimeError):
     pass
 
 

@@ -40,6 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import GPUSliceError
 from .atomic import atomic_write, write_all
 from .format import CorruptCheckpoint, decode, encode, read_records, records
 
@@ -73,7 +74,7 @@ class Preempted(BaseException):
     """
 
 
-class CheckpointMisuse(RuntimeError):
+class CheckpointMisuse(GPUSliceError, RuntimeError):
     """A use of the API that would make a resume skip or repeat work."""
 
 

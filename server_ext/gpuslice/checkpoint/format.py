@@ -15,12 +15,14 @@ import struct
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from ..errors import GPUSliceError
+
 MAGIC = b"GPUSLICE-CKPT-1\n"
 END = b"\xff" * 8
 _LEN = struct.Struct("<Q")
 
 
-class CorruptCheckpoint(ValueError):
+class CorruptCheckpoint(GPUSliceError, ValueError):
     pass
 
 

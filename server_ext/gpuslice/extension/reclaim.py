@@ -22,13 +22,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..activity import SERVER_KEY, IdleState
+from ..errors import GPUSliceError
 from ..idle_policy import IdlePolicy
 from .decisions import CULLED, EXTENDED, WARNING, Decision
 
 SERVER_SCOPE = SERVER_KEY  # the key of the single watch in "server" mode
 
 
-class ExtensionRefused(ValueError):
+class ExtensionRefused(GPUSliceError, ValueError):
     def __init__(self, message: str, left: float) -> None:
         super().__init__(message)
         self.left = left

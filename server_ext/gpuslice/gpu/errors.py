@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..errors import ConfigError as _ConfigError
+from ..errors import GPUSliceError
 
 
-class GPUDiscoveryError(RuntimeError):
+class GPUDiscoveryError(GPUSliceError, RuntimeError):
     """Discovery could not produce an inventory (no driver, NVML failure, bad backend name)."""
 
 

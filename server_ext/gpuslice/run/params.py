@@ -11,6 +11,8 @@ from typing import Any
 
 import nbformat
 
+from ..errors import GPUSliceError
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 # Parameters are settings, not data: the injected cell stays readable and the row small.
 MAX_PARAMETERS = 100
@@ -20,7 +22,7 @@ PARAM_TYPES = (str, int, float, bool, type(None))
 INJECTED_TAG = "injected-parameters"
 
 
-class ParameterError(ValueError):
+class ParameterError(GPUSliceError, ValueError):
     pass
 
 

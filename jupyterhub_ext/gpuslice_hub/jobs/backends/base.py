@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpuslice.errors import GPUSliceError
+
 if TYPE_CHECKING:
     from ...profiles import Profile
     from ..accounts import Account
@@ -77,12 +79,12 @@ class PlacedBackend(Backend, Protocol):
         stored in the job row."""
 
 
-class SubmitUnsure(Exception):
+class SubmitUnsure(GPUSliceError):
     """Submitting timed out: the backend may have queued the job all the same (the pass
     looks for it with :meth:`QueueingBackend.find` before submitting again)."""
 
 
-class SubmitRefused(Exception):
+class SubmitRefused(GPUSliceError):
     """The backend refused a submission; ``permanent``: trying again cannot mend it (an
     invalid request), otherwise it is retried with backoff (a limit, a busy controller)."""
 
