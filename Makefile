@@ -58,8 +58,9 @@ demo: $(STAMP) $(CHP) labextension
 # Four workers by default, on two CPUs: most of the suite waits on real processes (hubs,
 # Slurm, kernels, Chromium, time windows). On the 2-vCPU machine of tests/README.md the
 # suite took 1 380 s with two workers and 1 143 s with three; without rfc3987-syntax (above)
-# 930 s with three and 823 s with four, using 1.4 CPUs on average. Each worker starts its own PostgreSQL and Slurm; a file's tests stay on one
-# worker (module-scoped hubs). PYTEST_WORKERS=0 runs everything in one process (pdb).
+# 930 s with three and 823 s with four, using 1.4 CPUs on average. Each worker starts its
+# own PostgreSQL and Slurm; a file's tests stay on one worker (module-scoped hubs).
+# PYTEST_WORKERS=0 runs everything in one process (pdb).
 PYTEST_WORKERS ?= 4
 test: $(STAMP) $(CHP) labextension lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
