@@ -28,12 +28,11 @@ pytest_plugins = [
     "tests.harness.accounts",
 ]
 
-# The slowest files first. `make test` runs two workers, each taking a whole file at a time
-# (--dist loadfile) in collection order as it frees up: the files that drive Chromium or
+# The slowest files first. `make test` runs several workers, each taking a whole file at a
+# time (--dist loadfile) in collection order as it frees up: the files that drive Chromium or
 # start real hubs and Slurm (a minute or more each) came last in alphabetical order, and left
-# one worker alone for minutes at the end (the sum of the tests' times split evenly is
-# about 100 s shorter than the run was). A stable sort: within each group, as before.
-SLOW_FOLDERS = ("tests/browser/", "tests/hub/", "tests/e2e_idle/")
+# one worker alone for minutes at the end. A stable sort: within each group, as before. The
+# markers say which files those are (tests/harness/markers.py adds them first).
 
 
 def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-untyped-def]
@@ -44,11 +43,7 @@ def pytest_collection_modifyitems(session, config, items):  # type: ignore[no-un
     def weight(item) -> int:  # type: ignore[no-untyped-def]
         if item.get_closest_marker("browser"):
             return 0
-        path = Path(str(item.fspath)).relative_to(_REPO).as_posix()
-        slow = item.get_closest_marker("hub") or item.get_closest_marker("slurm")
-        return (
-            1 if slow or path.startswith(SLOW_FOLDERS) or "hub_factory" in item.fixturenames else 2
-        )
+        return 1 if item.get_closest_marker("hub") or item.get_closest_marker("slurm") else 2
 
     by_file: dict[str, int] = {}
     for item in items:

@@ -55,25 +55,24 @@ def test_every_documented_class_has_help_for_every_setting():
         assert not missing, (name, missing)
 
 
-def test_generate_config_writes_every_service_and_job_setting():
-    out = subprocess.run(
-        [sys.executable, "-m", "gpuslice_hub.app", "--generate-config"],
+def service_command(*args: str) -> str:
+    """What ``gpuslice-hub-service ARGS`` prints (it must exit 0)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice_hub.app", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     ).stdout
+
+
+def test_generate_config_writes_every_service_and_job_setting():
+    out = service_command("--generate-config")
     assert "# c.GPUSliceService.reconcile_interval = 60.0" in out
     assert "# c.JobManager.preempt_grace = 60.0" in out
 
 
 def test_help_names_generate_config():
     # (issue 48: the one way to a starting config file was in no --help)
-    out = subprocess.run(
-        [sys.executable, "-m", "gpuslice_hub.app", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert "--generate-config\n    Print a commented gpuslice_config.py" in out
+    said = service_command("--help")
+    assert "--generate-config\n    Print a commented gpuslice_config.py" in said
